@@ -1,0 +1,36 @@
+defmodule Observatory.Native do
+  @moduledoc false
+  # The Rust NIF (native/observatory_nif). Only Observatory's own modules call these;
+  # every function here is replaced when the library loads.
+
+  @on_load :load_nif
+
+  def load_nif do
+    path = :filename.join(:code.priv_dir(:observatory), ~c"native/observatory_nif")
+    :erlang.load_nif(path, 0)
+  end
+
+  def entropy_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
+
+  def entropy_record(
+        _store,
+        _session_id,
+        _intent,
+        _tool_call,
+        _status,
+        _agent_id,
+        _window_size,
+        _loop_threshold,
+        _warning_threshold,
+        _now_ms
+      ),
+      do: :erlang.nif_error(:nif_not_loaded)
+
+  def entropy_session(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def entropy_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def entropy_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
+  def entropy_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
+
+  def live_stores, do: :erlang.nif_error(:nif_not_loaded)
+  def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
+end

@@ -1,0 +1,101 @@
+defmodule Mix.Tasks.Compile.ObservatoryNif do
+  @moduledoc """
+  Builds the Rust NIF with `cargo build --release` and copies it into `priv/native/`.
+
+  Runs inside `mix compile`. It rebuilds only when a Rust source, a `Cargo.toml` or
+  `Cargo.lock` is newer than the library in `priv/`; the old library is deleted before
+  the new one is copied, so a running VM never sees a half-written file.
+  """
+  use Mix.Task.Compiler
+
+  @recursive true
+  @crate "observatory_nif"
+  @target "priv/native/observatory_nif.so"
+
+  @impl true
+  def run(_args) do
+    sources = Mix.Utils.extract_files(["native"], [:rs, :toml]) ++ ["Cargo.toml", "Cargo.lock"]
+
+    if Mix.Utils.stale?(Enum.filter(sources, &File.exists?/1), [@target]) do
+      build!()
+    end
+
+    {:ok, []}
+  end
+
+  @impl true
+  def clean do
+    File.rm(@target)
+    :ok
+  end
+
+  defp build! do
+    cargo = System.find_executable("cargo") || Mix.raise("cargo not found: run bin/setup first")
+    Mix.shell().info("Compiling NIF crate #{@crate} (cargo build --release)")
+
+    {_, status} =
+      System.cmd(cargo, ["build", "--release", "--locked", "-p", @crate],
+        into: IO.stream(:stdio, :line),
+        stderr_to_stdout: true
+      )
+
+    status == 0 || Mix.raise("cargo build failed with exit status #{status}")
+
+    File.mkdir_p!(Path.dirname(@target))
+    File.rm(@target)
+    File.cp!(Path.join(cargo_target_dir(), "release/lib#{@crate}.so"), @target)
+  end
+
+  defp cargo_target_dir, do: System.get_env("CARGO_TARGET_DIR", "target")
+end
+
+defmodule Observatory.MixProject do
+  use Mix.Project
+
+  def project do
+    [
+      app: :observatory,
+      version: "0.1.0",
+      elixir: "~> 1.14",
+      start_permanent: Mix.env() == :prod,
+      compilers: [:observatory_nif | Mix.compilers()],
+      elixirc_paths: elixirc_paths(Mix.env()),
+      deps: [],
+      aliases: aliases(),
+      docs: [main: "readme"]
+    ]
+  end
+
+  def application do
+    [
+      mod: {Observatory.Application, []},
+      extra_applications: [:logger, :crypto]
+    ]
+  end
+
+  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  defp elixirc_paths(_), do: ["lib"]
+
+  defp aliases do
+    [
+      "rust.fmt": &cargo(["fmt", "--all", "--check"], &1),
+      "rust.lint": &cargo(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &1),
+      "rust.test": &cargo(["test", "--workspace", "--locked"], &1),
+      ci: [
+        "format --check-formatted",
+        "rust.fmt",
+        "rust.lint",
+        "compile --warnings-as-errors --force",
+        "rust.test",
+        "test --include property"
+      ]
+    ]
+  end
+
+  defp cargo(args, _mix_args) do
+    {_, status} =
+      System.cmd("cargo", args, into: IO.stream(:stdio, :line), stderr_to_stdout: true)
+
+    status == 0 || Mix.raise("cargo #{Enum.join(args, " ")} failed (exit #{status})")
+  end
+end

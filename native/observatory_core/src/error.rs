@@ -1,0 +1,18 @@
+//! The one error type of the core crate. The NIF glue turns each variant into an atom.
+
+/// Why an observation was refused. Every variant leaves the store untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("session_id must be 1..=256 bytes")]
+    InvalidSessionId,
+    #[error("agent_id must be 1..=256 bytes")]
+    InvalidAgentId,
+    #[error("a field exceeds its size limit")]
+    FieldTooLong,
+    #[error("a field is not valid UTF-8")]
+    InvalidUtf8,
+    #[error("window size must be between 1 and the maximum window size")]
+    InvalidWindowSize,
+    #[error("thresholds must be finite numbers between 0 and 1")]
+    InvalidThreshold,
+}

@@ -1,0 +1,406 @@
+//! The sharded session store behind `EntropyTracker`.
+//!
+//! One [`Window`] per session id, each session in one of N shards chosen by a keyed
+//! hash of its id, each shard behind its own mutex: two schedulers recording for
+//! different sessions almost never wait for each other, and the per-message work is a
+//! hash, a lock, an interned lookup and a ring-buffer push.
+//!
+//! Memory is bounded two ways (design.md §2): sessions idle for longer than a TTL are
+//! dropped by [`Store::sweep`], and each shard holds at most its share of
+//! `max_sessions`, evicting its least recently seen sessions first when full.
+//! A dropped session is the same as UC-0250 F1: its next message starts a fresh window.
+//!
+//! Hashing uses std's keyed SipHash: session ids come from clients, and a predictable
+//! hash would let one agent degrade every shard (HashDoS).
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::interner::{Id, Interner};
+use crate::severity::{round4, Severity, Thresholds};
+use crate::window::Window;
+use crate::Error;
+
+/// `session_id` and `agent_id`: 1–256 bytes (design.md §3).
+pub const MAX_ID_BYTES: usize = 256;
+/// `intent` and `tool_call`: at most 1 KiB (design.md §3).
+pub const MAX_FIELD_BYTES: usize = 1024;
+/// Upper bound on a configured window size.
+pub const MAX_WINDOW_SIZE: usize = 1024;
+
+/// One `{intent, tool_call, action_status}` tuple; `status` is the caller's code for
+/// an action status from its fixed set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tuple {
+    pub intent: Box<str>,
+    pub tool_call: Box<str>,
+    pub status: u8,
+}
+
+/// One step of one session, borrowed from the caller's buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    pub session_id: &'a [u8],
+    pub intent: &'a [u8],
+    pub tool_call: &'a [u8],
+    pub status: u8,
+    /// The session's agent; remembered once seen, so later steps may omit it.
+    pub agent_id: Option<&'a [u8]>,
+}
+
+/// Settings read by the caller on every call (FR-9.11).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub window_size: usize,
+    pub thresholds: Thresholds,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            window_size: 5,
+            thresholds: Thresholds::default(),
+        }
+    }
+}
+
+/// The result of recording one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// Uniqueness ratio rounded to 4 places.
+    pub score: f64,
+    pub severity: Severity,
+    /// Severity after the session's previous step; `None` for a new window.
+    pub previous: Option<Severity>,
+    pub window_len: usize,
+    /// Present whenever the caller has something to broadcast: the session is in
+    /// WARNING or LOOP now, or has just left one of them.
+    pub detail: Option<Detail>,
+}
+
+/// What a broadcast needs, read under the same lock as the score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Detail {
+    pub agent_id: Option<String>,
+    /// The most frequent tuple in the window and its count (FR-9.7).
+    pub repeated: Tuple,
+    pub occurrences: usize,
+}
+
+/// A copy of one session's state, for inspection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionView {
+    /// Oldest first.
+    pub window: Vec<Tuple>,
+    pub agent_id: Option<String>,
+    pub score: f64,
+    pub severity: Severity,
+    pub last_seen_ms: i64,
+}
+
+/// Counters since the store was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub sessions: usize,
+    pub evicted_over_capacity: u64,
+    pub expired: u64,
+}
+
+struct Session {
+    window: Window,
+    agent: Option<Id>,
+    severity: Severity,
+    last_seen_ms: i64,
+    /// Shard-local recency counter; unique, so least-recently-seen order is exact.
+    touch: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    sessions: HashMap<Box<[u8]>, Session>,
+    tuples: Interner<Tuple>,
+    agents: Interner<Box<str>>,
+    clock: u64,
+}
+
+/// Sessions' windows, sharded and bounded. `Sync`: share it between threads.
+pub struct Store {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    max_per_shard: usize,
+    evicted_over_capacity: AtomicU64,
+    expired: AtomicU64,
+}
+
+impl Store {
+    /// A store of `shards` shards holding at most about `max_sessions` sessions
+    /// (each shard holds at most `ceil(max_sessions / shards)`).
+    pub fn new(shards: usize, max_sessions: usize) -> Self {
+        let shards = shards.max(1);
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: RandomState::new(),
+            max_per_shard: max_sessions.div_ceil(shards).max(1),
+            evicted_over_capacity: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one step and scores the session's window (FR-9.2–9.6, UC-0250).
+    /// On error nothing is changed.
+    pub fn record(
+        &self,
+        obs: &Observation<'_>,
+        settings: &Settings,
+        now_ms: i64,
+    ) -> Result<Scored, Error> {
+        let intent = field(obs.intent)?;
+        let tool_call = field(obs.tool_call)?;
+        let session_id = id_bytes(obs.session_id, Error::InvalidSessionId)?;
+        let agent_id = obs
+            .agent_id
+            .map(|a| id_bytes(a, Error::InvalidAgentId))
+            .transpose()?;
+        if settings.window_size == 0 || settings.window_size > MAX_WINDOW_SIZE {
+            return Err(Error::InvalidWindowSize);
+        }
+
+        let hasher = &self.hasher;
+        let mut shard = self.shard_for(session_id).lock();
+        let shard = &mut *shard;
+        if !shard.sessions.contains_key(session_id.as_bytes())
+            && shard.sessions.len() >= self.max_per_shard
+        {
+            let batch = (self.max_per_shard / 64).max(1);
+            let evicted = shard.evict_least_recent(batch);
+            self.evicted_over_capacity
+                .fetch_add(evicted as u64, Ordering::Relaxed);
+        }
+        shard.clock += 1;
+        let touch = shard.clock;
+        let Shard {
+            sessions,
+            tuples,
+            agents,
+            ..
+        } = shard;
+
+        let previous = match sessions.get(session_id.as_bytes()) {
+            Some(s) => Some(s.severity),
+            None => {
+                let fresh = Session {
+                    window: Window::with_capacity(settings.window_size),
+                    ..Session::default()
+                };
+                sessions.insert(session_id.as_bytes().into(), fresh);
+                None
+            }
+        };
+        let session = sessions
+            .get_mut(session_id.as_bytes())
+            .expect("present or just inserted");
+
+        if let Some(agent_id) = agent_id {
+            let same = session
+                .agent
+                .is_some_and(|id| &**agents.get(id) == agent_id);
+            if !same {
+                let new = agents.acquire(
+                    hasher.hash_one(agent_id),
+                    |k| &**k == agent_id,
+                    || agent_id.into(),
+                );
+                if let Some(old) = session.agent.replace(new) {
+                    agents.release(old);
+                }
+            }
+        }
+
+        let tuple_id = tuples.acquire(
+            hasher.hash_one((intent, tool_call, obs.status)),
+            |t| &*t.intent == intent && &*t.tool_call == tool_call && t.status == obs.status,
+            || Tuple {
+                intent: intent.into(),
+                tool_call: tool_call.into(),
+                status: obs.status,
+            },
+        );
+        session
+            .window
+            .push(tuple_id, settings.window_size, |old| tuples.release(old));
+
+        let score = round4(session.window.uniqueness());
+        let severity = settings.thresholds.classify(score);
+        session.severity = severity;
+        session.last_seen_ms = now_ms;
+        session.touch = touch;
+
+        let broadcast =
+            severity != Severity::Normal || previous.is_some_and(|p| p != Severity::Normal);
+        let detail = broadcast.then(|| {
+            let (repeated, occurrences) = session
+                .window
+                .most_frequent()
+                .expect("the window holds the step just pushed");
+            Detail {
+                agent_id: session.agent.map(|id| agents.get(id).to_string()),
+                repeated: tuples.get(repeated).clone(),
+                occurrences,
+            }
+        });
+
+        Ok(Scored {
+            score,
+            severity,
+            previous,
+            window_len: session.window.len(),
+            detail,
+        })
+    }
+
+    /// A copy of one session's state, or `None` if it has no window.
+    pub fn session(&self, session_id: &[u8]) -> Option<SessionView> {
+        let shard = self.shard_for_bytes(session_id).lock();
+        let s = shard.sessions.get(session_id)?;
+        Some(SessionView {
+            window: s
+                .window
+                .iter()
+                .map(|id| shard.tuples.get(id).clone())
+                .collect(),
+            agent_id: s.agent.map(|id| shard.agents.get(id).to_string()),
+            score: round4(s.window.uniqueness()),
+            severity: s.severity,
+            last_seen_ms: s.last_seen_ms,
+        })
+    }
+
+    /// Drops one session's window. Returns whether it existed.
+    pub fn forget(&self, session_id: &[u8]) -> bool {
+        let mut shard = self.shard_for_bytes(session_id).lock();
+        let shard = &mut *shard;
+        match shard.sessions.remove(session_id) {
+            Some(session) => {
+                release(session, &mut shard.tuples, &mut shard.agents);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every session not seen for `ttl_ms` or longer; returns how many.
+    /// Locks one shard at a time, so recording goes on in the others.
+    pub fn sweep(&self, now_ms: i64, ttl_ms: u64) -> usize {
+        let ttl_ms = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            dropped += shard.drop_where(|s| now_ms.saturating_sub(s.last_seen_ms) >= ttl_ms);
+        }
+        self.expired.fetch_add(dropped as u64, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Number of sessions with a window.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().sessions.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            sessions: self.len(),
+            evicted_over_capacity: self.evicted_over_capacity.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Distinct interned tuples across shards (for memory tests).
+    pub fn interned_tuples(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().tuples.len()).sum()
+    }
+
+    fn shard_for(&self, session_id: &str) -> &Mutex<Shard> {
+        self.shard_for_bytes(session_id.as_bytes())
+    }
+
+    fn shard_for_bytes(&self, session_id: &[u8]) -> &Mutex<Shard> {
+        let hash = self.hasher.hash_one(session_id);
+        &self.shards[(hash % self.shards.len() as u64) as usize]
+    }
+}
+
+impl Shard {
+    /// Evicts the `count` least recently seen sessions (exact within the shard).
+    fn evict_least_recent(&mut self, count: usize) -> usize {
+        let mut touches: Vec<u64> = self.sessions.values().map(|s| s.touch).collect();
+        if count == 0 || touches.is_empty() {
+            return 0;
+        }
+        let nth = count.min(touches.len()) - 1;
+        let (_, &mut cutoff, _) = touches.select_nth_unstable(nth);
+        self.drop_where(|s| s.touch <= cutoff)
+    }
+
+    fn drop_where(&mut self, doomed: impl Fn(&Session) -> bool) -> usize {
+        let Shard {
+            sessions,
+            tuples,
+            agents,
+            ..
+        } = self;
+        let before = sessions.len();
+        sessions.retain(|_, s| {
+            if doomed(s) {
+                release(std::mem::take(s), tuples, agents);
+                false
+            } else {
+                true
+            }
+        });
+        before - sessions.len()
+    }
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Self {
+            window: Window::default(),
+            agent: None,
+            severity: Severity::Normal,
+            last_seen_ms: 0,
+            touch: 0,
+        }
+    }
+}
+
+fn release(mut session: Session, tuples: &mut Interner<Tuple>, agents: &mut Interner<Box<str>>) {
+    session.window.drain(|id| tuples.release(id));
+    if let Some(agent) = session.agent {
+        agents.release(agent);
+    }
+}
+
+fn field(bytes: &[u8]) -> Result<&str, Error> {
+    if bytes.len() > MAX_FIELD_BYTES {
+        return Err(Error::FieldTooLong);
+    }
+    std::str::from_utf8(bytes).map_err(|_| Error::InvalidUtf8)
+}
+
+fn id_bytes(bytes: &[u8], invalid: Error) -> Result<&str, Error> {
+    if bytes.is_empty() || bytes.len() > MAX_ID_BYTES {
+        return Err(invalid);
+    }
+    std::str::from_utf8(bytes).map_err(|_| Error::InvalidUtf8)
+}
+
+#[cfg(test)]
+mod tests;

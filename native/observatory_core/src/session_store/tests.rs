@@ -1,0 +1,297 @@
+use super::*;
+use proptest::prelude::*;
+
+fn obs<'a>(session: &'a str, intent: &'a str, tool: &'a str, status: u8) -> Observation<'a> {
+    Observation {
+        session_id: session.as_bytes(),
+        intent: intent.as_bytes(),
+        tool_call: tool.as_bytes(),
+        status,
+        agent_id: Some(b"agent-1"),
+    }
+}
+
+fn record(store: &Store, o: Observation<'_>) -> Scored {
+    store.record(&o, &Settings::default(), 0).unwrap()
+}
+
+#[test]
+fn uc_0250_s1_sixth_tuple_evicts_the_oldest() {
+    let store = Store::new(4, 100);
+    for i in 0..5 {
+        record(&store, obs("sess-abc", "plan", &format!("tool-{i}"), 0));
+    }
+    let scored = record(&store, obs("sess-abc", "execute", "run_shell", 1));
+    assert_eq!(scored.window_len, 5);
+    assert_eq!(scored.score, 1.0);
+    let view = store.session(b"sess-abc").unwrap();
+    assert_eq!(view.window.len(), 5);
+    assert!(view.window.iter().all(|t| &*t.tool_call != "tool-0"));
+    assert_eq!(&*view.window[4].tool_call, "run_shell");
+}
+
+#[test]
+fn uc_0250_s2_partial_window() {
+    let store = Store::new(4, 100);
+    record(&store, obs("sess-new", "a", "t", 0));
+    record(&store, obs("sess-new", "b", "t", 0));
+    let third = record(&store, obs("sess-new", "c", "t", 0));
+    assert_eq!((third.score, third.window_len), (1.0, 3));
+}
+
+#[test]
+fn fr_9_3_pure_loop_scores_point_two_and_is_a_loop() {
+    let store = Store::new(4, 100);
+    let mut last = None;
+    for _ in 0..5 {
+        last = Some(record(&store, obs("s", "search", "read_file", 1)));
+    }
+    let last = last.unwrap();
+    assert_eq!(last.score, 0.2);
+    assert_eq!(last.severity, Severity::Loop);
+    assert_eq!(last.previous, Some(Severity::Warning));
+    let detail = last.detail.unwrap();
+    assert_eq!(detail.agent_id.as_deref(), Some("agent-1"));
+    assert_eq!(&*detail.repeated.tool_call, "read_file");
+    assert_eq!(detail.occurrences, 5);
+}
+
+#[test]
+fn statuses_tell_tuples_apart() {
+    let store = Store::new(1, 10);
+    record(&store, obs("s", "i", "t", 0));
+    let second = record(&store, obs("s", "i", "t", 1));
+    assert_eq!(second.score, 1.0);
+}
+
+#[test]
+fn normal_steps_carry_no_detail_until_recovery() {
+    let store = Store::new(1, 10);
+    assert!(record(&store, obs("s", "a", "t", 0)).detail.is_none());
+    // two identical → 0.5: still normal
+    let r = record(&store, obs("s", "a", "t", 0));
+    assert_eq!((r.score, r.severity), (0.5, Severity::Normal));
+    assert!(r.detail.is_none());
+    let w = record(&store, obs("s", "a", "t", 0));
+    assert_eq!(w.severity, Severity::Warning);
+    assert!(w.detail.is_some());
+    let settings = Settings {
+        window_size: 1,
+        ..Settings::default()
+    };
+    let recovered = store.record(&obs("s", "b", "t", 0), &settings, 0).unwrap();
+    assert_eq!(recovered.severity, Severity::Normal);
+    assert_eq!(recovered.previous, Some(Severity::Warning));
+    assert!(recovered.detail.is_some(), "recovery is broadcast");
+}
+
+#[test]
+fn agent_is_remembered_and_can_change() {
+    let store = Store::new(1, 10);
+    let mut o = obs("s", "a", "t", 0);
+    store.record(&o, &Settings::default(), 0).unwrap();
+    o.agent_id = None;
+    store.record(&o, &Settings::default(), 0).unwrap();
+    assert_eq!(
+        store.session(b"s").unwrap().agent_id.as_deref(),
+        Some("agent-1")
+    );
+    o.agent_id = Some(b"agent-2");
+    store.record(&o, &Settings::default(), 0).unwrap();
+    assert_eq!(
+        store.session(b"s").unwrap().agent_id.as_deref(),
+        Some("agent-2")
+    );
+}
+
+#[test]
+fn unknown_agent_stays_unknown() {
+    let store = Store::new(1, 10);
+    let mut o = obs("s", "a", "t", 0);
+    o.agent_id = None;
+    for _ in 0..5 {
+        store.record(&o, &Settings::default(), 0).unwrap();
+    }
+    let r = store.record(&o, &Settings::default(), 0).unwrap();
+    assert_eq!(r.severity, Severity::Loop);
+    assert_eq!(r.detail.unwrap().agent_id, None);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let store = Store::new(1, 10);
+    let long = "x".repeat(MAX_FIELD_BYTES + 1);
+    let long_id = "s".repeat(MAX_ID_BYTES + 1);
+    let cases: Vec<(Observation<'_>, Error)> = vec![
+        (obs("", "a", "t", 0), Error::InvalidSessionId),
+        (obs(&long_id, "a", "t", 0), Error::InvalidSessionId),
+        (obs("s", &long, "t", 0), Error::FieldTooLong),
+        (obs("s", "a", &long, 0), Error::FieldTooLong),
+        (
+            Observation {
+                intent: b"\xff\xfe",
+                ..obs("s", "a", "t", 0)
+            },
+            Error::InvalidUtf8,
+        ),
+        (
+            Observation {
+                session_id: b"\xc3\x28",
+                ..obs("s", "a", "t", 0)
+            },
+            Error::InvalidUtf8,
+        ),
+        (
+            Observation {
+                agent_id: Some(b""),
+                ..obs("s", "a", "t", 0)
+            },
+            Error::InvalidAgentId,
+        ),
+    ];
+    for (o, expected) in cases {
+        assert_eq!(store.record(&o, &Settings::default(), 0), Err(expected));
+    }
+    let zero = Settings {
+        window_size: 0,
+        ..Settings::default()
+    };
+    assert_eq!(
+        store.record(&obs("s", "a", "t", 0), &zero, 0),
+        Err(Error::InvalidWindowSize)
+    );
+    assert!(store.is_empty());
+    assert_eq!(store.interned_tuples(), 0);
+}
+
+#[test]
+fn exactly_max_sizes_are_accepted() {
+    let store = Store::new(1, 10);
+    let field = "x".repeat(MAX_FIELD_BYTES);
+    let id = "s".repeat(MAX_ID_BYTES);
+    assert!(store
+        .record(&obs(&id, &field, &field, 0), &Settings::default(), 0)
+        .is_ok());
+}
+
+#[test]
+fn ttl_sweep_drops_idle_sessions_only() {
+    let store = Store::new(2, 100);
+    store
+        .record(&obs("old", "a", "t", 0), &Settings::default(), 1_000)
+        .unwrap();
+    store
+        .record(&obs("new", "a", "t", 0), &Settings::default(), 9_000)
+        .unwrap();
+    assert_eq!(store.sweep(10_000, 5_000), 1);
+    assert!(store.session(b"old").is_none());
+    assert!(store.session(b"new").is_some());
+    assert_eq!(store.stats().expired, 1);
+}
+
+#[test]
+fn evicted_session_restarts_with_a_fresh_window() {
+    let store = Store::new(1, 10);
+    for _ in 0..5 {
+        record(&store, obs("s", "a", "t", 0));
+    }
+    assert!(store.forget(b"s"));
+    let r = record(&store, obs("s", "a", "t", 0));
+    assert_eq!((r.score, r.window_len, r.previous), (1.0, 1, None));
+}
+
+#[test]
+fn capacity_evicts_the_least_recently_seen() {
+    let store = Store::new(1, 3);
+    record(&store, obs("a", "x", "t", 0));
+    record(&store, obs("b", "x", "t", 0));
+    record(&store, obs("c", "x", "t", 0));
+    record(&store, obs("a", "x", "t", 0)); // a is now the most recent
+    record(&store, obs("d", "x", "t", 0)); // evicts b
+    assert!(store.session(b"b").is_none());
+    for s in [b"a", b"c", b"d"] {
+        assert!(store.session(s).is_some());
+    }
+    assert_eq!(store.stats().evicted_over_capacity, 1);
+}
+
+#[test]
+fn interned_tuples_are_freed_with_their_windows() {
+    let store = Store::new(4, 1000);
+    for s in 0..50 {
+        for t in 0..7 {
+            record(&store, obs(&format!("s{s}"), "i", &format!("t{t}"), 0));
+        }
+    }
+    assert!(store.interned_tuples() > 0);
+    assert_eq!(store.sweep(i64::MAX, 0), 50);
+    assert_eq!(store.interned_tuples(), 0);
+}
+
+#[test]
+fn two_threads_record_without_losing_steps() {
+    let store = std::sync::Arc::new(Store::new(16, 100_000));
+    let handles: Vec<_> = (0..2)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..10_000 {
+                    let session = format!("t{t}-s{}", i % 100);
+                    store
+                        .record(&obs(&session, "i", "tool", 0), &Settings::default(), 0)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    assert_eq!(store.len(), 200);
+    let view = store.session(b"t1-s7").unwrap();
+    assert_eq!(view.window.len(), 5);
+}
+
+proptest! {
+    /// With fewer than 64 sessions per shard the batch is one, so the store is an
+    /// exact LRU: the survivors are the `cap` most recently seen sessions.
+    #[test]
+    fn eviction_order_is_least_recently_seen_first(
+        accesses in prop::collection::vec(0u8..20, 1..200),
+        cap in 1usize..10,
+    ) {
+        let store = Store::new(1, cap);
+        let mut recency: Vec<u8> = Vec::new();
+        for s in &accesses {
+            let id = format!("s{s}");
+            record(&store, obs(&id, "i", "t", 0));
+            recency.retain(|x| x != s);
+            recency.push(*s);
+        }
+        let expected: std::collections::BTreeSet<u8> =
+            recency.iter().rev().take(cap).copied().collect();
+        for s in 0u8..20 {
+            let present = store.session(format!("s{s}").as_bytes()).is_some();
+            prop_assert_eq!(present, expected.contains(&s), "session s{}", s);
+        }
+    }
+
+    #[test]
+    fn store_window_matches_a_model(
+        steps in prop::collection::vec((0u8..3, 0u8..4), 1..60),
+        size in 1usize..8,
+    ) {
+        let store = Store::new(2, 100);
+        let settings = Settings { window_size: size, ..Settings::default() };
+        let mut model: Vec<(u8, u8)> = Vec::new();
+        for (session, tool) in steps {
+            let sid = format!("s{session}");
+            let tool_name = format!("t{tool}");
+            let scored = store.record(&obs(&sid, "i", &tool_name, 0), &settings, 0).unwrap();
+            model.push((session, tool));
+            let window: Vec<u8> = model.iter().filter(|(s, _)| *s == session).map(|(_, t)| *t).collect();
+            let window = &window[window.len().saturating_sub(size)..];
+            let distinct: std::collections::HashSet<_> = window.iter().collect();
+            prop_assert_eq!(scored.window_len, window.len());
+            prop_assert_eq!(scored.score, round4(distinct.len() as f64 / window.len() as f64));
+        }
+    }
+}

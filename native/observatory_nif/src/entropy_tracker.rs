@@ -1,0 +1,146 @@
+//! NIFs behind `Observatory.Gateway.EntropyTracker`: the session store resource.
+
+use std::sync::atomic::Ordering;
+
+use observatory_core::session_store::{Detail, Observation, SessionView, Settings, Store, Tuple};
+use observatory_core::severity::{Severity, Thresholds};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
+
+use crate::atoms;
+use crate::error::to_nif;
+use crate::test_support::LIVE_STORES;
+
+/// The store, owned on the Elixir side by the `EntropyTracker` process.
+pub struct StoreResource(Store);
+
+#[rustler::resource_impl]
+impl rustler::Resource for StoreResource {}
+
+impl StoreResource {
+    fn new(store: Store) -> Self {
+        LIVE_STORES.fetch_add(1, Ordering::Relaxed);
+        Self(store)
+    }
+}
+
+impl Drop for StoreResource {
+    fn drop(&mut self) {
+        LIVE_STORES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[rustler::nif]
+fn entropy_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'_> {
+    ResourceArc::new(StoreResource::new(Store::new(shards, max_sessions))).encode(env)
+}
+
+/// Records one step. Returns `{score, severity, previous | nil, window_len, detail | nil}`
+/// with detail `{agent_id | nil, intent, tool_call, status, occurrences}`.
+#[rustler::nif]
+#[allow(clippy::too_many_arguments)]
+fn entropy_record<'a>(
+    env: Env<'a>,
+    store: ResourceArc<StoreResource>,
+    session_id: Binary<'a>,
+    intent: Binary<'a>,
+    tool_call: Binary<'a>,
+    status: u8,
+    agent_id: Option<Binary<'a>>,
+    window_size: usize,
+    loop_threshold: f64,
+    warning_threshold: f64,
+    now_ms: i64,
+) -> NifResult<Term<'a>> {
+    let settings = Settings {
+        window_size,
+        thresholds: Thresholds::new(loop_threshold, warning_threshold).map_err(to_nif)?,
+    };
+    let obs = Observation {
+        session_id: session_id.as_slice(),
+        intent: intent.as_slice(),
+        tool_call: tool_call.as_slice(),
+        status,
+        agent_id: agent_id.as_ref().map(Binary::as_slice),
+    };
+    let scored = store.0.record(&obs, &settings, now_ms).map_err(to_nif)?;
+    let previous = scored.previous.map(severity_atom);
+    let detail = scored.detail.map(|d| detail_term(env, d));
+    Ok((
+        scored.score,
+        severity_atom(scored.severity),
+        previous,
+        scored.window_len,
+        detail,
+    )
+        .encode(env))
+}
+
+/// `{window, agent_id | nil, score, severity, last_seen_ms}` or `nil`.
+#[rustler::nif]
+fn entropy_session<'a>(
+    env: Env<'a>,
+    store: ResourceArc<StoreResource>,
+    session_id: Binary<'a>,
+) -> Term<'a> {
+    match store.0.session(session_id.as_slice()) {
+        None => rustler::types::atom::nil().encode(env),
+        Some(SessionView {
+            window,
+            agent_id,
+            score,
+            severity,
+            last_seen_ms,
+        }) => {
+            let window: Vec<Term<'a>> = window.iter().map(|t| tuple_term(env, t)).collect();
+            (
+                window,
+                agent_id,
+                score,
+                severity_atom(severity),
+                last_seen_ms,
+            )
+                .encode(env)
+        }
+    }
+}
+
+#[rustler::nif]
+fn entropy_forget(store: ResourceArc<StoreResource>, session_id: Binary) -> bool {
+    store.0.forget(session_id.as_slice())
+}
+
+/// Scans every session: on a dirty scheduler, since it grows with the store.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn entropy_sweep(store: ResourceArc<StoreResource>, now_ms: i64, ttl_ms: u64) -> usize {
+    store.0.sweep(now_ms, ttl_ms)
+}
+
+/// `{sessions, evicted_over_capacity, expired}`. Sums shard sizes: dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn entropy_stats(store: ResourceArc<StoreResource>) -> (usize, u64, u64) {
+    let stats = store.0.stats();
+    (stats.sessions, stats.evicted_over_capacity, stats.expired)
+}
+
+fn severity_atom(severity: Severity) -> Atom {
+    match severity {
+        Severity::Normal => atoms::normal(),
+        Severity::Warning => atoms::warning(),
+        Severity::Loop => atoms::loop_(),
+    }
+}
+
+fn tuple_term<'a>(env: Env<'a>, t: &Tuple) -> Term<'a> {
+    (&*t.intent, &*t.tool_call, t.status).encode(env)
+}
+
+fn detail_term(env: Env<'_>, d: Detail) -> Term<'_> {
+    (
+        d.agent_id,
+        &*d.repeated.intent,
+        &*d.repeated.tool_call,
+        d.repeated.status,
+        d.occurrences,
+    )
+        .encode(env)
+}

@@ -1,0 +1,24 @@
+//! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
+//! live in `observatory_core`.
+
+mod entropy_tracker;
+mod error;
+mod test_support;
+
+mod atoms {
+    rustler::atoms! {
+        // severities
+        normal,
+        warning,
+        loop_ = "loop",
+        // error reasons
+        invalid_session_id,
+        invalid_agent_id,
+        field_too_long,
+        invalid_utf8,
+        invalid_window_size,
+        invalid_threshold,
+    }
+}
+
+rustler::init!("Elixir.Observatory.Native");

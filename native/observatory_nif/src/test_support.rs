@@ -1,0 +1,18 @@
+//! NIFs that let the Elixir tests check resource lifetimes and panic handling.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Stores alive right now; `Drop` decrements it, so a leak shows as a count that
+/// never returns to its starting value after garbage collection.
+pub static LIVE_STORES: AtomicUsize = AtomicUsize::new(0);
+
+#[rustler::nif]
+fn live_stores() -> usize {
+    LIVE_STORES.load(Ordering::Relaxed)
+}
+
+/// Panics on purpose: proves a Rust panic reaches Elixir as an exception, not a crash.
+#[rustler::nif]
+fn panic_probe() -> usize {
+    panic!("panic_probe: deliberate panic for the test suite")
+}

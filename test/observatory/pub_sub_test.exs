@@ -1,0 +1,131 @@
+defmodule Observatory.PubSubTest do
+  use ExUnit.Case, async: true
+
+  alias Observatory.PubSub
+
+  setup do
+    name = :"pubsub_#{System.unique_integer([:positive])}"
+    start_supervised!({PubSub, name: name})
+    %{ps: name}
+  end
+
+  test "subscribe/2 and broadcast/3 deliver to every subscriber", %{ps: ps} do
+    :ok = PubSub.subscribe(ps, "t")
+    parent = self()
+
+    other =
+      spawn_link(fn ->
+        :ok = PubSub.subscribe(ps, "t")
+        send(parent, :ready)
+        receive do: (msg -> send(parent, {:other, msg}))
+      end)
+
+    assert_receive :ready
+    :ok = PubSub.broadcast(ps, "t", :hello)
+    assert_receive :hello
+    assert_receive {:other, :hello}
+    refute_received :hello
+    Process.exit(other, :kill)
+  end
+
+  test "topics are separate and unsubscribe stops delivery", %{ps: ps} do
+    :ok = PubSub.subscribe(ps, "a")
+    :ok = PubSub.broadcast(ps, "b", :for_b)
+    refute_receive :for_b, 20
+    :ok = PubSub.unsubscribe(ps, "a")
+    :ok = PubSub.broadcast(ps, "a", :after)
+    refute_receive :after, 20
+  end
+
+  test "broadcast_from/4 and local_broadcast_from/4 skip the sender", %{ps: ps} do
+    :ok = PubSub.subscribe(ps, "t")
+    :ok = PubSub.broadcast_from(ps, self(), "t", :skip_me)
+    :ok = PubSub.local_broadcast_from(ps, self(), "t", :skip_me_too)
+    refute_receive _, 20
+    :ok = PubSub.local_broadcast(ps, "t", :local)
+    assert_receive :local
+  end
+
+  test "metadata reaches a custom dispatcher", %{ps: ps} do
+    :ok = PubSub.subscribe(ps, "t", metadata: :tagged)
+    :ok = PubSub.broadcast(ps, "t", :msg, __MODULE__.TagDispatcher)
+    assert_receive {:tagged, :msg}
+  end
+
+  test "options are validated up front" do
+    assert_raise ArgumentError, ~r/:name option is required/, fn -> PubSub.child_spec([]) end
+    assert_raise ArgumentError, ~r/got: "x"/, fn -> PubSub.child_spec(name: "x") end
+  end
+
+  defmodule TagDispatcher do
+    def dispatch(entries, _from, message) do
+      for {pid, meta} <- entries, do: send(pid, {meta, message})
+      :ok
+    end
+  end
+end
+
+defmodule Observatory.PubSubDistributedTest do
+  # A second BEAM node started with :peer: broadcasts cross nodes over :pg.
+  use ExUnit.Case, async: false
+
+  alias Observatory.PubSub
+
+  @moduletag :distributed
+  @ps Observatory.PubSub
+
+  setup_all do
+    unless Node.alive?() do
+      {_, 0} = System.cmd("epmd", ["-daemon"])
+      {:ok, _} = :net_kernel.start([:"observatory_test@127.0.0.1", :longnames])
+    end
+
+    {:ok, peer, node} =
+      :peer.start_link(%{
+        name: :"peer_#{System.unique_integer([:positive])}",
+        host: ~c"127.0.0.1",
+        longnames: true,
+        args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
+      })
+
+    :ok = :erpc.call(node, Observatory.Test.Remote, :start_pubsub, [@ps])
+
+    # The peer is linked to the setup_all process and stops with it.
+    _ = peer
+    %{node: node}
+  end
+
+  test "a broadcast on this node reaches a subscriber on the peer", %{node: node} do
+    :ok =
+      :erpc.call(node, Observatory.Test.Remote, :subscribe_and_forward, [@ps, "cross", self()])
+
+    assert_receive :subscribed
+    wait_for_peers(2)
+    :ok = PubSub.broadcast(@ps, "cross", {:hi, node()})
+    assert_receive {:remote_got, {:hi, _}}, 2_000
+  end
+
+  test "a broadcast on the peer reaches a subscriber here", %{node: node} do
+    :ok = PubSub.subscribe(@ps, "back")
+    wait_for_peers(2)
+    :erpc.call(node, PubSub, :broadcast, [@ps, "back", :from_peer])
+    assert_receive :from_peer, 2_000
+  end
+
+  test "local_broadcast stays on its node", %{node: node} do
+    :ok = PubSub.subscribe(@ps, "local-only")
+    wait_for_peers(2)
+    :erpc.call(node, PubSub, :local_broadcast, [@ps, "local-only", :nope])
+    refute_receive :nope, 200
+  end
+
+  defp wait_for_peers(n, tries \\ 200) do
+    members = :pg.get_members(Observatory.PubSub.Peer.scope(@ps), :peers)
+
+    cond do
+      length(members) >= n -> :ok
+      tries == 0 -> flunk("pg never saw #{n} peers: #{inspect(members)}")
+      true -> Process.sleep(10) && wait_for_peers(n, tries - 1)
+    end
+  end
+end
