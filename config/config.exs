@@ -8,6 +8,7 @@ config :observatory,
   entropy_max_sessions: 1_000_000,
   entropy_session_ttl_ms: :timer.minutes(30),
   entropy_sweep_interval_ms: :timer.minutes(1),
+  entropy_clock_tick_ms: 1_000,
   pubsub: {Observatory.PubSub, Observatory.PubSub}
 
 config :logger, :console, format: "$time [$level] $message\n"

@@ -21,11 +21,11 @@ defmodule Observatory.Native do
         _agent_id,
         _window_size,
         _loop_threshold,
-        _warning_threshold,
-        _now_ms
+        _warning_threshold
       ),
       do: :erlang.nif_error(:nif_not_loaded)
 
+  def entropy_tick(_store, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_session(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)

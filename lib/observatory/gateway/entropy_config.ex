@@ -18,16 +18,11 @@ defmodule Observatory.Gateway.EntropyConfig do
   @app :observatory
   @max_window 1024
 
-  @type t :: %{window_size: pos_integer(), loop_threshold: float(), warning_threshold: float()}
-
-  @doc "The three settings, validated."
-  @spec read() :: t()
+  @doc "`{window_size, loop_threshold, warning_threshold}`, validated."
+  @spec read() :: {pos_integer(), float(), float()}
   def read do
-    %{
-      window_size: window_size(),
-      loop_threshold: threshold(:entropy_loop_threshold, 0.25),
-      warning_threshold: threshold(:entropy_warning_threshold, 0.50)
-    }
+    {window_size(), threshold(:entropy_loop_threshold, 0.25),
+     threshold(:entropy_warning_threshold, 0.50)}
   end
 
   @doc "The largest window size accepted."
@@ -47,19 +42,24 @@ defmodule Observatory.Gateway.EntropyConfig do
     end
   end
 
-  # The last invalid value seen per key lives in :persistent_term, so the warning is
-  # logged once per change; reading it costs one lookup on the hot path.
+  # The invalid values already warned about, per key, live in one :persistent_term
+  # map, so a warning is logged once per change. A valid read only looks the map up;
+  # it is written when a value turns invalid or valid again, which is rare.
   defp valid(key, value) do
-    if :persistent_term.get({__MODULE__, key}, nil) != nil do
-      :persistent_term.erase({__MODULE__, key})
+    warned = :persistent_term.get(__MODULE__, %{})
+
+    if is_map_key(warned, key) do
+      :persistent_term.put(__MODULE__, Map.delete(warned, key))
     end
 
     value
   end
 
   defp invalid(key, value, default) do
-    if :persistent_term.get({__MODULE__, key}, nil) != {:invalid, value} do
-      :persistent_term.put({__MODULE__, key}, {:invalid, value})
+    warned = :persistent_term.get(__MODULE__, %{})
+
+    if Map.get(warned, key, :none) != {:invalid, value} do
+      :persistent_term.put(__MODULE__, Map.put(warned, key, {:invalid, value}))
 
       Logger.warning(
         "invalid #{inspect(@app)} #{inspect(key)}: #{inspect(value)}; using the default #{inspect(default)}"

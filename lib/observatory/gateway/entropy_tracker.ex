@@ -33,8 +33,9 @@ defmodule Observatory.Gateway.EntropyTracker do
 
   Memory is bounded: sessions idle longer than `:entropy_session_ttl_ms` are swept
   every `:entropy_sweep_interval_ms`, and at most about `:entropy_max_sessions` are kept
-  (the least recently seen are evicted first). Those three are read when the tracker
-  starts.
+  (the least recently seen are evicted first). Idle time is measured on a clock the
+  tracker advances every `:entropy_clock_tick_ms` (1 s), so a step costs no OS clock
+  read. Those four are read when the tracker starts.
   """
 
   use GenServer
@@ -71,6 +72,7 @@ defmodule Observatory.Gateway.EntropyTracker do
     * `:max_sessions` — default `Application.get_env(:observatory, :entropy_max_sessions, 1_000_000)`.
     * `:session_ttl_ms` — default `:entropy_session_ttl_ms`, 30 minutes.
     * `:sweep_interval_ms` — default `:entropy_sweep_interval_ms`, 60 seconds.
+    * `:tick_ms` — default `:entropy_clock_tick_ms`, 1 second: the resolution of idle time.
   """
   def start_link(opts \\ []) do
     name = Keyword.get(opts, :name, __MODULE__)
@@ -108,20 +110,19 @@ defmodule Observatory.Gateway.EntropyTracker do
     with {:ok, code} <- ActionStatus.to_code(status),
          {:ok, agent_id} <- agent_id(opts),
          {:ok, store} <- store(opts) do
-      config = EntropyConfig.read()
+      {window_size, loop_threshold, warning_threshold} = EntropyConfig.read()
 
       store
-      |> call_nif(:entropy_record, [
+      |> record(
         session_id,
         intent,
         tool_call,
         code,
         agent_id,
-        config.window_size,
-        config.loop_threshold,
-        config.warning_threshold,
-        System.monotonic_time(:millisecond)
-      ])
+        window_size,
+        loop_threshold,
+        warning_threshold
+      )
       |> act(session_id)
     end
   end
@@ -254,8 +255,26 @@ defmodule Observatory.Gateway.EntropyTracker do
     end
   end
 
-  # A panic in Rust arrives as an :nif_panicked error: the caller gets an error tuple,
-  # the tracker and the VM keep running.
+  # The hot path calls the NIF directly (no apply/3). A panic in Rust arrives as an
+  # :nif_panicked error: the caller gets an error tuple, the tracker and the VM keep running.
+  defp record(store, session_id, intent, tool_call, code, agent_id, size, loop, warning) do
+    Native.entropy_record(
+      store,
+      session_id,
+      intent,
+      tool_call,
+      code,
+      agent_id,
+      size,
+      loop,
+      warning
+    )
+  rescue
+    e in ErlangError ->
+      Logger.error("EntropyTracker NIF entropy_record failed: #{Exception.message(e)}")
+      {:error, :internal_error}
+  end
+
   defp call_nif(store, fun, args) do
     apply(Native, fun, [store | args])
   rescue
@@ -273,12 +292,14 @@ defmodule Observatory.Gateway.EntropyTracker do
     max = option(opts, :max_sessions, :entropy_max_sessions, 1_000_000)
     ttl = option(opts, :session_ttl_ms, :entropy_session_ttl_ms, :timer.minutes(30))
     interval = option(opts, :sweep_interval_ms, :entropy_sweep_interval_ms, :timer.minutes(1))
+    tick = option(opts, :tick_ms, :entropy_clock_tick_ms, 1_000)
 
     shards = max |> div(@min_sessions_per_shard) |> max(1) |> min(@max_shards)
     store = Native.entropy_store_new(shards, max)
     # Replacing the term releases the store of a crashed predecessor (UC-0250 F1).
     :persistent_term.put({__MODULE__, name}, store)
-    state = %{name: name, store: store, ttl: ttl, interval: interval}
+    state = %{name: name, store: store, ttl: ttl, interval: interval, tick: tick}
+    tick_now(state)
     schedule_sweep(state)
     {:ok, state}
   end
@@ -287,6 +308,11 @@ defmodule Observatory.Gateway.EntropyTracker do
   def handle_call(:sweep, _from, state), do: {:reply, sweep_now(state), state}
 
   @impl true
+  def handle_info(:tick, state) do
+    tick_now(state)
+    {:noreply, state}
+  end
+
   def handle_info(:sweep, state) do
     sweep_now(state)
     schedule_sweep(state)
@@ -311,6 +337,11 @@ defmodule Observatory.Gateway.EntropyTracker do
   end
 
   defp schedule_sweep(%{interval: interval}), do: Process.send_after(self(), :sweep, interval)
+
+  defp tick_now(%{store: store, tick: tick}) do
+    Native.entropy_tick(store, System.monotonic_time(:millisecond))
+    Process.send_after(self(), :tick, tick)
+  end
 
   defp option(opts, key, env_key, default) do
     case Keyword.get_lazy(opts, key, fn -> Application.get_env(:observatory, env_key, default) end) do

@@ -68,7 +68,7 @@ fn bench_record(c: &mut Criterion) {
                     status,
                     agent_id: Some(b"agent-1"),
                 };
-                black_box(store.record(&o, &settings, 0).unwrap().score)
+                black_box(store.record(&o, &settings, |s| s.score).unwrap())
             })
         });
         let naive = Naive::default();
@@ -119,7 +119,7 @@ fn bench_two_threads(c: &mut Criterion) {
                 status,
                 agent_id: Some(b"agent-1"),
             };
-            black_box(store.record(&o, &Settings::default(), 0).unwrap());
+            black_box(store.record(&o, &Settings::default(), |s| s.score).unwrap());
         })
     };
     group.bench_function("store", |b| {

@@ -66,7 +66,7 @@ fn measure(name: &str, sessions: usize, tuple: impl Fn(usize, usize) -> (String,
                 status,
                 agent_id: Some(agent_id.as_bytes()),
             };
-            store.record(&o, &settings, 0).unwrap();
+            store.record(&o, &settings, |s| s.score).unwrap();
         }
     }
     assert_eq!(store.len(), sessions);

@@ -6,10 +6,10 @@
 //! zero, so the interner never outgrows the live windows.
 //!
 //! Lookups take a precomputed hash and an equality test on the borrowed form, so a hit
-//! allocates nothing. Two different keys with the same hash share a bucket and are told
-//! apart by exact equality: ids are equal if and only if keys are equal.
+//! allocates nothing. Keys with equal hashes are told apart by exact equality: ids are
+//! equal if and only if keys are equal.
 
-use std::collections::HashMap;
+use hashbrown::HashTable;
 
 /// A stable handle for an interned key; valid while its reference count is positive.
 pub type Id = u32;
@@ -22,30 +22,16 @@ struct Entry<K> {
 
 /// Interned keys with reference counts. Not thread-safe: one per store shard.
 pub struct Interner<K> {
-    buckets: HashMap<u64, Bucket>,
+    /// Ids, found by the key's hash; equality is checked against `entries`.
+    index: HashTable<Id>,
     entries: Vec<Option<Entry<K>>>,
     free: Vec<Id>,
-}
-
-/// Ids whose keys share one hash; almost always exactly one.
-enum Bucket {
-    One(Id),
-    Many(Vec<Id>),
-}
-
-impl Bucket {
-    fn ids(&self) -> &[Id] {
-        match self {
-            Bucket::One(id) => std::slice::from_ref(id),
-            Bucket::Many(ids) => ids,
-        }
-    }
 }
 
 impl<K> Default for Interner<K> {
     fn default() -> Self {
         Self {
-            buckets: HashMap::new(),
+            index: HashTable::new(),
             entries: Vec::new(),
             free: Vec::new(),
         }
@@ -61,16 +47,10 @@ impl<K> Interner<K> {
         matches: impl Fn(&K) -> bool,
         make: impl FnOnce() -> K,
     ) -> Id {
-        if let Some(bucket) = self.buckets.get(&hash) {
-            for &id in bucket.ids() {
-                let entry = self.entries[id as usize]
-                    .as_mut()
-                    .expect("bucket ids are live");
-                if matches(&entry.key) {
-                    entry.refs += 1;
-                    return id;
-                }
-            }
+        let entries = &mut self.entries;
+        if let Some(&id) = self.index.find(hash, |&id| matches(&live(entries, id).key)) {
+            live_mut(entries, id).refs += 1;
+            return id;
         }
         let entry = Entry {
             key: make(),
@@ -79,80 +59,59 @@ impl<K> Interner<K> {
         };
         let id = match self.free.pop() {
             Some(id) => {
-                self.entries[id as usize] = Some(entry);
+                entries[id as usize] = Some(entry);
                 id
             }
             None => {
-                self.entries.push(Some(entry));
-                Id::try_from(self.entries.len() - 1).expect("fewer than 2^32 live keys")
+                entries.push(Some(entry));
+                Id::try_from(entries.len() - 1).expect("fewer than 2^32 live keys")
             }
         };
-        match self.buckets.get_mut(&hash) {
-            None => {
-                self.buckets.insert(hash, Bucket::One(id));
-            }
-            Some(Bucket::One(first)) => {
-                let first = *first;
-                self.buckets.insert(hash, Bucket::Many(vec![first, id]));
-            }
-            Some(Bucket::Many(ids)) => ids.push(id),
-        }
+        self.index
+            .insert_unique(hash, id, |&other| live(entries, other).hash);
         id
-    }
-
-    /// Adds one reference to a live id (a window that copies an id it already holds).
-    pub fn retain(&mut self, id: Id) {
-        self.live_mut(id).refs += 1;
     }
 
     /// Drops one reference; the key is freed when none are left.
     pub fn release(&mut self, id: Id) {
-        let entry = self.live_mut(id);
+        let entry = live_mut(&mut self.entries, id);
         entry.refs -= 1;
         if entry.refs > 0 {
             return;
         }
         let hash = entry.hash;
+        if let Ok(found) = self.index.find_entry(hash, |&other| other == id) {
+            found.remove();
+        }
         self.entries[id as usize] = None;
         self.free.push(id);
-        let now_empty = match self.buckets.get_mut(&hash) {
-            Some(Bucket::Many(ids)) => {
-                ids.retain(|&other| other != id);
-                if ids.len() == 1 {
-                    let last = ids[0];
-                    self.buckets.insert(hash, Bucket::One(last));
-                }
-                false
-            }
-            _ => true,
-        };
-        if now_empty {
-            self.buckets.remove(&hash);
-        }
     }
 
     /// The key behind a live id.
     pub fn get(&self, id: Id) -> &K {
-        &self.entries[id as usize]
-            .as_ref()
-            .expect("id is live while a window holds it")
-            .key
+        &live(&self.entries, id).key
     }
 
     /// Number of distinct live keys.
     pub fn len(&self) -> usize {
-        self.entries.len() - self.free.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
-    fn live_mut(&mut self, id: Id) -> &mut Entry<K> {
-        self.entries[id as usize]
-            .as_mut()
-            .expect("id is live while a window holds it")
-    }
+fn live<K>(entries: &[Option<Entry<K>>], id: Id) -> &Entry<K> {
+    entries[id as usize]
+        .as_ref()
+        .expect("id is live while a window holds it")
+}
+
+fn live_mut<K>(entries: &mut [Option<Entry<K>>], id: Id) -> &mut Entry<K> {
+    entries[id as usize]
+        .as_mut()
+        .expect("id is live while a window holds it")
 }
 
 #[cfg(test)]
@@ -182,6 +141,7 @@ mod tests {
         assert_eq!(interner.get(b), "b");
         interner.release(a);
         assert_eq!(acquire(&mut interner, 7, "b"), b);
+        assert_eq!(interner.len(), 1);
     }
 
     #[test]

@@ -2,22 +2,27 @@
 //!
 //! One [`Window`] per session id, each session in one of N shards chosen by a keyed
 //! hash of its id, each shard behind its own mutex: two schedulers recording for
-//! different sessions almost never wait for each other, and the per-message work is a
-//! hash, a lock, an interned lookup and a ring-buffer push.
+//! different sessions almost never wait for each other. Per message the work is one
+//! hash of the session id (reused for the shard and the table), a lock, an interned
+//! tuple lookup and a ring-buffer push.
 //!
 //! Memory is bounded two ways (design.md §2): sessions idle for longer than a TTL are
 //! dropped by [`Store::sweep`], and each shard holds at most its share of
 //! `max_sessions`, evicting its least recently seen sessions first when full.
 //! A dropped session is the same as UC-0250 F1: its next message starts a fresh window.
 //!
+//! Time is a coarse clock the owner advances with [`Store::tick`]: reading the OS
+//! clock on every message would cost more than the rest of the call, and idle
+//! expiry only needs the resolution of a tick.
+//!
 //! Hashing uses std's keyed SipHash: session ids come from clients, and a predictable
 //! hash would let one agent degrade every shard (HashDoS).
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::interner::{Id, Interner};
@@ -68,9 +73,10 @@ impl Default for Settings {
     }
 }
 
-/// The result of recording one step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Scored {
+/// The result of recording one step, borrowed from the store while its shard is
+/// locked: the caller encodes what it needs without copying strings first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored<'a> {
     /// Uniqueness ratio rounded to 4 places.
     pub score: f64,
     pub severity: Severity,
@@ -79,15 +85,15 @@ pub struct Scored {
     pub window_len: usize,
     /// Present whenever the caller has something to broadcast: the session is in
     /// WARNING or LOOP now, or has just left one of them.
-    pub detail: Option<Detail>,
+    pub detail: Option<Detail<'a>>,
 }
 
 /// What a broadcast needs, read under the same lock as the score.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Detail {
-    pub agent_id: Option<String>,
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Detail<'a> {
+    pub agent_id: Option<&'a str>,
     /// The most frequent tuple in the window and its count (FR-9.7).
-    pub repeated: Tuple,
+    pub repeated: &'a Tuple,
     pub occurrences: usize,
 }
 
@@ -111,6 +117,8 @@ pub struct Stats {
 }
 
 struct Session {
+    key: Box<[u8]>,
+    hash: u64,
     window: Window,
     agent: Option<Id>,
     severity: Severity,
@@ -121,7 +129,7 @@ struct Session {
 
 #[derive(Default)]
 struct Shard {
-    sessions: HashMap<Box<[u8]>, Session>,
+    sessions: HashTable<Session>,
     tuples: Interner<Tuple>,
     agents: Interner<Box<str>>,
     clock: u64,
@@ -132,6 +140,7 @@ pub struct Store {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_per_shard: usize,
+    now_ms: AtomicI64,
     evicted_over_capacity: AtomicU64,
     expired: AtomicU64,
 }
@@ -145,22 +154,29 @@ impl Store {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             max_per_shard: max_sessions.div_ceil(shards).max(1),
+            now_ms: AtomicI64::new(0),
             evicted_over_capacity: AtomicU64::new(0),
             expired: AtomicU64::new(0),
         }
     }
 
-    /// Records one step and scores the session's window (FR-9.2–9.6, UC-0250).
-    /// On error nothing is changed.
-    pub fn record(
+    /// Advances the store's clock; steps recorded from now on are seen at `now_ms`.
+    pub fn tick(&self, now_ms: i64) {
+        self.now_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Records one step and scores the session's window (FR-9.2–9.6, UC-0250), then
+    /// hands the result to `f` while the session's shard is still locked.
+    /// On error nothing is changed and `f` is not called.
+    pub fn record<R>(
         &self,
         obs: &Observation<'_>,
         settings: &Settings,
-        now_ms: i64,
-    ) -> Result<Scored, Error> {
+        f: impl FnOnce(Scored<'_>) -> R,
+    ) -> Result<R, Error> {
         let intent = field(obs.intent)?;
         let tool_call = field(obs.tool_call)?;
-        let session_id = id_bytes(obs.session_id, Error::InvalidSessionId)?;
+        let session_id = id_bytes(obs.session_id, Error::InvalidSessionId)?.as_bytes();
         let agent_id = obs
             .agent_id
             .map(|a| id_bytes(a, Error::InvalidAgentId))
@@ -169,40 +185,46 @@ impl Store {
             return Err(Error::InvalidWindowSize);
         }
 
-        let hasher = &self.hasher;
-        let mut shard = self.shard_for(session_id).lock();
-        let shard = &mut *shard;
-        if !shard.sessions.contains_key(session_id.as_bytes())
-            && shard.sessions.len() >= self.max_per_shard
-        {
+        let hash = self.hasher.hash_one(session_id);
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        shard.clock += 1;
+        let touch = shard.clock;
+        let now_ms = self.now_ms.load(Ordering::Relaxed);
+
+        let is_new = shard
+            .sessions
+            .find(hash, |s| &*s.key == session_id)
+            .is_none();
+        if is_new && shard.sessions.len() >= self.max_per_shard {
             let batch = (self.max_per_shard / 64).max(1);
             let evicted = shard.evict_least_recent(batch);
             self.evicted_over_capacity
                 .fetch_add(evicted as u64, Ordering::Relaxed);
         }
-        shard.clock += 1;
-        let touch = shard.clock;
         let Shard {
             sessions,
             tuples,
             agents,
             ..
         } = shard;
-
-        let previous = match sessions.get(session_id.as_bytes()) {
-            Some(s) => Some(s.severity),
-            None => {
-                let fresh = Session {
-                    window: Window::with_capacity(settings.window_size),
-                    ..Session::default()
-                };
-                sessions.insert(session_id.as_bytes().into(), fresh);
-                None
-            }
+        let session = if is_new {
+            let fresh = Session {
+                key: session_id.into(),
+                hash,
+                window: Window::default(),
+                agent: None,
+                severity: Severity::Normal,
+                last_seen_ms: now_ms,
+                touch,
+            };
+            sessions.insert_unique(hash, fresh, |s| s.hash).into_mut()
+        } else {
+            sessions
+                .find_mut(hash, |s| &*s.key == session_id)
+                .expect("found above, under the same lock")
         };
-        let session = sessions
-            .get_mut(session_id.as_bytes())
-            .expect("present or just inserted");
+        let previous = (!is_new).then_some(session.severity);
 
         if let Some(agent_id) = agent_id {
             let same = session
@@ -210,7 +232,7 @@ impl Store {
                 .is_some_and(|id| &**agents.get(id) == agent_id);
             if !same {
                 let new = agents.acquire(
-                    hasher.hash_one(agent_id),
+                    self.hasher.hash_one(agent_id),
                     |k| &**k == agent_id,
                     || agent_id.into(),
                 );
@@ -221,7 +243,7 @@ impl Store {
         }
 
         let tuple_id = tuples.acquire(
-            hasher.hash_one((intent, tool_call, obs.status)),
+            self.hasher.hash_one((intent, tool_call, obs.status)),
             |t| &*t.intent == intent && &*t.tool_call == tool_call && t.status == obs.status,
             || Tuple {
                 intent: intent.into(),
@@ -247,25 +269,26 @@ impl Store {
                 .most_frequent()
                 .expect("the window holds the step just pushed");
             Detail {
-                agent_id: session.agent.map(|id| agents.get(id).to_string()),
-                repeated: tuples.get(repeated).clone(),
+                agent_id: session.agent.map(|id| &**agents.get(id)),
+                repeated: tuples.get(repeated),
                 occurrences,
             }
         });
 
-        Ok(Scored {
+        Ok(f(Scored {
             score,
             severity,
             previous,
             window_len: session.window.len(),
             detail,
-        })
+        }))
     }
 
     /// A copy of one session's state, or `None` if it has no window.
     pub fn session(&self, session_id: &[u8]) -> Option<SessionView> {
-        let shard = self.shard_for_bytes(session_id).lock();
-        let s = shard.sessions.get(session_id)?;
+        let hash = self.hasher.hash_one(session_id);
+        let shard = self.shard(hash).lock();
+        let s = shard.sessions.find(hash, |s| &*s.key == session_id)?;
         Some(SessionView {
             window: s
                 .window
@@ -281,20 +304,24 @@ impl Store {
 
     /// Drops one session's window. Returns whether it existed.
     pub fn forget(&self, session_id: &[u8]) -> bool {
-        let mut shard = self.shard_for_bytes(session_id).lock();
-        let shard = &mut *shard;
-        match shard.sessions.remove(session_id) {
-            Some(session) => {
+        let hash = self.hasher.hash_one(session_id);
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        match shard.sessions.find_entry(hash, |s| &*s.key == session_id) {
+            Ok(found) => {
+                let (session, _) = found.remove();
                 release(session, &mut shard.tuples, &mut shard.agents);
                 true
             }
-            None => false,
+            Err(_) => false,
         }
     }
 
-    /// Drops every session not seen for `ttl_ms` or longer; returns how many.
-    /// Locks one shard at a time, so recording goes on in the others.
+    /// Advances the clock to `now_ms` and drops every session not seen for `ttl_ms`
+    /// or longer; returns how many. Locks one shard at a time, so recording goes on in
+    /// the others.
     pub fn sweep(&self, now_ms: i64, ttl_ms: u64) -> usize {
+        self.tick(now_ms);
         let ttl_ms = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
         let mut dropped = 0;
         for shard in self.shards.iter() {
@@ -327,20 +354,18 @@ impl Store {
         self.shards.iter().map(|s| s.lock().tuples.len()).sum()
     }
 
-    fn shard_for(&self, session_id: &str) -> &Mutex<Shard> {
-        self.shard_for_bytes(session_id.as_bytes())
-    }
-
-    fn shard_for_bytes(&self, session_id: &[u8]) -> &Mutex<Shard> {
-        let hash = self.hasher.hash_one(session_id);
-        &self.shards[(hash % self.shards.len() as u64) as usize]
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // The table inside a shard uses the low bits of the same hash: pick the shard
+        // with the high bits so the two stay independent.
+        let index = ((hash >> 32) as usize) % self.shards.len();
+        &self.shards[index]
     }
 }
 
 impl Shard {
     /// Evicts the `count` least recently seen sessions (exact within the shard).
     fn evict_least_recent(&mut self, count: usize) -> usize {
-        let mut touches: Vec<u64> = self.sessions.values().map(|s| s.touch).collect();
+        let mut touches: Vec<u64> = self.sessions.iter().map(|s| s.touch).collect();
         if count == 0 || touches.is_empty() {
             return 0;
         }
@@ -357,27 +382,18 @@ impl Shard {
             ..
         } = self;
         let before = sessions.len();
-        sessions.retain(|_, s| {
+        sessions.retain(|s| {
             if doomed(s) {
-                release(std::mem::take(s), tuples, agents);
+                s.window.drain(|id| tuples.release(id));
+                if let Some(agent) = s.agent.take() {
+                    agents.release(agent);
+                }
                 false
             } else {
                 true
             }
         });
         before - sessions.len()
-    }
-}
-
-impl Default for Session {
-    fn default() -> Self {
-        Self {
-            window: Window::default(),
-            agent: None,
-            severity: Severity::Normal,
-            last_seen_ms: 0,
-            touch: 0,
-        }
     }
 }
 

@@ -5,95 +5,153 @@ use std::collections::VecDeque;
 
 use crate::interner::Id;
 
-/// Windows up to this size are scored on the stack without allocating.
-const INLINE: usize = 32;
+/// Windows up to this size live inside the session record: no allocation and no
+/// pointer to chase, which matters when a million sessions miss the CPU cache.
+pub const INLINE_CAPACITY: usize = 8;
 
-/// The last N tuple ids of one session, oldest first. `VecDeque` is a ring buffer:
-/// append at the back and eviction from the front are both O(1).
-#[derive(Debug, Default, Clone)]
+/// Windows up to this size are scored on the stack without allocating.
+const STACK_SCORING: usize = 32;
+
+/// The last N tuple ids of one session, oldest first: a ring buffer, so append at the
+/// back and eviction from the front are both O(1).
+#[derive(Debug, Clone)]
 pub struct Window {
-    ids: VecDeque<Id>,
+    ring: Ring,
+}
+
+#[derive(Debug, Clone)]
+enum Ring {
+    Inline {
+        ids: [Id; INLINE_CAPACITY],
+        head: u8,
+        len: u8,
+    },
+    Heap(VecDeque<Id>),
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self {
+            ring: Ring::Inline {
+                ids: [0; INLINE_CAPACITY],
+                head: 0,
+                len: 0,
+            },
+        }
+    }
 }
 
 impl Window {
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            ids: VecDeque::with_capacity(capacity),
-        }
-    }
-
     /// Appends `id`, then evicts from the front until at most `capacity` ids remain,
     /// handing each evicted id to `evicted`. A capacity lowered at run time therefore
     /// trims the window on its next push (design.md §2).
     pub fn push(&mut self, id: Id, capacity: usize, mut evicted: impl FnMut(Id)) {
-        self.ids.push_back(id);
-        while self.ids.len() > capacity.max(1) {
-            if let Some(old) = self.ids.pop_front() {
-                evicted(old);
+        let capacity = capacity.max(1);
+        if capacity > INLINE_CAPACITY {
+            if let Ring::Inline { .. } = self.ring {
+                self.ring = Ring::Heap(self.iter().collect());
+            }
+        }
+        match &mut self.ring {
+            Ring::Inline { ids, head, len } => {
+                if usize::from(*len) == INLINE_CAPACITY {
+                    evicted(ids[usize::from(*head)]);
+                    *head = ((usize::from(*head) + 1) % INLINE_CAPACITY) as u8;
+                    *len -= 1;
+                }
+                ids[(usize::from(*head) + usize::from(*len)) % INLINE_CAPACITY] = id;
+                *len += 1;
+                while usize::from(*len) > capacity {
+                    evicted(ids[usize::from(*head)]);
+                    *head = ((usize::from(*head) + 1) % INLINE_CAPACITY) as u8;
+                    *len -= 1;
+                }
+            }
+            Ring::Heap(ids) => {
+                ids.push_back(id);
+                while ids.len() > capacity {
+                    if let Some(old) = ids.pop_front() {
+                        evicted(old);
+                    }
+                }
             }
         }
     }
 
     pub fn len(&self) -> usize {
-        self.ids.len()
+        match &self.ring {
+            Ring::Inline { len, .. } => usize::from(*len),
+            Ring::Heap(ids) => ids.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.len() == 0
+    }
+
+    /// The `i`-th id, oldest first.
+    fn get(&self, i: usize) -> Id {
+        match &self.ring {
+            Ring::Inline { ids, head, .. } => ids[(usize::from(*head) + i) % INLINE_CAPACITY],
+            Ring::Heap(ids) => ids[i],
+        }
     }
 
     /// Ids oldest first.
     pub fn iter(&self) -> impl Iterator<Item = Id> + '_ {
-        self.ids.iter().copied()
+        (0..self.len()).map(move |i| self.get(i))
     }
 
     /// Removes every id, handing each to `released`.
     pub fn drain(&mut self, released: impl FnMut(Id)) {
-        self.ids.drain(..).for_each(released);
+        self.iter().for_each(released);
+        *self = Self::default();
     }
 
     /// Number of distinct ids (exact equality, since ids are interned exactly).
     pub fn distinct_count(&self) -> usize {
-        let mut inline = [0 as Id; INLINE];
+        let len = self.len();
+        let mut stack = [0 as Id; STACK_SCORING];
         let mut heap;
-        let sorted: &mut [Id] = if self.ids.len() <= INLINE {
-            let slot = &mut inline[..self.ids.len()];
-            for (dst, src) in slot.iter_mut().zip(self.ids.iter()) {
-                *dst = *src;
+        let ids: &mut [Id] = if len <= STACK_SCORING {
+            for (slot, id) in stack.iter_mut().zip(self.iter()) {
+                *slot = id;
             }
-            slot
+            &mut stack[..len]
         } else {
-            heap = self.ids.iter().copied().collect::<Vec<_>>();
+            heap = self.iter().collect::<Vec<_>>();
             &mut heap
         };
-        sorted.sort_unstable();
-        1 + sorted.windows(2).filter(|w| w[0] != w[1]).count()
+        if len <= INLINE_CAPACITY {
+            // A handful of ids: comparing pairs beats sorting.
+            (0..len).filter(|&i| !ids[..i].contains(&ids[i])).count()
+        } else {
+            ids.sort_unstable();
+            1 + ids.windows(2).filter(|w| w[0] != w[1]).count()
+        }
     }
 
     /// `distinct / len`: 1.0 when every tuple differs, 1/len for a pure loop.
     /// An empty window scores 1.0 (nothing repeats).
     pub fn uniqueness(&self) -> f64 {
-        if self.ids.is_empty() {
+        if self.is_empty() {
             return 1.0;
         }
-        self.distinct_count() as f64 / self.ids.len() as f64
+        self.distinct_count() as f64 / self.len() as f64
     }
 
     /// The most frequent id and its count (FR-9.7's `repeated_pattern`). On a tie the
     /// id seen most recently wins: it is the loop the agent is in now.
     pub fn most_frequent(&self) -> Option<(Id, usize)> {
+        let len = self.len();
         let mut best: Option<(Id, usize)> = None;
-        for (newest_first_pos, &id) in self.ids.iter().rev().enumerate() {
-            let seen_newer = self
-                .ids
-                .iter()
-                .rev()
-                .take(newest_first_pos)
-                .any(|&x| x == id);
-            if seen_newer {
-                continue;
+        for newest_first in 0..len {
+            let pos = len - 1 - newest_first;
+            let id = self.get(pos);
+            if (pos + 1..len).any(|later| self.get(later) == id) {
+                continue; // counted already, from its more recent occurrence
             }
-            let count = self.ids.iter().filter(|&&x| x == id).count();
+            let count = self.iter().filter(|&x| x == id).count();
             if best.is_none_or(|(_, c)| count > c) {
                 best = Some((id, count));
             }
@@ -154,6 +212,13 @@ mod tests {
     }
 
     #[test]
+    fn growing_past_the_inline_capacity_keeps_order() {
+        let mut w = window_of(&[1, 2, 3, 4, 5, 6, 7, 8], 8);
+        w.push(9, 20, |_| panic!("nothing to evict"));
+        assert_eq!(w.iter().collect::<Vec<_>>(), (1..=9).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn large_windows_are_scored_too() {
         let ids: Vec<Id> = (0..100).map(|i| i % 10).collect();
         assert_eq!(window_of(&ids, 100).distinct_count(), 10);
@@ -161,7 +226,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn window_never_exceeds_its_size(ids in prop::collection::vec(0u32..8, 0..64), cap in 1usize..12) {
+        fn window_never_exceeds_its_size(ids in prop::collection::vec(0u32..8, 0..64), cap in 1usize..20) {
             let mut w = Window::default();
             for id in ids {
                 w.push(id, cap, |_| {});
@@ -170,10 +235,25 @@ mod tests {
         }
 
         #[test]
-        fn window_keeps_the_newest_in_order(ids in prop::collection::vec(0u32..1000, 1..64), cap in 1usize..12) {
+        fn window_keeps_the_newest_in_order(ids in prop::collection::vec(0u32..1000, 1..64), cap in 1usize..20) {
             let w = window_of(&ids, cap);
             let start = ids.len().saturating_sub(cap);
             prop_assert_eq!(w.iter().collect::<Vec<_>>(), ids[start..].to_vec());
+        }
+
+        #[test]
+        fn evictions_are_the_oldest_in_order(ids in prop::collection::vec(0u32..1000, 1..64), caps in prop::collection::vec(1usize..20, 64)) {
+            let mut w = Window::default();
+            let mut model: std::collections::VecDeque<u32> = Default::default();
+            for (&id, &cap) in ids.iter().zip(caps.iter()) {
+                let mut evicted = vec![];
+                w.push(id, cap, |old| evicted.push(old));
+                model.push_back(id);
+                let mut expected = vec![];
+                while model.len() > cap { expected.push(model.pop_front().unwrap()); }
+                prop_assert_eq!(evicted, expected);
+                prop_assert_eq!(w.iter().collect::<Vec<_>>(), model.iter().copied().collect::<Vec<_>>());
+            }
         }
 
         #[test]

@@ -36,6 +36,7 @@ fn entropy_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'
 
 /// Records one step. Returns `{score, severity, previous | nil, window_len, detail | nil}`
 /// with detail `{agent_id | nil, intent, tool_call, status, occurrences}`.
+/// Bounded work (fields ≤ 1 KiB, windows ≤ 1024): a normal scheduler.
 #[rustler::nif]
 #[allow(clippy::too_many_arguments)]
 fn entropy_record<'a>(
@@ -49,7 +50,6 @@ fn entropy_record<'a>(
     window_size: usize,
     loop_threshold: f64,
     warning_threshold: f64,
-    now_ms: i64,
 ) -> NifResult<Term<'a>> {
     let settings = Settings {
         window_size,
@@ -62,17 +62,26 @@ fn entropy_record<'a>(
         status,
         agent_id: agent_id.as_ref().map(Binary::as_slice),
     };
-    let scored = store.0.record(&obs, &settings, now_ms).map_err(to_nif)?;
-    let previous = scored.previous.map(severity_atom);
-    let detail = scored.detail.map(|d| detail_term(env, d));
-    Ok((
-        scored.score,
-        severity_atom(scored.severity),
-        previous,
-        scored.window_len,
-        detail,
-    )
-        .encode(env))
+    store
+        .0
+        .record(&obs, &settings, |scored| {
+            (
+                scored.score,
+                severity_atom(scored.severity),
+                scored.previous.map(severity_atom),
+                scored.window_len,
+                scored.detail.map(|d| detail_term(env, d)),
+            )
+                .encode(env)
+        })
+        .map_err(to_nif)
+}
+
+/// Advances the store's clock (called by the owner once per tick).
+#[rustler::nif]
+fn entropy_tick(store: ResourceArc<StoreResource>, now_ms: i64) -> rustler::Atom {
+    store.0.tick(now_ms);
+    rustler::types::atom::ok()
 }
 
 /// `{window, agent_id | nil, score, severity, last_seen_ms}` or `nil`.
@@ -134,7 +143,7 @@ fn tuple_term<'a>(env: Env<'a>, t: &Tuple) -> Term<'a> {
     (&*t.intent, &*t.tool_call, t.status).encode(env)
 }
 
-fn detail_term(env: Env<'_>, d: Detail) -> Term<'_> {
+fn detail_term<'a>(env: Env<'a>, d: Detail<'_>) -> Term<'a> {
     (
         d.agent_id,
         &*d.repeated.intent,

@@ -29,7 +29,7 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
       refute :handle in exported
 
       assert_raise ArgumentError, fn ->
-        Observatory.Native.entropy_record(make_ref(), "s", "i", "t", 0, nil, 5, 0.25, 0.5, 0)
+        Observatory.Native.entropy_record(make_ref(), "s", "i", "t", 0, nil, 5, 0.25, 0.5)
       end
     end
   end
@@ -356,7 +356,9 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
       name = :"tracker_#{System.unique_integer([:positive])}"
 
       {:ok, _} =
-        start_supervised({EntropyTracker, name: name, max_sessions: 64, session_ttl_ms: 50})
+        start_supervised(
+          {EntropyTracker, name: name, max_sessions: 64, session_ttl_ms: 50, tick_ms: 5}
+        )
 
       %{opts: [tracker: name, agent_id: "a"]}
     end

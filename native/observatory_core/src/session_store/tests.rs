@@ -11,8 +11,39 @@ fn obs<'a>(session: &'a str, intent: &'a str, tool: &'a str, status: u8) -> Obse
     }
 }
 
-fn record(store: &Store, o: Observation<'_>) -> Scored {
-    store.record(&o, &Settings::default(), 0).unwrap()
+/// An owned copy of [`Scored`], for assertions.
+#[derive(Debug, Clone, PartialEq)]
+struct Owned {
+    score: f64,
+    severity: Severity,
+    previous: Option<Severity>,
+    window_len: usize,
+    detail: Option<OwnedDetail>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct OwnedDetail {
+    agent_id: Option<String>,
+    repeated: Tuple,
+    occurrences: usize,
+}
+
+fn rec(store: &Store, o: &Observation<'_>, settings: &Settings) -> Result<Owned, Error> {
+    store.record(o, settings, |s| Owned {
+        score: s.score,
+        severity: s.severity,
+        previous: s.previous,
+        window_len: s.window_len,
+        detail: s.detail.map(|d| OwnedDetail {
+            agent_id: d.agent_id.map(str::to_owned),
+            repeated: d.repeated.clone(),
+            occurrences: d.occurrences,
+        }),
+    })
+}
+
+fn record(store: &Store, o: Observation<'_>) -> Owned {
+    rec(store, &o, &Settings::default()).unwrap()
 }
 
 #[test]
@@ -79,7 +110,7 @@ fn normal_steps_carry_no_detail_until_recovery() {
         window_size: 1,
         ..Settings::default()
     };
-    let recovered = store.record(&obs("s", "b", "t", 0), &settings, 0).unwrap();
+    let recovered = rec(&store, &obs("s", "b", "t", 0), &settings).unwrap();
     assert_eq!(recovered.severity, Severity::Normal);
     assert_eq!(recovered.previous, Some(Severity::Warning));
     assert!(recovered.detail.is_some(), "recovery is broadcast");
@@ -89,15 +120,15 @@ fn normal_steps_carry_no_detail_until_recovery() {
 fn agent_is_remembered_and_can_change() {
     let store = Store::new(1, 10);
     let mut o = obs("s", "a", "t", 0);
-    store.record(&o, &Settings::default(), 0).unwrap();
+    rec(&store, &o, &Settings::default()).unwrap();
     o.agent_id = None;
-    store.record(&o, &Settings::default(), 0).unwrap();
+    rec(&store, &o, &Settings::default()).unwrap();
     assert_eq!(
         store.session(b"s").unwrap().agent_id.as_deref(),
         Some("agent-1")
     );
     o.agent_id = Some(b"agent-2");
-    store.record(&o, &Settings::default(), 0).unwrap();
+    rec(&store, &o, &Settings::default()).unwrap();
     assert_eq!(
         store.session(b"s").unwrap().agent_id.as_deref(),
         Some("agent-2")
@@ -110,9 +141,9 @@ fn unknown_agent_stays_unknown() {
     let mut o = obs("s", "a", "t", 0);
     o.agent_id = None;
     for _ in 0..5 {
-        store.record(&o, &Settings::default(), 0).unwrap();
+        rec(&store, &o, &Settings::default()).unwrap();
     }
-    let r = store.record(&o, &Settings::default(), 0).unwrap();
+    let r = rec(&store, &o, &Settings::default()).unwrap();
     assert_eq!(r.severity, Severity::Loop);
     assert_eq!(r.detail.unwrap().agent_id, None);
 }
@@ -150,14 +181,14 @@ fn bad_input_is_refused_and_changes_nothing() {
         ),
     ];
     for (o, expected) in cases {
-        assert_eq!(store.record(&o, &Settings::default(), 0), Err(expected));
+        assert_eq!(rec(&store, &o, &Settings::default()), Err(expected));
     }
     let zero = Settings {
         window_size: 0,
         ..Settings::default()
     };
     assert_eq!(
-        store.record(&obs("s", "a", "t", 0), &zero, 0),
+        rec(&store, &obs("s", "a", "t", 0), &zero),
         Err(Error::InvalidWindowSize)
     );
     assert!(store.is_empty());
@@ -169,20 +200,16 @@ fn exactly_max_sizes_are_accepted() {
     let store = Store::new(1, 10);
     let field = "x".repeat(MAX_FIELD_BYTES);
     let id = "s".repeat(MAX_ID_BYTES);
-    assert!(store
-        .record(&obs(&id, &field, &field, 0), &Settings::default(), 0)
-        .is_ok());
+    assert!(rec(&store, &obs(&id, &field, &field, 0), &Settings::default()).is_ok());
 }
 
 #[test]
 fn ttl_sweep_drops_idle_sessions_only() {
     let store = Store::new(2, 100);
-    store
-        .record(&obs("old", "a", "t", 0), &Settings::default(), 1_000)
-        .unwrap();
-    store
-        .record(&obs("new", "a", "t", 0), &Settings::default(), 9_000)
-        .unwrap();
+    store.tick(1_000);
+    record(&store, obs("old", "a", "t", 0));
+    store.tick(9_000);
+    record(&store, obs("new", "a", "t", 0));
     assert_eq!(store.sweep(10_000, 5_000), 1);
     assert!(store.session(b"old").is_none());
     assert!(store.session(b"new").is_some());
@@ -237,9 +264,7 @@ fn two_threads_record_without_losing_steps() {
             std::thread::spawn(move || {
                 for i in 0..10_000 {
                     let session = format!("t{t}-s{}", i % 100);
-                    store
-                        .record(&obs(&session, "i", "tool", 0), &Settings::default(), 0)
-                        .unwrap();
+                    record(&store, obs(&session, "i", "tool", 0));
                 }
             })
         })
@@ -285,7 +310,7 @@ proptest! {
         for (session, tool) in steps {
             let sid = format!("s{session}");
             let tool_name = format!("t{tool}");
-            let scored = store.record(&obs(&sid, "i", &tool_name, 0), &settings, 0).unwrap();
+            let scored = rec(&store, &obs(&sid, "i", &tool_name, 0), &settings).unwrap();
             model.push((session, tool));
             let window: Vec<u8> = model.iter().filter(|(s, _)| *s == session).map(|(_, t)| *t).collect();
             let window = &window[window.len().saturating_sub(size)..];
