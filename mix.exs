@@ -69,7 +69,7 @@ defmodule Observatory.MixProject do
   def application do
     [
       mod: {Observatory.Application, []},
-      extra_applications: [:logger, :crypto]
+      extra_applications: [:logger, :crypto, :mochiweb, :inets]
     ]
   end
 

@@ -31,6 +31,15 @@ defmodule Observatory.Native do
   def entropy_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
 
+  def json_decode(_text), do: :erlang.nif_error(:nif_not_loaded)
+  def json_decode_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
+  def json_encode(_term), do: :erlang.nif_error(:nif_not_loaded)
+  def json_encode_dirty(_term), do: :erlang.nif_error(:nif_not_loaded)
+
+  def decision_log_parse(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def decision_log_parse_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def action_statuses, do: :erlang.nif_error(:nif_not_loaded)
+
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
 end

@@ -217,6 +217,7 @@ defmodule Observatory.Gateway.EntropyTracker do
       }
 
       with {:ok, event} <- EntropyAlertEvent.validate(event) do
+        Observatory.Metrics.inc(:alerts)
         Events.broadcast(Events.entropy_alerts(), event)
         Topology.broadcast(session_id, agent_id, "alert_entropy")
         {:ok, score, :loop}

@@ -14,7 +14,7 @@ defmodule Observatory.Gateway.Topology do
   | `paused` | paused by an operator (HITL) | blue `#3b82f6` |
   """
 
-  alias Observatory.Gateway.Events
+  alias Observatory.Gateway.{Events, HITL}
 
   @states %{
     "active" => "#22c55e",
@@ -41,9 +41,17 @@ defmodule Observatory.Gateway.Topology do
     }
   end
 
-  @doc "Broadcasts a node's new state."
-  @spec broadcast(String.t(), String.t() | nil, state()) :: :ok | {:error, term()}
-  def broadcast(session_id, agent_id, state) do
-    Events.broadcast(Events.topology(), update(session_id, agent_id, state))
+  @doc """
+  Broadcasts a node's new state. A paused session keeps showing `paused` until an
+  operator resumes it: other states are not broadcast for it unless `force: true`
+  (which HITL uses for pause and resume themselves).
+  """
+  @spec broadcast(String.t(), String.t() | nil, state(), keyword()) :: :ok | {:error, term()}
+  def broadcast(session_id, agent_id, state, opts \\ []) do
+    if Keyword.get(opts, :force, false) or not HITL.paused?(session_id) do
+      Events.broadcast(Events.topology(), update(session_id, agent_id, state))
+    else
+      :ok
+    end
   end
 end

@@ -8,6 +8,7 @@
 //! * [`session_store`] — the sharded, bounded store of windows behind `EntropyTracker`.
 //! * [`interner`] — reference-counted interning, so a window holds 4-byte ids.
 
+pub mod decision_log;
 pub mod error;
 pub mod interner;
 pub mod session_store;

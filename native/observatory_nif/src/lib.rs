@@ -1,12 +1,16 @@
 //! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
 //! live in `observatory_core`.
 
+mod decision_log;
 mod entropy_tracker;
 mod error;
+mod json;
 mod test_support;
 
 mod atoms {
     rustler::atoms! {
+        ok,
+        error,
         // severities
         normal,
         warning,

@@ -1,0 +1,32 @@
+import Config
+
+# Keys and tokens from the environment override the config files:
+#   OBSERVATORY_AGENT_KEYS="key1,key2"
+#   OBSERVATORY_OPERATOR_TOKENS="alice:token1,bob:token2"
+#   OBSERVATORY_PORT=4000  OBSERVATORY_IP=127.0.0.1
+if keys = System.get_env("OBSERVATORY_AGENT_KEYS") do
+  config :observatory, agent_keys: String.split(keys, ",", trim: true)
+end
+
+if tokens = System.get_env("OBSERVATORY_OPERATOR_TOKENS") do
+  operator_tokens =
+    for pair <- String.split(tokens, ",", trim: true), into: %{} do
+      [name, token] = String.split(pair, ":", parts: 2)
+      {token, name}
+    end
+
+  config :observatory, operator_tokens: operator_tokens
+end
+
+if port = System.get_env("OBSERVATORY_PORT") do
+  config :observatory, ObservatoryWeb.Endpoint, port: String.to_integer(port)
+end
+
+if ip = System.get_env("OBSERVATORY_IP") do
+  {:ok, address} = :inet.parse_address(String.to_charlist(ip))
+  config :observatory, ObservatoryWeb.Endpoint, ip: address
+end
+
+if demo = System.get_env("OBSERVATORY_DEMO") do
+  config :observatory, demo: demo in ["1", "true"]
+end

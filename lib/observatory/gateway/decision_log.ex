@@ -1,0 +1,67 @@
+defmodule Observatory.Gateway.DecisionLog do
+  @moduledoc """
+  Parses and validates DecisionLog envelopes (design.md §3).
+
+  Validation runs in Rust on the JSON text: every violation is reported at once with
+  its field path and reason, sizes are capped, no atom is created from client input,
+  and unknown fields are kept.
+
+      iex> {:error, violations} = Observatory.Gateway.DecisionLog.parse(~s({"meta": {}}))
+      iex> hd(violations)
+      %{path: "meta.step_id", reason: "is required"}
+  """
+
+  alias Observatory.Gateway.ActionStatus
+  alias Observatory.Native
+
+  @dirty_bytes 64 * 1024
+
+  @typedoc "A rule broken by a message: the field's dotted path and why."
+  @type violation :: %{path: String.t(), reason: String.t()}
+
+  @typedoc "The fields the gateway acts on."
+  @type fields :: %{
+          step_id: String.t(),
+          session_id: String.t(),
+          agent_id: String.t(),
+          intent: String.t(),
+          tool_call: String.t(),
+          status: ActionStatus.t()
+        }
+
+  @doc "Parses one JSON envelope: the decoded envelope (string keys) and its key fields."
+  @spec parse(binary()) :: {:ok, map(), fields()} | {:error, [violation()]}
+  def parse(json) when is_binary(json) do
+    json
+    |> parse_nif()
+    |> case do
+      {:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, code}} ->
+        {:ok, envelope,
+         %{
+           step_id: step_id,
+           session_id: session_id,
+           agent_id: agent_id,
+           intent: intent,
+           tool_call: tool_call,
+           status: ActionStatus.from_code(code)
+         }}
+
+      {:error, list} ->
+        {:error, Enum.map(list, fn {path, reason} -> %{path: path, reason: reason} end)}
+    end
+  end
+
+  @doc "Validates an envelope given as a map (encoded, then parsed like any message)."
+  @spec from_map(map()) :: {:ok, map(), fields()} | {:error, [violation()]}
+  def from_map(envelope) when is_map(envelope) do
+    case Observatory.JSON.encode(envelope) do
+      {:ok, json} -> parse(json)
+      {:error, reason} -> {:error, [%{path: "$", reason: "cannot be encoded as JSON: #{reason}"}]}
+    end
+  end
+
+  defp parse_nif(json) when byte_size(json) > @dirty_bytes,
+    do: Native.decision_log_parse_dirty(json)
+
+  defp parse_nif(json), do: Native.decision_log_parse(json)
+end

@@ -1,0 +1,98 @@
+defmodule Observatory.Metrics do
+  @moduledoc """
+  Gateway counters and a latency histogram, rendered in Prometheus text format at
+  `GET /metrics`.
+
+  Counters live in one `:counters` array (lock-free, written from any process); the
+  array is created once at start and published with `:persistent_term`.
+  """
+
+  @counters [
+    messages: "observatory_decision_logs_total",
+    violations: "observatory_schema_violations_total",
+    alerts: "observatory_entropy_alerts_total",
+    entropy_errors: "observatory_entropy_errors_total",
+    normal: nil,
+    warning: nil,
+    loop: nil
+  ]
+  # Upper bounds of the ingest latency buckets, in microseconds.
+  @buckets [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000]
+  @names Keyword.keys(@counters)
+  @size length(@names) + length(@buckets) + 3
+
+  @doc false
+  def setup do
+    :persistent_term.put(__MODULE__, :counters.new(@size, [:write_concurrency]))
+  end
+
+  @doc "Adds one to a counter: #{Enum.map_join(@names, ", ", &"`#{inspect(&1)}`")}."
+  for {name, index} <- Enum.with_index(@names, 1) do
+    def inc(unquote(name)), do: :counters.add(ref(), unquote(index), 1)
+  end
+
+  @doc "Records one ingest's latency in microseconds."
+  def observe_latency(micros) when is_integer(micros) do
+    ref = ref()
+    bucket = Enum.find_index(@buckets, &(micros <= &1)) || length(@buckets)
+    :counters.add(ref, length(@names) + 1 + bucket, 1)
+    :counters.add(ref, @size - 1, micros)
+    :counters.add(ref, @size, 1)
+  end
+
+  @doc "A counter's current value."
+  def get(name) when name in @names do
+    :counters.get(ref(), Enum.find_index(@names, &(&1 == name)) + 1)
+  end
+
+  @doc "Every metric in Prometheus text exposition format."
+  @spec render() :: iodata()
+  def render do
+    ref = ref()
+    value = fn name -> :counters.get(ref, Enum.find_index(@names, &(&1 == name)) + 1) end
+
+    counters =
+      for {name, metric} <- @counters, metric != nil do
+        ["# TYPE ", metric, " counter\n", metric, " ", Integer.to_string(value.(name)), "\n"]
+      end
+
+    severities = [
+      "# TYPE observatory_severity_total counter\n"
+      | for s <- [:normal, :warning, :loop] do
+          [
+            "observatory_severity_total{severity=\"",
+            Atom.to_string(s),
+            "\"} ",
+            Integer.to_string(value.(s)),
+            "\n"
+          ]
+        end
+    ]
+
+    counts = for i <- 0..length(@buckets), do: :counters.get(ref, length(@names) + 1 + i)
+    cumulative = Enum.scan(counts, &+/2)
+    name = "observatory_ingest_duration_microseconds"
+
+    histogram = [
+      "# TYPE ",
+      name,
+      " histogram\n",
+      for {le, total} <-
+            Enum.zip(Enum.map(@buckets, &Integer.to_string/1) ++ ["+Inf"], cumulative) do
+        [name, "_bucket{le=\"", le, "\"} ", Integer.to_string(total), "\n"]
+      end,
+      name,
+      "_sum ",
+      Integer.to_string(:counters.get(ref, @size - 1)),
+      "\n",
+      name,
+      "_count ",
+      Integer.to_string(:counters.get(ref, @size)),
+      "\n"
+    ]
+
+    [counters, severities, histogram]
+  end
+
+  defp ref, do: :persistent_term.get(__MODULE__)
+end

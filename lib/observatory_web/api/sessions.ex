@@ -1,0 +1,115 @@
+defmodule ObservatoryWeb.API.Sessions do
+  @moduledoc """
+  Session state and the HITL commands (design.md §5).
+
+    * `GET /api/v1/sessions/:id` — window, score, severity, pause (agent key or operator);
+    * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
+      `{"reason": "..."}`; `409` when already paused / not paused;
+    * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
+  """
+
+  alias Observatory.Gateway.{EntropyTracker, HITL, SessionLog}
+  alias Observatory.JSON
+  alias ObservatoryWeb.{Auth, Conn}
+
+  def show(conn, id) do
+    with {:ok, _} <- authorize(conn, &Auth.agent_or_operator/1) do
+      session = EntropyTracker.session(id)
+      pause = HITL.pause_of(id)
+
+      if session == nil and pause == nil do
+        Conn.error(conn, 404, "not_found", "no such session")
+      else
+        Conn.json(conn, 200, view(id, session, pause))
+      end
+    end
+  end
+
+  def pause(conn, id), do: command(conn, id, &HITL.pause/2)
+  def resume(conn, id), do: command(conn, id, &HITL.resume/2)
+
+  def audit(conn) do
+    with {:ok, _} <- authorize(conn, &Auth.operator/1) do
+      limit = conn.query |> Map.get("limit", "100") |> Integer.parse() |> elem_or(100)
+      entries = HITL.audit_log(session_id: conn.query["session_id"], limit: min(limit, 1000))
+      Conn.json(conn, 200, %{entries: Enum.map(entries, &entry/1)})
+    end
+  end
+
+  @doc false
+  def view(id, session, pause) do
+    %{
+      session_id: id,
+      agent_id: session && session.agent_id,
+      window:
+        for {intent, tool_call, status} <- (session && session.window) || [] do
+          %{intent: intent, tool_call: tool_call, action_status: status}
+        end,
+      entropy_score: session && session.score,
+      severity: session && session.severity,
+      paused: pause != nil,
+      pause: pause && entry(pause),
+      messages: SessionLog.count(id)
+    }
+  end
+
+  defp command(conn, id, fun) do
+    with {:ok, operator} <- authorize(conn, &Auth.operator/1),
+         {:ok, reason} <- reason(conn) do
+      case fun.(id, operator: operator, reason: reason) do
+        {:ok, entry} ->
+          Conn.json(conn, 200, %{session_id: id, paused: HITL.paused?(id), audit: entry(entry)})
+
+        {:error, conflict} when conflict in [:already_paused, :not_paused] ->
+          Conn.error(
+            conn,
+            409,
+            Atom.to_string(conflict),
+            "the session is #{if conflict == :already_paused, do: "already paused", else: "not paused"}"
+          )
+
+        {:error, other} ->
+          Conn.error(conn, 422, Atom.to_string(other), "invalid command")
+      end
+    end
+  end
+
+  defp reason(conn) do
+    case Conn.read_body(conn) do
+      {:ok, ""} ->
+        {:ok, ""}
+
+      {:ok, body} ->
+        case JSON.decode(body) do
+          {:ok, %{"reason" => r}} when is_binary(r) ->
+            {:ok, r}
+
+          {:ok, map} when is_map(map) and not is_map_key(map, "reason") ->
+            {:ok, ""}
+
+          _ ->
+            halt(
+              Conn.error(conn, 400, "bad_request", ~s(send {"reason": "..."} or an empty body))
+            )
+        end
+
+      {:error, :too_large} ->
+        halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
+    end
+  end
+
+  defp authorize(conn, check) do
+    with {:error, :unauthorized} <- check.(conn) do
+      halt(
+        Conn.error(conn, 401, "unauthorized", "send a valid token: Authorization: Bearer <token>")
+      )
+    end
+  end
+
+  defp halt(:ok), do: :halt
+
+  defp entry(entry), do: %{entry | at: DateTime.to_iso8601(entry.at)}
+
+  defp elem_or({n, ""}, _default) when n > 0, do: n
+  defp elem_or(_, default), do: default
+end

@@ -1,0 +1,123 @@
+defmodule ObservatoryWeb.Conn do
+  @moduledoc """
+  One HTTP request and the functions to answer it, over a MochiWeb request.
+
+  Handlers get a `%Conn{}` with the method, the decoded path segments and the query,
+  and answer with `json/3`, `text/4` or `html/3`. Reading the body is explicit
+  (`read_body/1`) and bounded by `:max_body_bytes`.
+  """
+
+  alias Observatory.JSON
+
+  defstruct [:req, :method, :path_info, :query, :remote_ip]
+
+  @type t :: %__MODULE__{
+          req: term(),
+          method: String.t(),
+          path_info: [String.t()],
+          query: %{String.t() => String.t()},
+          remote_ip: String.t() | nil
+        }
+
+  @security_headers [
+    {"X-Content-Type-Options", "nosniff"},
+    {"X-Frame-Options", "DENY"},
+    {"Referrer-Policy", "no-referrer"}
+  ]
+
+  @doc false
+  def new(req) do
+    raw = :mochiweb_request.get(:raw_path, req) |> to_string()
+    {path, query} = split_query(raw)
+
+    %__MODULE__{
+      req: req,
+      method: req |> then(&:mochiweb_request.get(:method, &1)) |> to_string(),
+      path_info: for(seg <- String.split(path, "/", trim: true), do: decode_segment(seg)),
+      query: URI.decode_query(query),
+      remote_ip: req |> then(&:mochiweb_request.get(:peer, &1)) |> to_string()
+    }
+  end
+
+  defp split_query(raw) do
+    case String.split(raw, "?", parts: 2) do
+      [path, query] -> {path, query}
+      [path] -> {path, ""}
+    end
+  end
+
+  defp decode_segment(seg) do
+    URI.decode(seg)
+  rescue
+    ArgumentError -> seg
+  end
+
+  @doc "A request header's value, or nil."
+  @spec header(t(), String.t()) :: String.t() | nil
+  def header(%__MODULE__{req: req}, name) do
+    case :mochiweb_request.get_header_value(String.to_charlist(name), req) do
+      :undefined -> nil
+      value -> to_string(value)
+    end
+  end
+
+  @doc "The request's media type (`content-type` without parameters), lowercased."
+  @spec content_type(t()) :: String.t() | nil
+  def content_type(conn) do
+    case header(conn, "content-type") do
+      nil -> nil
+      value -> value |> String.split(";") |> hd() |> String.trim() |> String.downcase()
+    end
+  end
+
+  @doc """
+  Reads the whole body, at most `:max_body_bytes` (default 1 MiB).
+  Returns `{:ok, body}` or `{:error, :too_large}`.
+  """
+  @spec read_body(t()) :: {:ok, binary()} | {:error, :too_large}
+  def read_body(%__MODULE__{req: req}) do
+    max = max_body_bytes()
+
+    case :mochiweb_request.recv_body(max, req) do
+      :undefined -> {:ok, ""}
+      body -> {:ok, IO.iodata_to_binary(body)}
+    end
+  catch
+    :exit, {:body_too_large, _} -> {:error, :too_large}
+    :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  @doc "The configured body limit in bytes."
+  def max_body_bytes, do: Application.get_env(:observatory, :max_body_bytes, 1024 * 1024)
+
+  @doc "Answers with `data` as JSON."
+  @spec json(t(), pos_integer(), term()) :: :ok
+  def json(conn, status, data) do
+    send_resp(conn, status, "application/json", JSON.encode!(data), [
+      {"Cache-Control", "no-store"}
+    ])
+  end
+
+  @doc "Answers with a JSON error body `%{error: code, message: message, ...extra}`."
+  @spec error(t(), pos_integer(), String.t(), String.t(), map()) :: :ok
+  def error(conn, status, code, message, extra \\ %{}) do
+    json(conn, status, Map.merge(%{error: code, message: message}, extra))
+  end
+
+  @doc "Answers with plain text."
+  def text(conn, status, body, content_type \\ "text/plain; charset=utf-8") do
+    send_resp(conn, status, content_type, body, [])
+  end
+
+  @doc "Answers with an HTML page."
+  def html(conn, status, body, headers \\ []) do
+    send_resp(conn, status, "text/html; charset=utf-8", body, headers)
+  end
+
+  @doc "Answers with any content type and extra headers."
+  def send_resp(%__MODULE__{req: req}, status, content_type, body, headers) do
+    all = [{"Content-Type", content_type} | @security_headers ++ headers]
+    :mochiweb_request.respond({status, all, body}, req)
+    :ok
+  end
+end

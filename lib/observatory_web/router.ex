@@ -1,0 +1,67 @@
+defmodule ObservatoryWeb.Router do
+  @moduledoc """
+  Routes each request to its handler. Every handler answers; anything that raises
+  becomes a JSON 500 and is logged, and the server keeps serving.
+
+  | method | path | auth | handler |
+  |---|---|---|---|
+  | POST | /api/v1/decision_logs | agent key | `ObservatoryWeb.API.DecisionLogs` |
+  | GET | /api/v1/sessions/:id | agent key or operator | `ObservatoryWeb.API.Sessions` |
+  | POST | /api/v1/sessions/:id/pause | operator | `ObservatoryWeb.API.Sessions` |
+  | POST | /api/v1/sessions/:id/resume | operator | `ObservatoryWeb.API.Sessions` |
+  | GET | /api/v1/hitl/audit | operator | `ObservatoryWeb.API.Sessions` |
+  | GET | /healthz | none | health |
+  | GET | /metrics | none | Prometheus text |
+  """
+
+  require Logger
+
+  alias ObservatoryWeb.API.{DecisionLogs, Sessions}
+  alias ObservatoryWeb.Conn
+
+  @doc false
+  def call(req) do
+    conn = Conn.new(req)
+
+    try do
+      route(conn, conn.method, conn.path_info)
+    rescue
+      exception ->
+        Logger.error(
+          "#{conn.method} /#{Enum.join(conn.path_info, "/")} failed: " <>
+            Exception.format(:error, exception, __STACKTRACE__)
+        )
+
+        Conn.error(conn, 500, "internal_error", "the request failed; see the server log")
+    end
+  end
+
+  defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)
+  defp route(conn, "GET", ["api", "v1", "sessions", id]), do: Sessions.show(conn, id)
+  defp route(conn, "POST", ["api", "v1", "sessions", id, "pause"]), do: Sessions.pause(conn, id)
+  defp route(conn, "POST", ["api", "v1", "sessions", id, "resume"]), do: Sessions.resume(conn, id)
+  defp route(conn, "GET", ["api", "v1", "hitl", "audit"]), do: Sessions.audit(conn)
+
+  defp route(conn, "GET", ["healthz"]) do
+    Conn.json(conn, 200, %{
+      status: "ok",
+      sessions: Observatory.Gateway.EntropyTracker.stats().sessions
+    })
+  end
+
+  defp route(conn, "GET", ["metrics"]) do
+    Conn.text(conn, 200, Observatory.Metrics.render(), "text/plain; version=0.0.4")
+  end
+
+  defp route(conn, method, path) do
+    if known_path?(path),
+      do: Conn.error(conn, 405, "method_not_allowed", "#{method} is not allowed here"),
+      else: Conn.error(conn, 404, "not_found", "no such route")
+  end
+
+  defp known_path?(["api", "v1", "decision_logs"]), do: true
+  defp known_path?(["api", "v1", "sessions", _ | _]), do: true
+  defp known_path?(["healthz"]), do: true
+  defp known_path?(["metrics"]), do: true
+  defp known_path?(_), do: false
+end

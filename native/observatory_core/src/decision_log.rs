@@ -1,0 +1,287 @@
+//! DecisionLog envelope validation (design.md §3).
+//!
+//! [`parse`] turns bytes into a JSON value (serde_json: strict UTF-8, nesting limited
+//! to 128 levels); [`validate`] checks every field the gateway relies on and lists
+//! every violation at once, each with its field path, so an agent can fix its message
+//! in one round trip. Unknown fields are not checked: they pass through untouched.
+
+use serde_json::{Map, Value};
+
+use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
+
+/// The fixed set of `action.status` values; a status's code is its index here.
+/// `Observatory.Gateway.ActionStatus` lists the same values in the same order (a test
+/// pins the two together).
+pub const ACTION_STATUSES: [&str; 7] = [
+    "success",
+    "failure",
+    "error",
+    "pending",
+    "skipped",
+    "timeout",
+    "cancelled",
+];
+
+/// Most entries a `cognition.reasoning_chain` may hold.
+pub const MAX_REASONING_STEPS: usize = 256;
+/// Longest single `cognition.reasoning_chain` entry.
+pub const MAX_REASONING_BYTES: usize = 8 * 1024;
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Dotted path of the field, e.g. `meta.session_id`; `$` for the whole message.
+    pub path: String,
+    pub reason: String,
+}
+
+impl Violation {
+    fn new(path: &str, reason: impl Into<String>) -> Self {
+        Self {
+            path: path.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The fields the gateway acts on, borrowed from a valid envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields<'a> {
+    pub step_id: &'a str,
+    pub session_id: &'a str,
+    pub agent_id: &'a str,
+    pub intent: &'a str,
+    pub tool_call: &'a str,
+    /// Index into [`ACTION_STATUSES`].
+    pub status: u8,
+}
+
+/// Parses one JSON document. Syntax errors, invalid UTF-8 and nesting deeper than
+/// 128 levels are reported as a violation of `$` with serde_json's line and column.
+pub fn parse(bytes: &[u8]) -> Result<Value, Violation> {
+    serde_json::from_slice(bytes).map_err(|e| Violation::new("$", format!("invalid JSON: {e}")))
+}
+
+/// Checks an envelope; returns its key fields or every violation found.
+pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
+    let mut v = Vec::new();
+    let Some(root) = envelope.as_object() else {
+        return Err(vec![Violation::new("$", "must be a JSON object")]);
+    };
+    let meta = section(root, "meta", &mut v);
+    let cognition = section(root, "cognition", &mut v);
+    let action = section(root, "action", &mut v);
+
+    let step_id = meta.and_then(|m| string(m, "meta.step_id", "step_id", 1, MAX_ID_BYTES, &mut v));
+    let session_id =
+        meta.and_then(|m| string(m, "meta.session_id", "session_id", 1, MAX_ID_BYTES, &mut v));
+    let agent_id =
+        meta.and_then(|m| string(m, "meta.agent_id", "agent_id", 1, MAX_ID_BYTES, &mut v));
+    if let Some(m) = meta {
+        match m.get("parent_step_id") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.len() <= MAX_ID_BYTES => {}
+            Some(Value::String(_)) => v.push(Violation::new(
+                "meta.parent_step_id",
+                format!("must be at most {MAX_ID_BYTES} bytes"),
+            )),
+            Some(_) => v.push(Violation::new(
+                "meta.parent_step_id",
+                "must be a string or null",
+            )),
+        }
+        match m.get("timestamp") {
+            None => v.push(Violation::new("meta.timestamp", "is required")),
+            Some(Value::String(s)) if is_iso8601(s) => {}
+            Some(_) => v.push(Violation::new(
+                "meta.timestamp",
+                "must be an ISO 8601 date-time string, e.g. 2026-02-22T10:30:00Z",
+            )),
+        }
+    }
+
+    let intent =
+        cognition.and_then(|c| string(c, "cognition.intent", "intent", 1, MAX_FIELD_BYTES, &mut v));
+    if let Some(c) = cognition {
+        reasoning_chain(c, &mut v);
+        unit_number(c, "cognition.confidence", "confidence", &mut v);
+        unit_number(c, "cognition.entropy_score", "entropy_score", &mut v);
+    }
+
+    let tool_call = action.and_then(|a| {
+        string(
+            a,
+            "action.tool_call",
+            "tool_call",
+            1,
+            MAX_FIELD_BYTES,
+            &mut v,
+        )
+    });
+    let status = action.and_then(|a| match a.get("status") {
+        None => {
+            v.push(Violation::new("action.status", "is required"));
+            None
+        }
+        Some(Value::String(s)) => match status_code(s) {
+            Some(code) => Some(code),
+            None => {
+                v.push(Violation::new(
+                    "action.status",
+                    format!("must be one of: {}", ACTION_STATUSES.join(", ")),
+                ));
+                None
+            }
+        },
+        Some(_) => {
+            v.push(Violation::new("action.status", "must be a string"));
+            None
+        }
+    });
+
+    match (step_id, session_id, agent_id, intent, tool_call, status) {
+        (
+            Some(step_id),
+            Some(session_id),
+            Some(agent_id),
+            Some(intent),
+            Some(tool_call),
+            Some(status),
+        ) if v.is_empty() => Ok(Fields {
+            step_id,
+            session_id,
+            agent_id,
+            intent,
+            tool_call,
+            status,
+        }),
+        _ => Err(v),
+    }
+}
+
+/// The code of a status string, or `None` when it is not in the fixed set.
+pub fn status_code(status: &str) -> Option<u8> {
+    ACTION_STATUSES
+        .iter()
+        .position(|s| *s == status)
+        .map(|i| i as u8)
+}
+
+fn section<'a>(
+    root: &'a Map<String, Value>,
+    key: &str,
+    v: &mut Vec<Violation>,
+) -> Option<&'a Map<String, Value>> {
+    match root.get(key) {
+        Some(Value::Object(m)) => Some(m),
+        Some(_) => {
+            v.push(Violation::new(key, "must be an object"));
+            None
+        }
+        None => {
+            v.push(Violation::new(key, "is required"));
+            None
+        }
+    }
+}
+
+fn string<'a>(
+    obj: &'a Map<String, Value>,
+    path: &str,
+    key: &str,
+    min: usize,
+    max: usize,
+    v: &mut Vec<Violation>,
+) -> Option<&'a str> {
+    match obj.get(key) {
+        None => v.push(Violation::new(path, "is required")),
+        Some(Value::String(s)) if (min..=max).contains(&s.len()) => return Some(s),
+        Some(Value::String(_)) => v.push(Violation::new(
+            path,
+            format!("must be {min} to {max} bytes"),
+        )),
+        Some(_) => v.push(Violation::new(path, "must be a string")),
+    }
+    None
+}
+
+fn unit_number(obj: &Map<String, Value>, path: &str, key: &str, v: &mut Vec<Violation>) {
+    match obj.get(key) {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)) => {}
+        Some(_) => v.push(Violation::new(path, "must be a number between 0 and 1")),
+    }
+}
+
+fn reasoning_chain(cognition: &Map<String, Value>, v: &mut Vec<Violation>) {
+    let path = "cognition.reasoning_chain";
+    match cognition.get("reasoning_chain") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(steps)) if steps.len() > MAX_REASONING_STEPS => v.push(Violation::new(
+            path,
+            format!("must have at most {MAX_REASONING_STEPS} entries"),
+        )),
+        Some(Value::Array(steps)) => {
+            for (i, step) in steps.iter().enumerate() {
+                match step {
+                    Value::String(s) if s.len() <= MAX_REASONING_BYTES => {}
+                    Value::String(_) => v.push(Violation::new(
+                        &format!("{path}.{i}"),
+                        format!("must be at most {MAX_REASONING_BYTES} bytes"),
+                    )),
+                    _ => v.push(Violation::new(&format!("{path}.{i}"), "must be a string")),
+                }
+            }
+        }
+        Some(_) => v.push(Violation::new(path, "must be a list of strings")),
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, with field ranges checked.
+fn is_iso8601(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |range: std::ops::Range<usize>| {
+        b.get(range.clone())
+            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
+            .then(|| s[range].parse::<u32>().unwrap_or(u32::MAX))
+    };
+    let shape = b.len() >= 20
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && (b[10] == b'T' || b[10] == b't')
+        && b[13] == b':'
+        && b[16] == b':';
+    if !shape {
+        return false;
+    }
+    let (Some(_year), Some(month), Some(day), Some(hour), Some(min), Some(sec)) = (
+        digits(0..4),
+        digits(5..7),
+        digits(8..10),
+        digits(11..13),
+        digits(14..16),
+        digits(17..19),
+    ) else {
+        return false;
+    };
+    if !((1..=12).contains(&month) && (1..=31).contains(&day) && hour < 24 && min < 60 && sec <= 60)
+    {
+        return false;
+    }
+    let mut rest = &b[19..];
+    if rest.first() == Some(&b'.') {
+        let frac = rest[1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if frac == 0 {
+            return false;
+        }
+        rest = &rest[1 + frac..];
+    }
+    match rest {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit()),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! NIFs behind `Observatory.JSON`: JSON text ↔ Erlang terms, via serde_json.
+//!
+//! Decoding: objects become maps with binary keys, arrays lists, strings binaries,
+//! `null` `nil`, numbers integers or floats. Encoding accepts maps (binary or atom
+//! keys), lists, binaries (UTF-8), numbers, `true`/`false`/`nil` and other atoms (as
+//! strings); tuples, pids, refs, funs, structs and invalid UTF-8 are refused with a
+//! reason. Inputs above a few tens of KiB go to the dirty-scheduler twins.
+
+use rustler::types::map::MapIterator;
+use rustler::{Binary, Encoder, Env, NewBinary, Term, TermType};
+use serde::ser::{Error as _, SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+
+use crate::atoms;
+
+/// Deeper terms are refused when encoding (decoding is limited by serde_json alike).
+const MAX_DEPTH: u32 = 128;
+
+#[rustler::nif]
+fn json_decode<'a>(env: Env<'a>, text: Binary<'a>) -> Term<'a> {
+    decode(env, text)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn json_decode_dirty<'a>(env: Env<'a>, text: Binary<'a>) -> Term<'a> {
+    decode(env, text)
+}
+
+#[rustler::nif]
+fn json_encode<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    encode(env, term)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn json_encode_dirty<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    encode(env, term)
+}
+
+fn decode<'a>(env: Env<'a>, text: Binary<'a>) -> Term<'a> {
+    match serde_json::from_slice::<Value>(text.as_slice()) {
+        Ok(value) => (atoms::ok(), value_to_term(env, &value)).encode(env),
+        Err(e) => (atoms::error(), e.to_string()).encode(env),
+    }
+}
+
+fn encode<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    match serde_json::to_vec(&Json { term, depth: 0 }) {
+        Ok(bytes) => (atoms::ok(), binary(env, &bytes)).encode(env),
+        Err(e) => (atoms::error(), e.to_string()).encode(env),
+    }
+}
+
+pub fn binary<'a>(env: Env<'a>, bytes: &[u8]) -> Term<'a> {
+    let mut out = NewBinary::new(env, bytes.len());
+    out.as_mut_slice().copy_from_slice(bytes);
+    Binary::from(out).encode(env)
+}
+
+/// A JSON value as a term (see the module doc for the mapping).
+pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
+    match value {
+        Value::Null => rustler::types::atom::nil().encode(env),
+        Value::Bool(b) => b.encode(env),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.encode(env),
+            (None, Some(u)) => u.encode(env),
+            _ => n.as_f64().unwrap_or(0.0).encode(env),
+        },
+        Value::String(s) => binary(env, s.as_bytes()),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| value_to_term(env, item))
+            .collect::<Vec<_>>()
+            .encode(env),
+        Value::Object(map) => {
+            let keys: Vec<Term<'a>> = map.keys().map(|k| binary(env, k.as_bytes())).collect();
+            let values: Vec<Term<'a>> = map.values().map(|v| value_to_term(env, v)).collect();
+            Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
+        }
+    }
+}
+
+/// A term serialized as JSON.
+struct Json<'a> {
+    term: Term<'a>,
+    depth: u32,
+}
+
+impl Json<'_> {
+    fn child<'b>(&self, term: Term<'b>) -> Json<'b> {
+        Json {
+            term,
+            depth: self.depth + 1,
+        }
+    }
+}
+
+impl Serialize for Json<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.depth > MAX_DEPTH {
+            return Err(S::Error::custom("nesting deeper than 128 levels"));
+        }
+        let term = self.term;
+        match term.get_type() {
+            TermType::Atom => {
+                let name = term
+                    .atom_to_string()
+                    .map_err(|_| S::Error::custom("unreadable atom"))?;
+                match name.as_str() {
+                    "true" => s.serialize_bool(true),
+                    "false" => s.serialize_bool(false),
+                    "nil" => s.serialize_unit(),
+                    other => s.serialize_str(other),
+                }
+            }
+            TermType::Integer => match (term.decode::<i64>(), term.decode::<u64>()) {
+                (Ok(i), _) => s.serialize_i64(i),
+                (_, Ok(u)) => s.serialize_u64(u),
+                _ => Err(S::Error::custom("integer out of the 64-bit range")),
+            },
+            TermType::Float => s.serialize_f64(
+                term.decode::<f64>()
+                    .map_err(|_| S::Error::custom("bad float"))?,
+            ),
+            TermType::Binary => s.serialize_str(utf8(term).map_err(S::Error::custom)?),
+            TermType::List => {
+                let items = term
+                    .into_list_iterator()
+                    .map_err(|_| S::Error::custom("improper list"))?;
+                let mut seq = s.serialize_seq(None)?;
+                for item in items {
+                    seq.serialize_element(&self.child(item))?;
+                }
+                seq.end()
+            }
+            TermType::Map => {
+                let entries = MapIterator::new(term).ok_or_else(|| S::Error::custom("bad map"))?;
+                let mut map = s.serialize_map(None)?;
+                for (key, value) in entries {
+                    map.serialize_entry(
+                        &key_string(key).map_err(S::Error::custom)?,
+                        &self.child(value),
+                    )?;
+                }
+                map.end()
+            }
+            other => Err(S::Error::custom(format!(
+                "cannot encode a {other:?} as JSON"
+            ))),
+        }
+    }
+}
+
+fn utf8<'a>(term: Term<'a>) -> Result<&'a str, &'static str> {
+    let bin = term.decode::<Binary>().map_err(|_| "bad binary")?;
+    std::str::from_utf8(bin.as_slice()).map_err(|_| "a string is not valid UTF-8")
+}
+
+fn key_string(key: Term<'_>) -> Result<String, String> {
+    match key.get_type() {
+        TermType::Binary => utf8(key).map(str::to_owned).map_err(str::to_owned),
+        TermType::Atom => {
+            let name = key
+                .atom_to_string()
+                .map_err(|_| "unreadable atom".to_owned())?;
+            if name == "__struct__" {
+                Err("structs cannot be encoded as JSON; convert them to maps first".to_owned())
+            } else {
+                Ok(name)
+            }
+        }
+        other => Err(format!(
+            "map keys must be strings or atoms, got a {other:?}"
+        )),
+    }
+}
