@@ -8,7 +8,7 @@ defmodule Observatory.JSON do
   booleans, `nil` and atoms (written as strings). Inputs over 64 KiB run on a dirty
   scheduler so a big document never stalls a normal one.
 
-      iex> Observatory.JSON.encode!(%{"score" => 0.2, severity: :loop})
+      iex> Observatory.JSON.encode!(%{"score" => 0.2, "severity" => :loop})
       ~s({"score":0.2,"severity":"loop"})
       iex> Observatory.JSON.decode(~s({"a": [1, null]}))
       {:ok, %{"a" => [1, nil]}}

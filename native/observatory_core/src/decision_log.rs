@@ -68,10 +68,8 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
     let Some(root) = envelope.as_object() else {
         return Err(vec![Violation::new("$", "must be a JSON object")]);
     };
+    // Each section, then its fields: violations come out in reading order.
     let meta = section(root, "meta", &mut v);
-    let cognition = section(root, "cognition", &mut v);
-    let action = section(root, "action", &mut v);
-
     let step_id = meta.and_then(|m| string(m, "meta.step_id", "step_id", 1, MAX_ID_BYTES, &mut v));
     let session_id =
         meta.and_then(|m| string(m, "meta.session_id", "session_id", 1, MAX_ID_BYTES, &mut v));
@@ -100,6 +98,7 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
         }
     }
 
+    let cognition = section(root, "cognition", &mut v);
     let intent =
         cognition.and_then(|c| string(c, "cognition.intent", "intent", 1, MAX_FIELD_BYTES, &mut v));
     if let Some(c) = cognition {
@@ -108,6 +107,7 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
         unit_number(c, "cognition.entropy_score", "entropy_score", &mut v);
     }
 
+    let action = section(root, "action", &mut v);
     let tool_call = action.and_then(|a| {
         string(
             a,

@@ -1,0 +1,74 @@
+defmodule Observatory.Gateway.DecisionLogTest do
+  use ExUnit.Case, async: true
+
+  alias Observatory.Gateway.{ActionStatus, DecisionLog}
+  alias Observatory.Test.HTTP
+
+  doctest DecisionLog
+  doctest ActionStatus
+
+  test "a valid envelope gives the decoded envelope and its key fields" do
+    envelope =
+      HTTP.envelope(%{"extra" => %{"kept" => [1, 2]}, "action" => %{"tool_input" => %{"b" => 1}}})
+
+    assert {:ok, decoded, fields} = DecisionLog.from_map(envelope)
+    assert decoded == envelope, "unknown fields are kept"
+
+    assert %{session_id: "sess-http", agent_id: "agent-http", intent: "search"} = fields
+    assert fields.status == :failure
+  end
+
+  test "every violation is listed with its path and reason" do
+    assert {:error, violations} =
+             DecisionLog.from_map(%{
+               "meta" => %{"session_id" => 42},
+               "cognition" => %{"intent" => ""},
+               "action" => %{"tool_call" => "t", "status" => "exploded"}
+             })
+
+    paths = Enum.map(violations, & &1.path)
+
+    assert paths == [
+             "meta.step_id",
+             "meta.session_id",
+             "meta.agent_id",
+             "meta.timestamp",
+             "cognition.intent",
+             "action.status"
+           ]
+
+    assert Enum.all?(violations, &(is_binary(&1.reason) and &1.reason != ""))
+  end
+
+  test "the status set is the same list in Rust and Elixir, in the same order" do
+    assert Observatory.Native.action_statuses() == Enum.map(ActionStatus.all(), &Atom.to_string/1)
+  end
+
+  test "client strings never become atoms" do
+    before = :erlang.system_info(:atom_count)
+
+    for i <- 1..200 do
+      DecisionLog.parse(~s({"meta": {"novel_key_#{i}": "x"}, "status_#{i}": "y"}))
+    end
+
+    assert :erlang.system_info(:atom_count) - before < 5
+  end
+
+  test "malformed JSON, invalid UTF-8 and deep nesting are violations of $" do
+    for body <- ["{", <<"{\"a\": \"", 0xFF, "\"}">>, String.duplicate("[", 10_000)] do
+      assert {:error, [%{path: "$", reason: "invalid JSON" <> _}]} = DecisionLog.parse(body)
+    end
+  end
+
+  test "a large envelope (dirty scheduler path) is validated like a small one" do
+    blob = String.duplicate("x", 200_000)
+    envelope = HTTP.envelope(%{"action" => %{"result" => %{"output" => blob}}})
+    assert {:ok, decoded, _} = DecisionLog.from_map(envelope)
+    assert decoded["action"]["result"]["output"] == blob
+  end
+
+  test "maps JSON cannot express are reported, not raised" do
+    assert {:error, [%{path: "$", reason: "cannot be encoded as JSON" <> _}]} =
+             DecisionLog.from_map(%{"meta" => {:tuple}})
+  end
+end

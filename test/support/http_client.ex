@@ -1,0 +1,84 @@
+defmodule Observatory.Test.HTTP do
+  @moduledoc false
+  # A small client for tests against the running server (OTP's :httpc), plus a raw
+  # socket sender for requests :httpc cannot make (huge bodies cut short).
+
+  @agent "test-agent-key"
+  @operator "test-operator-token"
+
+  def agent_key, do: @agent
+  def operator_token, do: @operator
+
+  def url(path), do: ObservatoryWeb.Endpoint.url() <> path
+
+  def get(path, headers \\ []), do: request(:get, path, headers, nil, nil)
+
+  def post(path, body, opts \\ []) do
+    headers = Keyword.get(opts, :headers, [{"authorization", "Bearer " <> @agent}])
+    type = Keyword.get(opts, :content_type, "application/json")
+    request(:post, path, headers, type, body)
+  end
+
+  def post_json(path, term, opts \\ []), do: post(path, Observatory.JSON.encode!(term), opts)
+
+  def operator_headers, do: [{"authorization", "Bearer " <> @operator}]
+
+  defp request(method, path, headers, type, body) do
+    headers = for {k, v} <- headers, do: {String.to_charlist(k), String.to_charlist(v)}
+
+    req =
+      if method == :get,
+        do: {String.to_charlist(url(path)), headers},
+        else: {String.to_charlist(url(path)), headers, String.to_charlist(type), body}
+
+    {:ok, {{_, status, _}, resp_headers, resp_body}} =
+      :httpc.request(method, req, [timeout: 10_000], body_format: :binary)
+
+    resp_headers = for {k, v} <- resp_headers, into: %{}, do: {to_string(k), to_string(v)}
+    decoded = if resp_headers["content-type"] =~ "json", do: decode(resp_body), else: resp_body
+    %{status: status, body: decoded, headers: resp_headers}
+  end
+
+  defp decode(body) do
+    {:ok, term} = Observatory.JSON.decode(body)
+    term
+  end
+
+  @doc "Sends raw request bytes and returns the response's status line and body."
+  def raw(bytes) do
+    {:ok, socket} =
+      :gen_tcp.connect(~c"127.0.0.1", ObservatoryWeb.Endpoint.port(), [:binary, active: false])
+
+    :ok = :gen_tcp.send(socket, bytes)
+    response = recv_all(socket, "")
+    :gen_tcp.close(socket)
+    response
+  end
+
+  defp recv_all(socket, acc) do
+    case :gen_tcp.recv(socket, 0, 5_000) do
+      {:ok, data} -> recv_all(socket, acc <> data)
+      {:error, _} -> acc
+    end
+  end
+
+  def envelope(overrides \\ %{}) do
+    base = %{
+      "meta" => %{
+        "step_id" => "step-#{System.unique_integer([:positive])}",
+        "session_id" => "sess-http",
+        "agent_id" => "agent-http",
+        "timestamp" => "2026-02-22T10:30:00Z"
+      },
+      "cognition" => %{"intent" => "search", "entropy_score" => 0.9},
+      "action" => %{"tool_call" => "read_file", "status" => "failure"}
+    }
+
+    deep_merge(base, overrides)
+  end
+
+  defp deep_merge(a, b) when is_map(a) and is_map(b),
+    do: Map.merge(a, b, fn _k, x, y -> deep_merge(x, y) end)
+
+  defp deep_merge(_a, b), do: b
+end
