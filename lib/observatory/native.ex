@@ -27,6 +27,7 @@ defmodule Observatory.Native do
 
   def entropy_tick(_store, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_session(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def entropy_list(_store, _limit), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_stats(_store), do: :erlang.nif_error(:nif_not_loaded)

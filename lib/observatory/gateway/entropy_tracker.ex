@@ -163,6 +163,30 @@ defmodule Observatory.Gateway.EntropyTracker do
     end
   end
 
+  @doc """
+  Up to `limit` sessions (default 1000), most recently seen first, for dashboards:
+  `%{session_id, agent_id, score, severity, idle_ms}`.
+  """
+  @spec sessions(keyword()) :: [map()]
+  def sessions(opts \\ []) do
+    with {:ok, store} <- store(opts) do
+      now = System.monotonic_time(:millisecond)
+
+      for {id, agent, score, severity, seen} <-
+            Native.entropy_list(store, Keyword.get(opts, :limit, 1000)) do
+        %{
+          session_id: id,
+          agent_id: agent,
+          score: score,
+          severity: severity,
+          idle_ms: max(now - seen, 0)
+        }
+      end
+    else
+      _ -> []
+    end
+  end
+
   @doc "Drops a session's window (its next step starts a fresh one)."
   @spec forget(String.t(), keyword()) :: boolean()
   def forget(session_id, opts \\ []) when is_binary(session_id) do

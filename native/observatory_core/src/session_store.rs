@@ -108,6 +108,16 @@ pub struct SessionView {
     pub last_seen_ms: i64,
 }
 
+/// One line of [`Store::list`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSummary {
+    pub session_id: String,
+    pub agent_id: Option<String>,
+    pub score: f64,
+    pub severity: Severity,
+    pub last_seen_ms: i64,
+}
+
 /// Counters since the store was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -300,6 +310,28 @@ impl Store {
             severity: s.severity,
             last_seen_ms: s.last_seen_ms,
         })
+    }
+
+    /// Up to `limit` sessions, most recently seen first: `(session_id, agent_id,
+    /// score, severity, last_seen_ms)`. Visits every shard; for dashboards, not for
+    /// the hot path.
+    pub fn list(&self, limit: usize) -> Vec<SessionSummary> {
+        let mut all: Vec<(u64, SessionSummary)> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            all.extend(shard.sessions.iter().map(|s| {
+                let summary = SessionSummary {
+                    session_id: String::from_utf8_lossy(&s.key).into_owned(),
+                    agent_id: s.agent.map(|id| shard.agents.get(id).to_string()),
+                    score: round4(s.window.uniqueness()),
+                    severity: s.severity,
+                    last_seen_ms: s.last_seen_ms,
+                };
+                (s.touch, summary)
+            }));
+        }
+        all.sort_unstable_by(|a, b| b.1.last_seen_ms.cmp(&a.1.last_seen_ms).then(b.0.cmp(&a.0)));
+        all.into_iter().take(limit).map(|(_, s)| s).collect()
     }
 
     /// Drops one session's window. Returns whether it existed.

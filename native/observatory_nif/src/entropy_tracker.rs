@@ -113,6 +113,28 @@ fn entropy_session<'a>(
     }
 }
 
+/// `[{session_id, agent_id | nil, score, severity, last_seen_ms}]`, most recent first.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn entropy_list(
+    store: ResourceArc<StoreResource>,
+    limit: usize,
+) -> Vec<(String, Option<String>, f64, Atom, i64)> {
+    store
+        .0
+        .list(limit)
+        .into_iter()
+        .map(|s| {
+            (
+                s.session_id,
+                s.agent_id,
+                s.score,
+                severity_atom(s.severity),
+                s.last_seen_ms,
+            )
+        })
+        .collect()
+}
+
 #[rustler::nif]
 fn entropy_forget(store: ResourceArc<StoreResource>, session_id: Binary) -> bool {
     store.0.forget(session_id.as_slice())

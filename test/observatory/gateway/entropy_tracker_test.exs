@@ -399,6 +399,23 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
     end
   end
 
+  test "sessions/1 lists sessions, most recently seen first" do
+    name = :"list_#{System.unique_integer([:positive])}"
+    start_supervised!({EntropyTracker, name: name})
+    EntropyTracker.record_and_score("first", @loop, tracker: name, agent_id: "a")
+    Process.sleep(5)
+    :sys.get_state(name)
+    EntropyTracker.record_and_score("second", @loop, tracker: name)
+
+    assert [%{session_id: _, severity: :normal, score: 1.0}, _] =
+             EntropyTracker.sessions(tracker: name)
+
+    assert [%{agent_id: "a"}] =
+             Enum.filter(EntropyTracker.sessions(tracker: name), &(&1.session_id == "first"))
+
+    assert length(EntropyTracker.sessions(tracker: name, limit: 1)) == 1
+  end
+
   test "concurrent callers on one session never lose the window's shape" do
     sid = unique_session()
 

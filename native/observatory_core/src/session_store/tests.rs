@@ -228,6 +228,23 @@ fn evicted_session_restarts_with_a_fresh_window() {
 }
 
 #[test]
+fn list_returns_the_most_recently_seen_first() {
+    let store = Store::new(4, 100);
+    store.tick(10);
+    record(&store, obs("a", "x", "t", 0));
+    store.tick(20);
+    record(&store, obs("b", "x", "t", 0));
+    record(&store, obs("b", "x", "t", 0));
+    let listed = store.list(10);
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].session_id, "b");
+    assert_eq!(listed[0].score, 0.5);
+    assert_eq!(listed[0].last_seen_ms, 20);
+    assert_eq!(listed[1].agent_id.as_deref(), Some("agent-1"));
+    assert_eq!(store.list(1).len(), 1);
+}
+
+#[test]
 fn capacity_evicts_the_least_recently_seen() {
     let store = Store::new(1, 3);
     record(&store, obs("a", "x", "t", 0));
