@@ -15,4 +15,12 @@ pub enum Error {
     InvalidWindowSize,
     #[error("thresholds must be finite numbers between 0 and 1")]
     InvalidThreshold,
+    #[error("step thresholds need warn >= 1 and block >= warn")]
+    InvalidStepThresholds,
+    #[error("circuit breaker needs max_calls, window_ms and max_keys all >= 1")]
+    InvalidBreakerConfig,
+    #[error("kill switch window_size must be between 2 and 1000")]
+    InvalidKillSwitchWindow,
+    #[error("kill switch threshold must be a finite number above 0")]
+    InvalidKillSwitchThreshold,
 }

@@ -7,12 +7,27 @@
 //! * [`severity`] — score rounding and the LOOP / WARNING / Normal bands (FR-9.4–9.6).
 //! * [`session_store`] — the sharded, bounded store of windows behind `EntropyTracker`.
 //! * [`interner`] — reference-counted interning, so a window holds 4-byte ids.
+//! * [`decision_log`] — DecisionLog envelope parsing and validation (design.md §3).
+//! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003).
+//! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
+//! * [`messages`] — the last user message and tool-call signatures of a chat request.
+//! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
+//! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
+//! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
+//! * [`call_circuit_breaker`] — sliding-window limit on identical tool calls (seed 002, layer 2).
 
+pub mod call_circuit_breaker;
 pub mod decision_log;
 pub mod error;
 pub mod interner;
+pub mod kill_switch;
+pub mod messages;
+pub mod normalize;
 pub mod session_store;
 pub mod severity;
+pub mod simhash;
+pub mod stable_json;
+pub mod step_loop_detector;
 pub mod window;
 
 pub use error::Error;

@@ -12,6 +12,10 @@ pub fn to_nif(error: CoreError) -> rustler::Error {
         CoreError::InvalidUtf8 => atoms::invalid_utf8(),
         CoreError::InvalidWindowSize => atoms::invalid_window_size(),
         CoreError::InvalidThreshold => atoms::invalid_threshold(),
+        CoreError::InvalidStepThresholds => atoms::invalid_step_thresholds(),
+        CoreError::InvalidBreakerConfig => atoms::invalid_breaker_config(),
+        CoreError::InvalidKillSwitchWindow => atoms::invalid_kill_switch_window(),
+        CoreError::InvalidKillSwitchThreshold => atoms::invalid_kill_switch_threshold(),
     };
     rustler::Error::Term(Box::new(reason))
 }

@@ -22,6 +22,10 @@ mod atoms {
         invalid_utf8,
         invalid_window_size,
         invalid_threshold,
+        invalid_step_thresholds,
+        invalid_breaker_config,
+        invalid_kill_switch_window,
+        invalid_kill_switch_threshold,
     }
 }
 

@@ -1,0 +1,443 @@
+//! Canonical JSON and the hashes built on it (seed 002 §5: `stableStringify`,
+//! `computeHash`).
+//!
+//! Both loop-detection layers compare actions by hash, so two values that mean the same
+//! thing must give the same bytes: `{"a":1,"b":2}` and `{"b":2,"a":1}` hash equal.
+//!
+//! The canonical form is compact JSON (no whitespace) where
+//!
+//! * object members are sorted by key, comparing the keys' UTF-8 bytes, which is
+//!   Unicode code point order (JavaScript's default sort compares UTF-16 units instead;
+//!   the two differ only when keys mix U+E000..=U+FFFF with supplementary-plane chars);
+//! * arrays keep their order: order is meaning there;
+//! * strings are escaped exactly as `serde_json` escapes them (`\"`, `\\`, `\b`, `\f`,
+//!   `\n`, `\r`, `\t`, other control characters as `\u00xx`; everything else raw);
+//! * a number that is an integer is written as an integer, whether it arrived as `1` or
+//!   as `1.0`, so both hash equal. This is what the TypeScript original does, where
+//!   every number is a double and `JSON.stringify(1.0)` is `"1"`. Precisely: a float
+//!   with no fractional part in `-2^63..2^64` is written as that integer (`-0.0`
+//!   becomes `0`); any other float is written in `serde_json`'s shortest round-trip
+//!   form (`1.5`, `1e+20`, `-2.5e-8`). Integers beyond 64 bits only exist as floats in
+//!   `serde_json` (without its `arbitrary_precision` feature, which this crate assumes).
+//!   The crate turns on `serde_json`'s `float_roundtrip`, so canonical text parses
+//!   back to the very same double: without it a float can come back one ULP off, and
+//!   the hash of a re-read value would change.
+//!
+//! The walk is recursive, into one `String`; it clones nothing. With `serde_json`'s
+//! default `BTreeMap` objects already iterate in key order, so sorting costs one
+//! `is_sorted` pass; when some crate in the build turns on `preserve_order`, members
+//! are sorted through a `Vec` of references per object.
+//! Recursion goes as deep as the value nests: `serde_json`'s parser caps that at 128,
+//! and code that builds values another way (from BEAM terms) should cap it too.
+
+use std::fmt::Write as _;
+
+use serde_json::{Number, Value};
+use sha2::{Digest as _, Sha256};
+
+/// A SHA-256 digest.
+pub type Digest = [u8; 32];
+
+/// The canonical JSON text of `value` (see the module docs).
+pub fn stable_stringify(value: &Value) -> String {
+    let mut out = String::with_capacity(256);
+    write_value(&mut out, value);
+    out
+}
+
+/// SHA-256 of [`stable_stringify`]: equal for values that differ only in key order.
+pub fn stable_hash(value: &Value) -> Digest {
+    Sha256::digest(stable_stringify(value).as_bytes()).into()
+}
+
+/// SHA-256 over several byte strings, each preceded by its length as a little-endian
+/// `u64`. The prefixes make the encoding unambiguous, so `("ab", "c")` and `("a", "bc")`
+/// differ, which plain concatenation would not. Fields are fed to the hasher one by
+/// one: nothing is concatenated in memory.
+pub fn hash_parts(parts: &[&[u8]]) -> Digest {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+/// Lowercase hexadecimal, two characters per byte: how digests appear in logs and events.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+    out
+}
+
+fn write_value(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(n) => write_number(out, n),
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => write_object(out, map.iter()),
+    }
+}
+
+/// Writes the members sorted by key. Keys within one object are unique, so an unstable
+/// sort is still deterministic.
+fn write_object<'a, I>(out: &mut String, members: I)
+where
+    I: Iterator<Item = (&'a String, &'a Value)> + Clone,
+{
+    out.push('{');
+    if members.clone().map(|(key, _)| key).is_sorted() {
+        write_members(out, members);
+    } else {
+        let mut sorted: Vec<_> = members.collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        write_members(out, sorted.into_iter());
+    }
+    out.push('}');
+}
+
+fn write_members<'a>(out: &mut String, members: impl Iterator<Item = (&'a String, &'a Value)>) {
+    for (i, (key, value)) in members.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(out, key);
+        out.push(':');
+        write_value(out, value);
+    }
+}
+
+fn write_number(out: &mut String, n: &Number) {
+    const MIN_I64: f64 = -9_223_372_036_854_775_808.0; // -2^63
+    const END_U64: f64 = 18_446_744_073_709_551_616.0; // 2^64
+    match (n.as_u64(), n.as_i64(), n.as_f64()) {
+        (Some(u), _, _) => write_integer(out, false, u),
+        (_, Some(i), _) => write_integer(out, i < 0, i.unsigned_abs()),
+        // Integral and in range, so the casts are exact; -0.0 takes the first branch.
+        (_, _, Some(f)) if f.fract() == 0.0 && (MIN_I64..END_U64).contains(&f) => {
+            if f >= 0.0 {
+                write_integer(out, false, f as u64)
+            } else {
+                write_integer(out, true, (f as i64).unsigned_abs())
+            }
+        }
+        _ => {
+            // Into a `String`, `write!` cannot fail.
+            let _ = write!(out, "{n}");
+        }
+    }
+}
+
+/// Decimal digits without going through `fmt`, which costs more than the digits.
+fn write_integer(out: &mut String, negative: bool, mut magnitude: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (magnitude % 10) as u8;
+        magnitude /= 10;
+        if magnitude == 0 {
+            break;
+        }
+    }
+    if negative {
+        out.push('-');
+    }
+    out.extend(digits[start..].iter().map(|&d| char::from(d)));
+}
+
+/// The escapes of `serde_json`: every byte that needs one is ASCII, so the runs between
+/// them are whole UTF-8 sequences and can be copied as `str` slices.
+fn write_string(out: &mut String, s: &str) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.push('"');
+    let mut run_start = 0;
+    while let Some(offset) = bytes[run_start..]
+        .iter()
+        .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
+    {
+        let i = run_start + offset;
+        out.push_str(&s[run_start..i]);
+        run_start = i + 1;
+        out.push_str(match bytes[i] {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            byte => {
+                out.push_str("\\u00");
+                out.push(DIGITS[usize::from(byte >> 4)] as char);
+                out.push(DIGITS[usize::from(byte & 0xf)] as char);
+                continue;
+            }
+        });
+    }
+    out.push_str(&s[run_start..]);
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Map};
+
+    fn parse(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn key_order_does_not_matter() {
+        let a = parse(r#"{"a":1,"b":2}"#);
+        let b = parse(r#"{"b":2,"a":1}"#);
+        assert_eq!(stable_stringify(&a), r#"{"a":1,"b":2}"#);
+        assert_eq!(stable_stringify(&a), stable_stringify(&b));
+        assert_eq!(stable_hash(&a), stable_hash(&b));
+    }
+
+    #[test]
+    fn nested_objects_and_arrays_of_objects_are_sorted_at_every_level() {
+        let a = parse(r#"{"z":{"y":[{"b":1,"a":2},{"d":{"f":0,"e":1}}],"x":null},"a":true}"#);
+        let b = parse(r#"{"a":true,"z":{"x":null,"y":[{"a":2,"b":1},{"d":{"e":1,"f":0}}]}}"#);
+        assert_eq!(
+            stable_stringify(&a),
+            r#"{"a":true,"z":{"x":null,"y":[{"a":2,"b":1},{"d":{"e":1,"f":0}}]}}"#
+        );
+        assert_eq!(stable_hash(&a), stable_hash(&b));
+    }
+
+    #[test]
+    fn unsorted_members_are_sorted_by_code_point() {
+        // Map iteration is already sorted unless `preserve_order` is on somewhere in the
+        // build, so drive the sorting branch directly.
+        let (z, a, e, upper) = (
+            "z".to_string(),
+            "a".to_string(),
+            "é".to_string(),
+            "Z".to_string(),
+        );
+        let one = json!(1);
+        let members = [(&z, &one), (&e, &one), (&a, &one), (&upper, &one)];
+        let mut out = String::new();
+        write_object(&mut out, members.iter().copied());
+        assert_eq!(out, r#"{"Z":1,"a":1,"z":1,"é":1}"#);
+    }
+
+    #[test]
+    fn arrays_keep_their_order() {
+        assert_ne!(stable_hash(&json!([1, 2])), stable_hash(&json!([2, 1])));
+        assert_eq!(stable_stringify(&json!([3, 1, 2])), "[3,1,2]");
+    }
+
+    #[test]
+    fn scalars_and_empty_containers() {
+        let value = json!({"n": null, "t": true, "f": false, "s": "", "a": [], "o": {}});
+        assert_eq!(
+            stable_stringify(&value),
+            r#"{"a":[],"f":false,"n":null,"o":{},"s":"","t":true}"#
+        );
+    }
+
+    #[test]
+    fn strings_escape_like_serde_json() {
+        let s = "q\" b\\ \u{8}\u{c}\n\r\t \u{0}\u{1f}\u{7f} é 日本 😀 </script>";
+        let value = Value::String(s.to_string());
+        assert_eq!(
+            stable_stringify(&value),
+            "\"q\\\" b\\\\ \\b\\f\\n\\r\\t \\u0000\\u001f\u{7f} é 日本 😀 </script>\""
+        );
+        assert_eq!(
+            stable_stringify(&value),
+            serde_json::to_string(&value).unwrap()
+        );
+    }
+
+    #[test]
+    fn keys_are_escaped_too() {
+        let value = json!({"a\"b": 1, "\n": 2});
+        assert_eq!(stable_stringify(&value), r#"{"\n":2,"a\"b":1}"#);
+    }
+
+    #[test]
+    fn integral_floats_are_written_as_integers() {
+        assert_eq!(stable_stringify(&parse("1.0")), "1");
+        assert_eq!(stable_hash(&parse("1.0")), stable_hash(&parse("1")));
+        assert_eq!(stable_stringify(&parse("-0.0")), "0");
+        assert_eq!(stable_stringify(&parse("-3.0")), "-3");
+        assert_eq!(stable_stringify(&parse("1e3")), "1000");
+        // The ends of the range: -2^63 and the largest double below 2^64.
+        let two_63 = 2f64.powi(63);
+        let two_64 = 2f64.powi(64);
+        assert_eq!(stable_stringify(&json!(-two_63)), i64::MIN.to_string());
+        assert_eq!(
+            stable_stringify(&json!(two_64.next_down())),
+            "18446744073709549568"
+        );
+        // Just outside it, the float form.
+        assert_eq!(stable_stringify(&json!(two_64)), "1.8446744073709552e+19");
+        assert_eq!(
+            stable_stringify(&json!((-two_63).next_down())),
+            "-9.223372036854778e+18"
+        );
+    }
+
+    #[test]
+    fn other_numbers_keep_serde_json_form() {
+        assert_eq!(stable_stringify(&json!(u64::MAX)), "18446744073709551615");
+        assert_eq!(stable_stringify(&json!(i64::MIN)), "-9223372036854775808");
+        assert_eq!(stable_stringify(&json!(1.5)), "1.5");
+        assert_eq!(stable_stringify(&json!(-0.1)), "-0.1");
+        assert_eq!(stable_stringify(&json!(1e20)), "1e+20");
+        assert_eq!(stable_stringify(&json!(-2.5e-8)), "-2.5e-8");
+        assert_ne!(stable_hash(&json!(1.5)), stable_hash(&json!(1)));
+        // Beyond 64 bits an integer literal is a float already.
+        assert_eq!(stable_stringify(&parse("100000000000000000000")), "1e+20");
+    }
+
+    #[test]
+    fn hash_is_sha256_of_the_canonical_text() {
+        assert_eq!(
+            to_hex(&stable_hash(&json!({}))),
+            // printf '{}' | sha256sum
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+    }
+
+    #[test]
+    fn hash_parts_length_prefixes_separate_fields() {
+        assert_ne!(hash_parts(&[b"ab", b"c"]), hash_parts(&[b"a", b"bc"]));
+        assert_ne!(hash_parts(&[]), hash_parts(&[b""]));
+        assert_ne!(hash_parts(&[b"", b"a"]), hash_parts(&[b"a", b""]));
+        assert_eq!(hash_parts(&[b"x", b"y"]), hash_parts(&[b"x", b"y"]));
+    }
+
+    #[test]
+    fn hex_is_lowercase_two_digits_per_byte() {
+        assert_eq!(to_hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+        assert_eq!(to_hex(&[]), "");
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| Number::from_f64(f).map(Value::Number)),
+            (-1000i32..1000).prop_map(|i| Value::from(f64::from(i))),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((any::<String>(), inner), 0..6)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Equality with numbers compared by value, since `1.0` comes back as `1`.
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+                (Some(i), Some(j)) => i == j,
+                _ => match (x.as_u64(), y.as_u64()) {
+                    (Some(i), Some(j)) => i == j,
+                    _ => x.as_f64() == y.as_f64(),
+                },
+            },
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+
+    /// Rebuilds every object with members in reverse key order.
+    fn reversed(value: &Value) -> Value {
+        match value {
+            Value::Array(items) => Value::Array(items.iter().map(reversed).collect()),
+            Value::Object(map) => {
+                let mut members: Vec<_> = map.iter().collect();
+                members.sort_by(|a, b| b.0.cmp(a.0));
+                let map: Map<String, Value> = members
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), reversed(v)))
+                    .collect();
+                Value::Object(map)
+            }
+            other => other.clone(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn output_parses_back_to_an_equal_value(value in arb_json()) {
+            let text = stable_stringify(&value);
+            let back: Value = serde_json::from_str(&text).unwrap();
+            prop_assert!(same(&value, &back), "{value} -> {text} -> {back}");
+            // Canonical text is a fixed point.
+            prop_assert_eq!(stable_stringify(&back), text);
+        }
+
+        #[test]
+        fn member_order_never_changes_the_hash(value in arb_json()) {
+            prop_assert_eq!(stable_hash(&reversed(&value)), stable_hash(&value));
+        }
+
+        #[test]
+        fn shuffled_members_give_the_same_text(
+            members in prop::collection::btree_map(any::<String>(), arb_json(), 0..8)
+                .prop_map(|m| m.into_iter().collect::<Vec<_>>())
+                .prop_shuffle()
+        ) {
+            let mut shuffled = String::new();
+            write_object(&mut shuffled, members.iter().map(|(k, v)| (k, v)));
+            let map: Map<String, Value> = members.into_iter().collect();
+            prop_assert_eq!(shuffled, stable_stringify(&Value::Object(map)));
+        }
+
+        #[test]
+        fn strings_match_serde_json_exactly(s in any::<String>()) {
+            let value = Value::String(s);
+            prop_assert_eq!(stable_stringify(&value), serde_json::to_string(&value).unwrap());
+        }
+
+        #[test]
+        fn integers_match_serde_json(i in any::<i64>(), u in any::<u64>()) {
+            for value in [Value::from(i), Value::from(u)] {
+                prop_assert_eq!(stable_stringify(&value), serde_json::to_string(&value).unwrap());
+            }
+        }
+
+        #[test]
+        fn non_integral_floats_match_serde_json(f in any::<f64>()) {
+            prop_assume!(f.is_finite() && f.fract() != 0.0);
+            let value = Value::from(f);
+            prop_assert_eq!(stable_stringify(&value), serde_json::to_string(&value).unwrap());
+        }
+    }
+}
