@@ -8,6 +8,7 @@
 use serde_json::{Map, Value};
 
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
+use crate::stable_json::{hash_parts, stable_stringify, Digest};
 
 /// The fixed set of `action.status` values; a status's code is its index here.
 /// `Observatory.Gateway.ActionStatus` lists the same values in the same order (a test
@@ -157,6 +158,23 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
         }),
         _ => Err(v),
     }
+}
+
+/// The step detector's view of a valid envelope (seed 002): the approach is the tool
+/// and its input, the outcome the status and the result. Both hash canonical JSON, so
+/// key order does not matter. A step without `action.result` has no outcome: the
+/// detector cannot tell a repeated outcome from a missing one, so it skips the step
+/// rather than count every result-less step as "Stuck".
+pub fn step_digests(envelope: &Value) -> (Digest, Option<Digest>) {
+    let action = &envelope["action"];
+    let tool = action["tool_call"].as_str().unwrap_or_default();
+    let input = stable_stringify(action.get("tool_input").unwrap_or(&Value::Null));
+    let approach = hash_parts(&[tool.as_bytes(), input.as_bytes()]);
+    let outcome = action.get("result").map(|result| {
+        let status = action["status"].as_str().unwrap_or_default();
+        hash_parts(&[status.as_bytes(), stable_stringify(result).as_bytes()])
+    });
+    (approach, outcome)
 }
 
 /// The code of a status string, or `None` when it is not in the fixed set.

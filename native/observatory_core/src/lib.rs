@@ -7,6 +7,7 @@
 //! * [`severity`] — score rounding and the LOOP / WARNING / Normal bands (FR-9.4–9.6).
 //! * [`session_store`] — the sharded, bounded store of windows behind `EntropyTracker`.
 //! * [`interner`] — reference-counted interning, so a window holds 4-byte ids.
+//! * [`keyed_store`] — a sharded, bounded per-session map (step detectors).
 //! * [`decision_log`] — DecisionLog envelope parsing and validation (design.md §3).
 //! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003).
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
@@ -20,6 +21,7 @@ pub mod call_circuit_breaker;
 pub mod decision_log;
 pub mod error;
 pub mod interner;
+pub mod keyed_store;
 pub mod kill_switch;
 pub mod messages;
 pub mod normalize;

@@ -221,6 +221,13 @@ impl StepLoopDetector {
         self.thresholds
     }
 
+    /// Replaces the thresholds (configuration changed at run time); streaks stay.
+    pub fn set_thresholds(&mut self, thresholds: Thresholds) -> Result<(), Error> {
+        thresholds.validate()?;
+        self.thresholds = thresholds;
+        Ok(())
+    }
+
     pub fn stagnation_streak(&self) -> u32 {
         self.stagnation_streak
     }

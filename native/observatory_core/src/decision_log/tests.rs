@@ -155,3 +155,21 @@ fn optional_fields_may_be_null_or_absent() {
     e["meta"]["parent_step_id"] = json!(5);
     assert_eq!(paths(validate(&e)), vec!["meta.parent_step_id"]);
 }
+
+#[test]
+fn step_digests_ignore_key_order_and_need_a_result() {
+    let a = json!({"action": {"tool_call": "grep", "tool_input": {"a": 1, "b": [2, {"c": 3, "d": 4}]}, "status": "failure", "result": {"x": 1, "y": 2}}});
+    let b = json!({"action": {"tool_call": "grep", "tool_input": {"b": [2, {"d": 4, "c": 3}], "a": 1}, "status": "failure", "result": {"y": 2, "x": 1}}});
+    assert_eq!(step_digests(&a), step_digests(&b));
+    assert!(step_digests(&a).1.is_some());
+
+    let other_tool = json!({"action": {"tool_call": "rg", "tool_input": {"a": 1, "b": [2, {"c": 3, "d": 4}]}, "status": "failure", "result": {"x": 1, "y": 2}}});
+    assert_ne!(step_digests(&a).0, step_digests(&other_tool).0);
+    assert_eq!(step_digests(&a).1, step_digests(&other_tool).1);
+
+    let other_status = json!({"action": {"tool_call": "grep", "tool_input": {"a": 1}, "status": "success", "result": {"x": 1, "y": 2}}});
+    assert_ne!(step_digests(&a).1, step_digests(&other_status).1);
+
+    let no_result = json!({"action": {"tool_call": "grep", "status": "failure"}});
+    assert_eq!(step_digests(&no_result).1, None);
+}

@@ -1,0 +1,198 @@
+//! A sharded, bounded map from session id to per-session state (`StepLoopDetector`s).
+//!
+//! Same shape as the entropy store, without its interning: N shards, each a mutex over
+//! a hash map, a coarse clock advanced by the owner, idle entries dropped by
+//! [`KeyedStore::sweep`], and each shard capped at its share of `max_entries`
+//! (the least recently seen evicted first when full).
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::Mutex;
+
+struct Slot<T> {
+    value: T,
+    last_seen_ms: i64,
+}
+
+/// Per-key state, sharded by a keyed hash of the key. `Sync` when `T: Send`.
+pub struct KeyedStore<T> {
+    shards: Box<[Mutex<HashMap<Box<str>, Slot<T>>>]>,
+    hasher: RandomState,
+    max_per_shard: usize,
+    now_ms: AtomicI64,
+}
+
+impl<T> KeyedStore<T> {
+    pub fn new(shards: usize, max_entries: usize) -> Self {
+        let shards = shards.max(1);
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            max_per_shard: max_entries.div_ceil(shards).max(1),
+            now_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// Advances the clock that stamps entries as seen.
+    pub fn tick(&self, now_ms: i64) {
+        self.now_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Runs `f` on the key's state, creating it with `make` first if absent.
+    pub fn update<R>(&self, key: &str, make: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> R {
+        let now_ms = self.now_ms.load(Ordering::Relaxed);
+        let mut shard = self.shard(key).lock();
+        if !shard.contains_key(key) {
+            if shard.len() >= self.max_per_shard {
+                evict_oldest(&mut shard, (self.max_per_shard / 64).max(1));
+            }
+            shard.insert(
+                key.into(),
+                Slot {
+                    value: make(),
+                    last_seen_ms: now_ms,
+                },
+            );
+        }
+        let slot = shard.get_mut(key).expect("present or just inserted");
+        slot.last_seen_ms = now_ms;
+        f(&mut slot.value)
+    }
+
+    /// Runs `f` on the key's state if it exists.
+    pub fn read<R>(&self, key: &str, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.shard(key).lock().get(key).map(|slot| f(&slot.value))
+    }
+
+    /// Up to `limit` entries that satisfy `keep`, as `(key, f(value))`.
+    pub fn collect<R>(&self, limit: usize, mut f: impl FnMut(&T) -> Option<R>) -> Vec<(String, R)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            for (key, slot) in shard.lock().iter() {
+                if out.len() >= limit {
+                    return out;
+                }
+                if let Some(r) = f(&slot.value) {
+                    out.push((key.to_string(), r));
+                }
+            }
+        }
+        out
+    }
+
+    pub fn remove(&self, key: &str) -> bool {
+        self.shard(key).lock().remove(key).is_some()
+    }
+
+    /// Advances the clock and drops entries idle for `ttl_ms` or longer.
+    pub fn sweep(&self, now_ms: i64, ttl_ms: u64) -> usize {
+        self.tick(now_ms);
+        let ttl_ms = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
+        self.shards
+            .iter()
+            .map(|shard| {
+                let mut shard = shard.lock();
+                let before = shard.len();
+                shard.retain(|_, slot| now_ms.saturating_sub(slot.last_seen_ms) < ttl_ms);
+                before - shard.len()
+            })
+            .sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Slot<T>>> {
+        let index = (self.hasher.hash_one(key) >> 32) as usize % self.shards.len();
+        &self.shards[index]
+    }
+}
+
+fn evict_oldest<T>(shard: &mut HashMap<Box<str>, Slot<T>>, count: usize) {
+    let mut seen: Vec<i64> = shard.values().map(|s| s.last_seen_ms).collect();
+    let nth = count.min(seen.len()).saturating_sub(1);
+    if seen.is_empty() {
+        return;
+    }
+    let (_, &mut cutoff, _) = seen.select_nth_unstable(nth);
+    let mut budget = count;
+    shard.retain(|_, slot| {
+        if budget > 0 && slot.last_seen_ms <= cutoff {
+            budget -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_creates_then_reuses_state() {
+        let store: KeyedStore<u32> = KeyedStore::new(4, 100);
+        assert_eq!(
+            store.update(
+                "a",
+                || 10,
+                |v| {
+                    *v += 1;
+                    *v
+                }
+            ),
+            11
+        );
+        assert_eq!(
+            store.update(
+                "a",
+                || 0,
+                |v| {
+                    *v += 1;
+                    *v
+                }
+            ),
+            12
+        );
+        assert_eq!(store.read("a", |v| *v), Some(12));
+        assert_eq!(store.read("b", |v| *v), None);
+        assert!(store.remove("a"));
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn full_shard_evicts_the_least_recently_seen() {
+        let store: KeyedStore<u32> = KeyedStore::new(1, 2);
+        store.tick(1);
+        store.update("old", || 1, |_| ());
+        store.tick(2);
+        store.update("mid", || 2, |_| ());
+        store.tick(3);
+        store.update("new", || 3, |_| ());
+        assert_eq!(store.len(), 2);
+        assert!(store.read("old", |_| ()).is_none());
+    }
+
+    #[test]
+    fn sweep_drops_idle_entries() {
+        let store: KeyedStore<u32> = KeyedStore::new(2, 100);
+        store.tick(0);
+        store.update("idle", || 1, |_| ());
+        store.tick(900);
+        store.update("busy", || 1, |_| ());
+        assert_eq!(store.sweep(1_000, 500), 1);
+        assert_eq!(
+            store.collect(10, |v| Some(*v)),
+            vec![("busy".to_string(), 1)]
+        );
+    }
+}
