@@ -11,6 +11,8 @@ defmodule Observatory.Application do
         {Observatory.PubSub, name: Observatory.PubSub},
         Observatory.Gateway.EntropyTracker,
         Observatory.Gateway.HITL,
+        Observatory.Gateway.StepDetector,
+        Observatory.Gateway.CallBreaker,
         Observatory.Gateway.SessionLog
       ] ++ web_children()
 

@@ -12,6 +12,10 @@ defmodule Observatory.Metrics do
     violations: "observatory_schema_violations_total",
     alerts: "observatory_entropy_alerts_total",
     entropy_errors: "observatory_entropy_errors_total",
+    step_warnings: "observatory_step_warnings_total",
+    step_blocks: "observatory_step_blocks_total",
+    tool_calls_allowed: "observatory_tool_calls_allowed_total",
+    tool_calls_denied: "observatory_tool_calls_denied_total",
     normal: nil,
     warning: nil,
     loop: nil

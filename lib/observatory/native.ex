@@ -41,6 +41,25 @@ defmodule Observatory.Native do
   def decision_log_parse_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
   def action_statuses, do: :erlang.nif_error(:nif_not_loaded)
 
+  def json_stable_hash(_term), do: :erlang.nif_error(:nif_not_loaded)
+
+  def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
+
+  def step_analyze(_store, _session_id, _approach, _outcome, _thresholds, _history),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def step_state(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def step_list(_store, _limit), do: :erlang.nif_error(:nif_not_loaded)
+  def step_reset(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def step_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
+
+  def breaker_new(_max_calls, _window_ms, _max_keys), do: :erlang.nif_error(:nif_not_loaded)
+
+  def breaker_check(_breaker, _session_id, _tool, _args_hash, _now_ms),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def breaker_prune(_breaker, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
+
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
 end

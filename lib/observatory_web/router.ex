@@ -9,14 +9,16 @@ defmodule ObservatoryWeb.Router do
   | GET | /api/v1/sessions/:id | agent key or operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/pause | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/resume | operator | `ObservatoryWeb.API.Sessions` |
+  | POST | /api/v1/sessions/:id/step_detector/reset | operator | `ObservatoryWeb.API.Sessions` |
   | GET | /api/v1/hitl/audit | operator | `ObservatoryWeb.API.Sessions` |
+  | POST | /api/v1/tool_calls/check | agent key | `ObservatoryWeb.API.ToolCalls` |
   | GET | /healthz | none | health |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  alias ObservatoryWeb.API.{DecisionLogs, Sessions}
+  alias ObservatoryWeb.API.{DecisionLogs, Sessions, ToolCalls}
   alias ObservatoryWeb.Conn
 
   @doc false
@@ -42,6 +44,11 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "POST", ["api", "v1", "sessions", id, "resume"]), do: Sessions.resume(conn, id)
   defp route(conn, "GET", ["api", "v1", "hitl", "audit"]), do: Sessions.audit(conn)
 
+  defp route(conn, "POST", ["api", "v1", "sessions", id, "step_detector", "reset"]),
+    do: Sessions.reset_step_detector(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "tool_calls", "check"]), do: ToolCalls.check(conn)
+
   defp route(conn, "GET", ["healthz"]) do
     Conn.json(conn, 200, %{
       status: "ok",
@@ -61,6 +68,7 @@ defmodule ObservatoryWeb.Router do
 
   defp known_path?(["api", "v1", "decision_logs"]), do: true
   defp known_path?(["api", "v1", "sessions", _ | _]), do: true
+  defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true
   defp known_path?(_), do: false

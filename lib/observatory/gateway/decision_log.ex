@@ -4,7 +4,9 @@ defmodule Observatory.Gateway.DecisionLog do
 
   Validation runs in Rust on the JSON text: every violation is reported at once with
   its field path and reason, sizes are capped, no atom is created from client input,
-  and unknown fields are kept.
+  and unknown fields are kept. The same pass hashes the step for the step detector:
+  `approach` is SHA-256 of `action.tool_call` + canonical `action.tool_input`,
+  `outcome` of `action.status` + canonical `action.result` (nil without a result).
 
       iex> {:error, violations} = Observatory.Gateway.DecisionLog.parse(~s({"meta": {}}))
       iex> hd(violations)
@@ -26,7 +28,9 @@ defmodule Observatory.Gateway.DecisionLog do
           agent_id: String.t(),
           intent: String.t(),
           tool_call: String.t(),
-          status: ActionStatus.t()
+          status: ActionStatus.t(),
+          approach: binary(),
+          outcome: binary() | nil
         }
 
   @doc "Parses one JSON envelope: the decoded envelope (string keys) and its key fields."
@@ -35,7 +39,8 @@ defmodule Observatory.Gateway.DecisionLog do
     json
     |> parse_nif()
     |> case do
-      {:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, code}} ->
+      {:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, code},
+       {approach, outcome}} ->
         {:ok, envelope,
          %{
            step_id: step_id,
@@ -43,7 +48,9 @@ defmodule Observatory.Gateway.DecisionLog do
            agent_id: agent_id,
            intent: intent,
            tool_call: tool_call,
-           status: ActionStatus.from_code(code)
+           status: ActionStatus.from_code(code),
+           approach: approach,
+           outcome: outcome
          }}
 
       {:error, list} ->

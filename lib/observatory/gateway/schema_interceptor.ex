@@ -10,8 +10,10 @@ defmodule Observatory.Gateway.SchemaInterceptor do
        is kept nowhere in the outbound message); if the tracker returns an error, keep
        the agent's value and log a `schema_violation` noting the failed computation;
     4. store the envelope (`SessionLog`) and broadcast it on `"gateway:decision_logs"`;
-    5. answer with the score, the severity and the directives for the agent — `pause`
-       when an operator has paused the session (design.md §5).
+    5. feed the step detector (seed 002) when the step has a result;
+    6. answer with the score, the severity, the step verdict and the directives for the
+       agent — `pause` when an operator has paused the session (design.md §5), `warn`
+       or `block` with guidance from the step detector.
 
       {:ok, result} = SchemaInterceptor.ingest(json)
       result.entropy_score  #=> 0.2
@@ -20,7 +22,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   require Logger
 
-  alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, SessionLog}
+  alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, SessionLog, StepDetector}
   alias Observatory.Metrics
 
   @type result :: %{
@@ -30,6 +32,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           entropy_score: number() | nil,
           severity: EntropyTracker.severity() | nil,
           paused: boolean(),
+          step: StepDetector.verdict() | nil,
           directives: [map()],
           envelope: map()
         }
@@ -87,6 +90,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           {envelope, get_in(envelope, ["cognition", "entropy_score"]), nil}
       end
 
+    step = analyze_step(fields)
     pause = HITL.pause_of(fields.session_id)
     SessionLog.put(fields.session_id, envelope)
 
@@ -106,10 +110,33 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       entropy_score: score,
       severity: severity,
       paused: pause != nil,
-      directives: directives(pause),
+      step: step,
+      directives: directives(pause) ++ step_directives(step),
       envelope: envelope
     }
   end
+
+  # Layer 1 of seed 002; a step without a result has no outcome and is not analysed.
+  defp analyze_step(%{outcome: nil}), do: nil
+
+  defp analyze_step(fields) do
+    case StepDetector.analyze(fields.session_id, fields.approach, fields.outcome) do
+      {:ok, verdict} -> verdict
+      {:error, _} -> nil
+    end
+  end
+
+  defp step_directives(%{action: :warn} = step) do
+    Metrics.inc(:step_warnings)
+    [%{"type" => "warn", "source" => "step_detector", "guidance" => step.guidance}]
+  end
+
+  defp step_directives(%{action: :block} = step) do
+    Metrics.inc(:step_blocks)
+    [%{"type" => "block", "source" => "step_detector", "guidance" => step.guidance}]
+  end
+
+  defp step_directives(_), do: []
 
   defp reject(violations) do
     Metrics.inc(:violations)

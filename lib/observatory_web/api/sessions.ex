@@ -5,10 +5,11 @@ defmodule ObservatoryWeb.API.Sessions do
     * `GET /api/v1/sessions/:id` — window, score, severity, pause (agent key or operator);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
       `{"reason": "..."}`; `409` when already paused / not paused;
+    * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
     * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
   """
 
-  alias Observatory.Gateway.{EntropyTracker, HITL, SessionLog}
+  alias Observatory.Gateway.{EntropyTracker, HITL, SessionLog, StepDetector}
   alias Observatory.JSON
   alias ObservatoryWeb.{Auth, Conn}
 
@@ -17,7 +18,7 @@ defmodule ObservatoryWeb.API.Sessions do
       session = EntropyTracker.session(id)
       pause = HITL.pause_of(id)
 
-      if session == nil and pause == nil do
+      if session == nil and pause == nil and StepDetector.state(id) == nil do
         Conn.error(conn, 404, "not_found", "no such session")
       else
         Conn.json(conn, 200, view(id, session, pause))
@@ -27,6 +28,18 @@ defmodule ObservatoryWeb.API.Sessions do
 
   def pause(conn, id), do: command(conn, id, &HITL.pause/2)
   def resume(conn, id), do: command(conn, id, &HITL.resume/2)
+
+  def reset_step_detector(conn, id) do
+    with {:ok, operator} <- authorize(conn, &Auth.operator/1) do
+      case StepDetector.reset(id, operator: operator) do
+        :ok ->
+          Conn.json(conn, 200, %{session_id: id, step_detector: StepDetector.state(id)})
+
+        {:error, :unknown_session} ->
+          Conn.error(conn, 404, "not_found", "the step detector has no state for this session")
+      end
+    end
+  end
 
   def audit(conn) do
     with {:ok, _} <- authorize(conn, &Auth.operator/1) do
@@ -49,6 +62,7 @@ defmodule ObservatoryWeb.API.Sessions do
       severity: session && session.severity,
       paused: pause != nil,
       pause: pause && entry(pause),
+      step_detector: StepDetector.state(id),
       messages: SessionLog.count(id)
     }
   end

@@ -17,9 +17,11 @@ struct Slot<T> {
     last_seen_ms: i64,
 }
 
+type Shard<T> = Mutex<HashMap<Box<str>, Slot<T>>>;
+
 /// Per-key state, sharded by a keyed hash of the key. `Sync` when `T: Send`.
 pub struct KeyedStore<T> {
-    shards: Box<[Mutex<HashMap<Box<str>, Slot<T>>>]>,
+    shards: Box<[Shard<T>]>,
     hasher: RandomState,
     max_per_shard: usize,
     now_ms: AtomicI64,
@@ -67,7 +69,15 @@ impl<T> KeyedStore<T> {
         self.shard(key).lock().get(key).map(|slot| f(&slot.value))
     }
 
-    /// Up to `limit` entries that satisfy `keep`, as `(key, f(value))`.
+    /// Runs `f` on the key's state if it exists, without marking it as seen.
+    pub fn modify<R>(&self, key: &str, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.shard(key)
+            .lock()
+            .get_mut(key)
+            .map(|slot| f(&mut slot.value))
+    }
+
+    /// Up to `limit` entries for which `f` returns `Some`, as `(key, value)`.
     pub fn collect<R>(&self, limit: usize, mut f: impl FnMut(&T) -> Option<R>) -> Vec<(String, R)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
@@ -110,7 +120,7 @@ impl<T> KeyedStore<T> {
         self.len() == 0
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Slot<T>>> {
+    fn shard(&self, key: &str) -> &Shard<T> {
         let index = (self.hasher.hash_one(key) >> 32) as usize % self.shards.len();
         &self.shards[index]
     }

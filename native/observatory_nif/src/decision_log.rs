@@ -4,10 +4,10 @@ use observatory_core::decision_log::{self, Fields, Violation, ACTION_STATUSES};
 use rustler::{Binary, Encoder, Env, Term};
 
 use crate::atoms;
-use crate::json::value_to_term;
+use crate::json::{binary, value_to_term};
 
-/// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code}}`
-/// or `{:error, [{path, reason}]}`.
+/// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
+/// {approach_digest, outcome_digest | nil}}` or `{:error, [{path, reason}]}`.
 #[rustler::nif]
 fn decision_log_parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
     parse(env, body)
@@ -38,12 +38,19 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
             intent,
             tool_call,
             status,
-        }) => (
-            atoms::ok(),
-            value_to_term(env, &value),
-            (step_id, session_id, agent_id, intent, tool_call, status),
-        )
-            .encode(env),
+        }) => {
+            let (approach, outcome) = decision_log::step_digests(&value);
+            (
+                atoms::ok(),
+                value_to_term(env, &value),
+                (step_id, session_id, agent_id, intent, tool_call, status),
+                (
+                    binary(env, &approach),
+                    outcome.map(|digest| binary(env, &digest)),
+                ),
+            )
+                .encode(env)
+        }
         Err(list) => violations(env, &list),
     }
 }

@@ -37,6 +37,20 @@ fn json_encode_dirty<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
     encode(env, term)
 }
 
+/// SHA-256 of the term's canonical JSON (sorted keys): `{:ok, digest}` or
+/// `{:error, reason}`. The breaker's arguments hash.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn json_stable_hash<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    match serde_json::to_value(Json { term, depth: 0 }) {
+        Ok(value) => (
+            atoms::ok(),
+            binary(env, &observatory_core::stable_json::stable_hash(&value)),
+        )
+            .encode(env),
+        Err(e) => (atoms::error(), e.to_string()).encode(env),
+    }
+}
+
 fn decode<'a>(env: Env<'a>, text: Binary<'a>) -> Term<'a> {
     match serde_json::from_slice::<Value>(text.as_slice()) {
         Ok(value) => (atoms::ok(), value_to_term(env, &value)).encode(env),

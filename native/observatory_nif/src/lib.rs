@@ -5,6 +5,7 @@ mod decision_log;
 mod entropy_tracker;
 mod error;
 mod json;
+mod step_detector;
 mod test_support;
 
 mod atoms {
@@ -15,6 +16,16 @@ mod atoms {
         normal,
         warning,
         loop_ = "loop",
+        // step detector and breaker
+        full_progress,
+        world_changed,
+        stuck,
+        full_stagnation,
+        continue_ = "continue",
+        warn,
+        block,
+        allow,
+        deny,
         // error reasons
         invalid_session_id,
         invalid_agent_id,

@@ -1,0 +1,75 @@
+defmodule ObservatoryWeb.API.ToolCalls do
+  @moduledoc """
+  `POST /api/v1/tool_calls/check` — the circuit breaker for an MCP proxy (seed 002,
+  layer 2). Body: `{"session_id": "...", "tool": "...", "arguments": {...}}`.
+
+  `200` with `{"decision": "allow", "count": n}` or
+  `{"decision": "deny", "reason": "...", "count": n, "retry_after_ms": ms}`;
+  `422` for a body without a session id or tool.
+  """
+
+  alias Observatory.Gateway.CallBreaker
+  alias Observatory.JSON
+  alias ObservatoryWeb.{Auth, Conn}
+
+  def check(conn) do
+    with {:ok, _} <- Auth.agent(conn) |> or_401(conn),
+         {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
+         {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn) do
+      case CallBreaker.check(session_id, tool, arguments) do
+        {:allow, count} ->
+          Conn.json(conn, 200, %{decision: "allow", count: count})
+
+        {:deny, count, retry_after} ->
+          Conn.json(conn, 200, %{
+            decision: "deny",
+            reason:
+              "#{count} identical calls of #{tool} within the breaker window; retry in #{retry_after} ms",
+            count: count,
+            retry_after_ms: retry_after
+          })
+
+        {:error, reason} ->
+          Conn.error(conn, 422, "invalid_arguments", reason)
+      end
+    end
+  end
+
+  defp parse(body) do
+    case JSON.decode(body) do
+      {:ok, %{"session_id" => sid, "tool" => tool} = call}
+      when is_binary(sid) and byte_size(sid) in 1..256 and is_binary(tool) and
+             byte_size(tool) in 1..1024 ->
+        {:ok, sid, tool, Map.get(call, "arguments")}
+
+      {:ok, _} ->
+        {:error, ~s(send {"session_id": string, "tool": string, "arguments": any})}
+
+      {:error, reason} ->
+        {:error, "invalid JSON: #{reason}"}
+    end
+  end
+
+  defp or_401({:ok, _} = ok, _conn), do: ok
+
+  defp or_401(_, conn),
+    do:
+      halt(
+        Conn.error(
+          conn,
+          401,
+          "unauthorized",
+          "send a valid agent key: Authorization: Bearer <key>"
+        )
+      )
+
+  defp or_413({:ok, _} = ok, _conn), do: ok
+  defp or_413(_, conn), do: halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
+
+  defp or_422({:error, message}, conn),
+    do: halt(Conn.error(conn, 422, "invalid_request", message))
+
+  defp or_422(ok, _conn), do: ok
+
+  defp halt(:ok), do: :halt
+end

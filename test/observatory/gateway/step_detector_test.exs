@@ -1,0 +1,160 @@
+defmodule Observatory.Gateway.StepDetectorTest do
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Gateway.{Events, SchemaInterceptor, StepDetector}
+  alias Observatory.Test.HTTP
+
+  setup do
+    saved = Application.get_env(:observatory, :step_detection)
+
+    on_exit(fn ->
+      if saved,
+        do: Application.put_env(:observatory, :step_detection, saved),
+        else: Application.delete_env(:observatory, :step_detection)
+    end)
+
+    :ok = Events.subscribe(StepDetector.topic())
+    %{sid: unique_session("sess-step")}
+  end
+
+  defp d(x), do: :crypto.hash(:sha256, to_string(x))
+
+  defp step(sid, approach, outcome),
+    do: elem(StepDetector.analyze(sid, d(approach), d(outcome)), 1)
+
+  describe "the 2x2 progress matrix" do
+    test "new approach + new outcome is full progress and resets streaks", %{sid: sid} do
+      assert %{cell: :full_progress, action: :continue} = step(sid, :a, :x)
+      step(sid, :a, :x)
+      assert %{stagnation_streak: 1} = StepDetector.state(sid)
+      assert %{cell: :full_progress, stagnation_streak: 0, stuck_streak: 0} = step(sid, :b, :y)
+    end
+
+    test "repeated approach + new outcome is world changed and resets streaks", %{sid: sid} do
+      step(sid, :a, :x)
+      step(sid, :b, :x)
+      assert %{stuck_streak: 1} = StepDetector.state(sid)
+      assert %{cell: :world_changed, stuck_streak: 0, stagnation_streak: 0} = step(sid, :a, :z)
+    end
+
+    test "new approach + repeated outcome is stuck", %{sid: sid} do
+      step(sid, :a, :x)
+      assert %{cell: :stuck, stuck_streak: 1, stagnation_streak: 0} = step(sid, :b, :x)
+    end
+
+    test "repeated approach + repeated outcome is full stagnation", %{sid: sid} do
+      step(sid, :a, :x)
+      assert %{cell: :full_stagnation, stagnation_streak: 1, stuck_streak: 0} = step(sid, :a, :x)
+    end
+  end
+
+  describe "thresholds" do
+    test "stagnation warns at 3 (not 2) and blocks at 5", %{sid: sid} do
+      step(sid, :a, :x)
+      assert %{stagnation_streak: 2, action: :continue} = step(sid, :a, :x) && step(sid, :a, :x)
+      assert %{stagnation_streak: 3, action: :warn, guidance: guidance} = step(sid, :a, :x)
+      assert guidance =~ "already run"
+      assert_receive %{event_type: "loop_detection", kind: "warn", session_id: ^sid}
+      assert %{action: :warn} = step(sid, :a, :x)
+      assert %{stagnation_streak: 5, action: :block} = step(sid, :a, :x)
+      assert_receive %{event_type: "loop_detection", kind: "block", session_id: ^sid}
+    end
+
+    test "stuck warns at 5 (not 4) and blocks at 8", %{sid: sid} do
+      step(sid, :a0, :x)
+      for i <- 1..4, do: assert(%{stuck_streak: ^i, action: :continue} = step(sid, :"a#{i}", :x))
+      assert %{stuck_streak: 5, action: :warn} = step(sid, :a5, :x)
+      assert %{stuck_streak: 7, action: :warn} = step(sid, :a6, :x) && step(sid, :a7, :x)
+      assert %{stuck_streak: 8, action: :block} = step(sid, :a8, :x)
+    end
+
+    test "a block stays until an operator resets it", %{sid: sid} do
+      for _ <- 1..6, do: step(sid, :a, :x)
+      assert %{blocked: true} = StepDetector.state(sid)
+      assert %{action: :block} = step(sid, :brand_new, :progress)
+      assert :ok = StepDetector.reset(sid, operator: "alice")
+      assert_receive %{event_type: "loop_detection", kind: "reset", operator: "alice"}
+      assert %{blocked: false, stagnation_streak: 0} = StepDetector.state(sid)
+      assert %{action: :continue, cell: :full_progress} = step(sid, :a, :x)
+      assert {:error, :unknown_session} = StepDetector.reset("never-#{sid}", operator: "alice")
+    end
+
+    test "thresholds are configurable at run time", %{sid: sid} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 1, stagnation_block: 2)
+      step(sid, :a, :x)
+      assert %{action: :warn} = step(sid, :a, :x)
+      assert %{action: :block} = step(sid, :a, :x)
+    end
+
+    test "invalid thresholds are an error, not a crash", %{sid: sid} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 2)
+
+      ExUnit.CaptureLog.capture_log(fn ->
+        assert {:error, :invalid_step_thresholds} = StepDetector.analyze(sid, d(:a), d(:x))
+      end)
+    end
+  end
+
+  describe "on the gateway stream" do
+    defp msg(sid, input, result) do
+      HTTP.envelope(%{
+        "meta" => %{"session_id" => sid},
+        "action" => %{"tool_call" => "run_code", "tool_input" => input, "result" => result}
+      })
+    end
+
+    test "tool_input key order does not matter: the same code is stagnation", %{sid: sid} do
+      inputs = [
+        %{"code" => "print(1)", "opts" => %{"a" => 1, "b" => 2}},
+        %{"opts" => %{"b" => 2, "a" => 1}, "code" => "print(1)"}
+      ]
+
+      results =
+        for i <- 0..3 do
+          {:ok, r} =
+            SchemaInterceptor.ingest(msg(sid, Enum.at(inputs, rem(i, 2)), %{"error" => "boom"}))
+
+          r
+        end
+
+      assert Enum.map(results, & &1.step.cell) == [
+               :full_progress,
+               :full_stagnation,
+               :full_stagnation,
+               :full_stagnation
+             ]
+
+      assert [%{"type" => "warn", "source" => "step_detector", "guidance" => _}] =
+               List.last(results).directives
+    end
+
+    test "the ingest answer carries the block", %{sid: sid} do
+      for _ <- 1..6, do: SchemaInterceptor.ingest(msg(sid, %{"c" => 1}, "same"))
+      {:ok, r} = SchemaInterceptor.ingest(msg(sid, %{"c" => 2}, "different"))
+      assert r.step.action == :block, "the block stays even after a step that makes progress"
+      assert Enum.any?(r.directives, &(&1["type"] == "block"))
+    end
+
+    test "a step without a result is not analysed", %{sid: sid} do
+      {:ok, r} = SchemaInterceptor.ingest(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+      assert r.step == nil
+      assert StepDetector.state(sid) == nil
+    end
+
+    test "reset is an operator action over HTTP", %{sid: sid} do
+      for _ <- 1..5, do: SchemaInterceptor.ingest(msg(sid, %{"c" => 1}, "same"))
+      path = "/api/v1/sessions/#{sid}/step_detector/reset"
+      assert HTTP.post(path, "").status == 401
+      resp = HTTP.post(path, "", headers: HTTP.operator_headers())
+      assert resp.status == 200
+      assert %{"step_detector" => %{"blocked" => false}} = resp.body
+      shown = HTTP.get("/api/v1/sessions/#{sid}", HTTP.operator_headers()).body
+
+      assert shown["step_detector"] == %{
+               "blocked" => false,
+               "stagnation_streak" => 0,
+               "stuck_streak" => 0
+             }
+    end
+  end
+end
