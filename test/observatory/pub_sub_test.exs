@@ -77,7 +77,8 @@ defmodule Observatory.PubSubDistributedTest do
   setup_all do
     unless Node.alive?() do
       {_, 0} = System.cmd("epmd", ["-daemon"])
-      {:ok, _} = :net_kernel.start([:"observatory_test@127.0.0.1", :longnames])
+      # A name per OS process: back-to-back runs never collide on epmd.
+      {:ok, _} = :net_kernel.start([:"observatory_test_#{System.pid()}@127.0.0.1", :longnames])
     end
 
     {:ok, peer, node} =
