@@ -13,7 +13,9 @@ defmodule Observatory.PubSub.Supervisor do
     scope = Observatory.PubSub.Peer.scope(name)
 
     children = [
-      {Registry, keys: :duplicate, name: name, partitions: System.schedulers_online()},
+      # One partition: a broadcast then costs one ETS lookup. Subscribers are few and
+      # long-lived; broadcasts are many.
+      {Registry, keys: :duplicate, name: name},
       %{id: :pg, start: {:pg, :start_link, [scope]}},
       {Observatory.PubSub.Peer, name}
     ]

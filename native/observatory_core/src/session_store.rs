@@ -126,9 +126,39 @@ pub struct Stats {
     pub expired: u64,
 }
 
+/// A session id, kept inside the session record when it is short (most are: uuids,
+/// "sess-…"): comparing it then touches no other cache line.
+enum SessionKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+const INLINE_KEY: usize = 38;
+
+impl SessionKey {
+    fn new(id: &[u8]) -> Self {
+        if id.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..id.len()].copy_from_slice(id);
+            Self::Inline {
+                len: id.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(id.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
 struct Session {
-    key: Box<[u8]>,
-    hash: u64,
+    key: SessionKey,
     window: Window,
     agent: Option<Id>,
     severity: Severity,
@@ -204,7 +234,7 @@ impl Store {
 
         let is_new = shard
             .sessions
-            .find(hash, |s| &*s.key == session_id)
+            .find(hash, |s| s.key.as_bytes() == session_id)
             .is_none();
         if is_new && shard.sessions.len() >= self.max_per_shard {
             let batch = (self.max_per_shard / 64).max(1);
@@ -220,18 +250,21 @@ impl Store {
         } = shard;
         let session = if is_new {
             let fresh = Session {
-                key: session_id.into(),
-                hash,
+                key: SessionKey::new(session_id),
                 window: Window::default(),
                 agent: None,
                 severity: Severity::Normal,
                 last_seen_ms: now_ms,
                 touch,
             };
-            sessions.insert_unique(hash, fresh, |s| s.hash).into_mut()
+            // The hash is not stored (8 bytes a session): a resize recomputes it.
+            let hasher = &self.hasher;
+            sessions
+                .insert_unique(hash, fresh, |s| hasher.hash_one(s.key.as_bytes()))
+                .into_mut()
         } else {
             sessions
-                .find_mut(hash, |s| &*s.key == session_id)
+                .find_mut(hash, |s| s.key.as_bytes() == session_id)
                 .expect("found above, under the same lock")
         };
         let previous = (!is_new).then_some(session.severity);
@@ -298,7 +331,9 @@ impl Store {
     pub fn session(&self, session_id: &[u8]) -> Option<SessionView> {
         let hash = self.hasher.hash_one(session_id);
         let shard = self.shard(hash).lock();
-        let s = shard.sessions.find(hash, |s| &*s.key == session_id)?;
+        let s = shard
+            .sessions
+            .find(hash, |s| s.key.as_bytes() == session_id)?;
         Some(SessionView {
             window: s
                 .window
@@ -321,7 +356,7 @@ impl Store {
             let shard = shard.lock();
             all.extend(shard.sessions.iter().map(|s| {
                 let summary = SessionSummary {
-                    session_id: String::from_utf8_lossy(&s.key).into_owned(),
+                    session_id: String::from_utf8_lossy(s.key.as_bytes()).into_owned(),
                     agent_id: s.agent.map(|id| shard.agents.get(id).to_string()),
                     score: round4(s.window.uniqueness()),
                     severity: s.severity,
@@ -339,7 +374,10 @@ impl Store {
         let hash = self.hasher.hash_one(session_id);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
-        match shard.sessions.find_entry(hash, |s| &*s.key == session_id) {
+        match shard
+            .sessions
+            .find_entry(hash, |s| s.key.as_bytes() == session_id)
+        {
             Ok(found) => {
                 let (session, _) = found.remove();
                 release(session, &mut shard.tuples, &mut shard.agents);

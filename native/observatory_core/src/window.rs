@@ -7,7 +7,7 @@ use crate::interner::Id;
 
 /// Windows up to this size live inside the session record: no allocation and no
 /// pointer to chase, which matters when a million sessions miss the CPU cache.
-pub const INLINE_CAPACITY: usize = 8;
+pub const INLINE_CAPACITY: usize = 6;
 
 /// Windows up to this size are scored on the stack without allocating.
 const STACK_SCORING: usize = 32;
@@ -26,7 +26,8 @@ enum Ring {
         head: u8,
         len: u8,
     },
-    Heap(VecDeque<Id>),
+    /// Boxed so that the common, inline case sets the size of every session record.
+    Heap(Box<VecDeque<Id>>),
 }
 
 impl Default for Window {
@@ -49,7 +50,7 @@ impl Window {
         let capacity = capacity.max(1);
         if capacity > INLINE_CAPACITY {
             if let Ring::Inline { .. } = self.ring {
-                self.ring = Ring::Heap(self.iter().collect());
+                self.ring = Ring::Heap(Box::new(self.iter().collect()));
             }
         }
         match &mut self.ring {
