@@ -11,6 +11,8 @@ defmodule Observatory.Gateway.SessionLog do
 
   use GenServer
 
+  alias Observatory.Gateway.IdleSweep
+
   @slots __MODULE__.Slots
   @heads __MODULE__.Heads
 
@@ -58,13 +60,13 @@ defmodule Observatory.Gateway.SessionLog do
     ])
 
     :ets.new(@heads, [:named_table, :public, :set, write_concurrency: true])
-    schedule()
+    IdleSweep.schedule()
     {:ok, %{}}
   end
 
   @impl true
   def handle_info(:sweep, state) do
-    ttl = Application.get_env(:observatory, :entropy_session_ttl_ms, :timer.minutes(30))
+    ttl = IdleSweep.ttl_ms()
     cutoff = System.system_time(:millisecond) - ttl
 
     for {session_id, _, seen} <- :ets.tab2list(@heads), seen < cutoff do
@@ -72,12 +74,7 @@ defmodule Observatory.Gateway.SessionLog do
       for slot <- 0..(size() - 1), do: :ets.delete(@slots, {session_id, slot})
     end
 
-    schedule()
+    IdleSweep.schedule()
     {:noreply, state}
-  end
-
-  defp schedule do
-    interval = Application.get_env(:observatory, :entropy_sweep_interval_ms, :timer.minutes(1))
-    Process.send_after(self(), :sweep, interval)
   end
 end

@@ -30,7 +30,7 @@ defmodule Observatory.Gateway.StepDetector do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.Events
+  alias Observatory.Gateway.{Events, IdleSweep}
   alias Observatory.Native
 
   @defaults [
@@ -154,20 +154,15 @@ defmodule Observatory.Gateway.StepDetector do
     max = settings()[:max_sessions]
     shards = max |> div(1024) |> max(1) |> min(64)
     :persistent_term.put(__MODULE__, Native.step_store_new(shards, max))
-    schedule()
+    IdleSweep.schedule()
     {:ok, %{}}
   end
 
   @impl true
   def handle_info(:sweep, state) do
-    ttl = Application.get_env(:observatory, :entropy_session_ttl_ms, :timer.minutes(30))
+    ttl = IdleSweep.ttl_ms()
     Native.step_sweep(store(), System.monotonic_time(:millisecond), ttl)
-    schedule()
+    IdleSweep.schedule()
     {:noreply, state}
-  end
-
-  defp schedule do
-    interval = Application.get_env(:observatory, :entropy_sweep_interval_ms, :timer.minutes(1))
-    Process.send_after(self(), :sweep, interval)
   end
 end

@@ -11,17 +11,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use observatory_core::session_store::{Observation, Settings, Store};
 
-const INTENTS: [&str; 4] = ["search", "plan", "execute", "summarize"];
-const TOOLS: [&str; 8] = [
-    "read_file",
-    "write_file",
-    "list_files",
-    "run_shell",
-    "grep",
-    "http_get",
-    "sql",
-    "edit",
-];
+mod fleet;
+use fleet::{INTENTS, TOOLS};
 
 type OwnedTuple = (String, String, u8);
 

@@ -38,17 +38,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-const INTENTS: [&str; 4] = ["search", "plan", "execute", "summarize"];
-const TOOLS: [&str; 8] = [
-    "read_file",
-    "write_file",
-    "list_files",
-    "run_shell",
-    "grep",
-    "http_get",
-    "sql",
-    "edit",
-];
+mod fleet;
+use fleet::{INTENTS, TOOLS};
 
 fn measure(name: &str, sessions: usize, tuple: impl Fn(usize, usize) -> (String, String, u8)) {
     let before = LIVE.load(Ordering::Relaxed);
