@@ -81,8 +81,13 @@ defmodule ObservatoryWeb.SessionClusterManager do
   @doc "Handles a gateway event or the periodic refresh; see the module doc."
   @spec handle_info(term(), socket) :: {:noreply, socket} when socket: socket()
   def handle_info(%{event_type: "entropy_alert"} = event, socket) do
+    %{session_id: id, agent_id: agent_id, entropy_score: score} = event
     alerts = Alerts.put(socket.assigns.alerts, event, DateTime.utc_now())
-    {:noreply, Socket.assign(socket, :alerts, alerts)}
+
+    socket
+    |> Socket.assign(:alerts, alerts)
+    |> Socket.assign(:fleet, Fleet.put_score(socket.assigns.fleet, id, agent_id, score))
+    |> noreply()
   end
 
   def handle_info(%{event_type: "topology_update", session_id: id} = update, socket) do

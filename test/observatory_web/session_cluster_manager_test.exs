@@ -105,12 +105,16 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert [%{session_id: ^sid, agent_id: "agent-loop", score: 0.2, occurrence_count: 5}] =
                Alerts.rows(socket.assigns.alerts)
 
+      assert %{agent_id: "agent-loop", score: 0.2} = socket.assigns.fleet[sid]
+
       assert page =~ ~s(data-session-id="#{sid}")
       assert page =~ "agent-loop"
       assert page =~ "<code>search</code>"
       assert page =~ "<code>read_file</code>"
       assert page =~ ~s(<span class="status status-failure">failure</span>)
       assert page =~ ~s(<td class="num score">0.20</td>)
+      assert page =~ ~s(<span class="agent">agent-loop</span>)
+      assert page =~ ~s(<span class="count">5 of 5 steps in the window</span>)
       assert page =~ ~r/<time datetime="[^"]+">\d\d:\d\d:\d\d UTC<\/time>/
 
       assert page =~

@@ -21,8 +21,8 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
       pauses in force (`HITL.paused_sessions/0`); authoritative, taken at mount and
       then periodically, which is also how new healthy sessions and idleness show up
       (the tracker broadcasts only changes of severity);
-    * `apply_update/2`, `pause/2`, `resume/2` — the live `"gateway:topology"` and
-      `"gateway:hitl"` events in between.
+    * `apply_update/2`, `pause/2`, `resume/2`, `put_score/4` — the live
+      `"gateway:topology"`, `"gateway:hitl"` and alert events in between.
   """
 
   @idle_after_ms 30_000
@@ -95,6 +95,12 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
   end
 
   def apply_update(fleet, _unknown), do: fleet
+
+  @doc "Sets a node's latest score (from an `EntropyAlertEvent`), adding the node if new."
+  @spec put_score(t(), String.t(), String.t() | nil, float()) :: t()
+  def put_score(fleet, id, agent_id, score) do
+    fleet |> upsert(id, agent_id) |> put_in([id, :score], score)
+  end
 
   @doc "Marks a session paused (a HITL pause)."
   @spec pause(t(), String.t()) :: t()
