@@ -5,6 +5,9 @@ import Config
 config :observatory,
   agent_keys: ["dev-agent-key"],
   operator_tokens: %{"dev-operator-token" => "dev-operator"},
+  # Signs the dashboard's session cookies. Development only: production reads
+  # OBSERVATORY_SECRET_KEY_BASE (runtime.exs) or generates one at boot.
+  secret_key_base: "dev-only-secret-key-base-0123456789abcdefghijklmnopqrstuvwxyz",
   demo: true
 
 config :observatory, ObservatoryWeb.Endpoint, port: 4000

@@ -4,6 +4,9 @@ import Config
 #   OBSERVATORY_AGENT_KEYS="key1,key2"
 #   OBSERVATORY_OPERATOR_TOKENS="alice:token1,bob:token2"
 #   OBSERVATORY_PORT=4000  OBSERVATORY_IP=127.0.0.1
+#   OBSERVATORY_SECRET_KEY_BASE=<at least 32 random bytes, e.g. `openssl rand -base64 48`>
+#     signs the dashboard's sign-in cookies; unset, a random key is generated at boot
+#     (Observatory.Application) and sign-ins do not survive a restart.
 if keys = System.get_env("OBSERVATORY_AGENT_KEYS") do
   config :observatory, agent_keys: String.split(keys, ",", trim: true)
 end
@@ -29,4 +32,12 @@ end
 
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
+end
+
+if secret = System.get_env("OBSERVATORY_SECRET_KEY_BASE") do
+  if byte_size(secret) < 32 do
+    raise "OBSERVATORY_SECRET_KEY_BASE must be at least 32 bytes long"
+  end
+
+  config :observatory, secret_key_base: secret
 end

@@ -5,6 +5,7 @@ config :logger, level: :warning
 config :observatory,
   agent_keys: ["test-agent-key"],
   operator_tokens: %{"test-operator-token" => "test-operator"},
+  secret_key_base: "test-only-secret-key-base-0123456789abcdefghijklmnopqrstuvwxyz",
   demo: false
 
 # Port 0: the OS picks a free port; tests ask ObservatoryWeb.Endpoint.port/0.

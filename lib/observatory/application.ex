@@ -1,10 +1,12 @@
 defmodule Observatory.Application do
   @moduledoc false
   use Application
+  require Logger
 
   @impl true
   def start(_type, _args) do
     Observatory.Metrics.setup()
+    ensure_secret_key_base()
 
     children =
       [
@@ -23,11 +25,33 @@ defmodule Observatory.Application do
   # only wants the library sets `config :observatory, ObservatoryWeb.Endpoint, server: false`).
   defp web_children do
     endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
-    server = if Keyword.get(endpoint, :server, true), do: [ObservatoryWeb.Endpoint], else: []
+
+    server =
+      if Keyword.get(endpoint, :server, true),
+        do: [
+          {Registry, keys: :unique, name: ObservatoryWeb.Dashboard.EventStream.registry()},
+          ObservatoryWeb.Endpoint
+        ],
+        else: []
 
     demo =
       if Application.get_env(:observatory, :demo, false), do: [Observatory.Demo.Fleet], else: []
 
     server ++ demo
+  end
+
+  # The dashboard signs its session cookies with :secret_key_base. When nothing set it
+  # (OBSERVATORY_SECRET_KEY_BASE, config), a random key is made now: sign-ins then
+  # last until the next restart.
+  defp ensure_secret_key_base do
+    unless Application.get_env(:observatory, :secret_key_base) do
+      key = :crypto.strong_rand_bytes(48) |> Base.encode64()
+      Application.put_env(:observatory, :secret_key_base, key)
+
+      Logger.info(
+        "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
+          "dashboard sign-ins end when the application restarts"
+      )
+    end
   end
 end

@@ -3,7 +3,7 @@ defmodule ObservatoryWeb.Conn do
   One HTTP request and the functions to answer it, over a MochiWeb request.
 
   Handlers get a `%Conn{}` with the method, the decoded path segments and the query,
-  and answer with `json/3`, `text/4` or `html/3`. Reading the body is explicit
+  and answer with `json/3`, `text/4`, `html/4`, `redirect/3` or `no_content/1`. Reading the body is explicit
   (`read_body/1`) and bounded by `:max_body_bytes`.
   """
 
@@ -61,6 +61,15 @@ defmodule ObservatoryWeb.Conn do
     end
   end
 
+  @doc "A cookie's value, or nil."
+  @spec cookie(t(), String.t()) :: String.t() | nil
+  def cookie(%__MODULE__{req: req}, name) do
+    case :mochiweb_request.get_cookie_value(String.to_charlist(name), req) do
+      :undefined -> nil
+      value -> to_string(value)
+    end
+  end
+
   @doc "The request's media type (`content-type` without parameters), lowercased."
   @spec content_type(t()) :: String.t() | nil
   def content_type(conn) do
@@ -113,6 +122,23 @@ defmodule ObservatoryWeb.Conn do
   def html(conn, status, body, headers \\ []) do
     send_resp(conn, status, "text/html; charset=utf-8", body, headers)
   end
+
+  @doc "Redirects with `303 See Other` to a path on this server."
+  @spec redirect(t(), String.t(), [{String.t(), String.t()}]) :: :ok
+  def redirect(conn, "/" <> _ = path, headers \\ []) do
+    send_resp(conn, 303, "text/plain; charset=utf-8", "", [{"Location", path} | headers])
+  end
+
+  @doc "Answers `204 No Content`."
+  @spec no_content(t()) :: :ok
+  def no_content(%__MODULE__{req: req}) do
+    :mochiweb_request.respond({204, @security_headers, ""}, req)
+    :ok
+  end
+
+  @doc "The common security headers every response carries."
+  @spec security_headers() :: [{String.t(), String.t()}]
+  def security_headers, do: @security_headers
 
   @doc "Answers with any content type and extra headers."
   def send_resp(%__MODULE__{req: req}, status, content_type, body, headers) do

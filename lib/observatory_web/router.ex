@@ -12,6 +12,12 @@ defmodule ObservatoryWeb.Router do
   | POST | /api/v1/sessions/:id/step_detector/reset | operator | `ObservatoryWeb.API.Sessions` |
   | GET | /api/v1/hitl/audit | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/tool_calls/check | agent key | `ObservatoryWeb.API.ToolCalls` |
+  | GET | / | operator sign-in (cookie) | `ObservatoryWeb.Dashboard.Page` |
+  | GET, POST | /login | CSRF token | `ObservatoryWeb.Dashboard.Login` |
+  | POST | /logout | sign-in + CSRF token | `ObservatoryWeb.Dashboard.Login` |
+  | GET | /dashboard/events | sign-in | `ObservatoryWeb.Dashboard.EventStream` (SSE) |
+  | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
+  | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
   | GET | /healthz | none | health |
   | GET | /metrics | none | Prometheus text |
   """
@@ -20,6 +26,7 @@ defmodule ObservatoryWeb.Router do
 
   alias ObservatoryWeb.API.{DecisionLogs, Sessions, ToolCalls}
   alias ObservatoryWeb.Conn
+  alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
   @doc false
   def call(req) do
@@ -48,6 +55,13 @@ defmodule ObservatoryWeb.Router do
     do: Sessions.reset_step_detector(conn, id)
 
   defp route(conn, "POST", ["api", "v1", "tool_calls", "check"]), do: ToolCalls.check(conn)
+  defp route(conn, "GET", []), do: Page.show(conn)
+  defp route(conn, "GET", ["login"]), do: Login.new(conn)
+  defp route(conn, "POST", ["login"]), do: Login.create(conn)
+  defp route(conn, "POST", ["logout"]), do: Login.delete(conn)
+  defp route(conn, "GET", ["dashboard", "events"]), do: EventStream.stream(conn)
+  defp route(conn, "POST", ["dashboard", "events"]), do: EventStream.dispatch(conn)
+  defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
 
   defp route(conn, "GET", ["healthz"]) do
     Conn.json(conn, 200, %{
@@ -69,6 +83,9 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["api", "v1", "decision_logs"]), do: true
   defp known_path?(["api", "v1", "sessions", _ | _]), do: true
   defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
+  defp known_path?([]), do: true
+  defp known_path?([page]) when page in ["login", "logout"], do: true
+  defp known_path?(["dashboard", "events"]), do: true
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true
   defp known_path?(_), do: false

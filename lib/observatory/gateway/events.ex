@@ -5,7 +5,7 @@ defmodule Observatory.Gateway.Events do
       config :observatory, :pubsub, {Observatory.PubSub, Observatory.PubSub}  # default
       config :observatory, :pubsub, {Phoenix.PubSub, MyApp.PubSub}           # a Phoenix host
 
-  The module must have Phoenix.PubSub's `broadcast/3`.
+  The module must have Phoenix.PubSub's `broadcast/3`, `subscribe/2` and `unsubscribe/2`.
   """
 
   @default {Observatory.PubSub, Observatory.PubSub}
@@ -41,5 +41,12 @@ defmodule Observatory.Gateway.Events do
   def subscribe(topic) do
     {module, server} = pubsub()
     module.subscribe(server, topic)
+  end
+
+  @doc "Removes the caller's subscriptions to `topic` on the configured PubSub server."
+  @spec unsubscribe(String.t()) :: :ok
+  def unsubscribe(topic) do
+    {module, server} = pubsub()
+    module.unsubscribe(server, topic)
   end
 end

@@ -6,7 +6,8 @@ defmodule Observatory.Gateway.HITL do
   audited (who, when, why). A paused session's DecisionLogs are still validated,
   scored and stored, but the gateway's answer to the agent carries a `pause`
   directive, and the session's topology node shows `paused` until an operator resumes
-  it. Events go out on `"gateway:hitl"`.
+  it; on resume the node shows the session's entropy state again (`alert_entropy`,
+  `blocked` or `active`). Events go out on `"gateway:hitl"`.
 
       HITL.pause("sess-abc", operator: "alice", reason: "looping on read_file")
       HITL.paused?("sess-abc")  #=> true
@@ -19,7 +20,7 @@ defmodule Observatory.Gateway.HITL do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.{Events, Topology}
+  alias Observatory.Gateway.{EntropyTracker, Events, Topology}
 
   @paused __MODULE__.Paused
   @audit __MODULE__.Audit
@@ -154,8 +155,21 @@ defmodule Observatory.Gateway.HITL do
     )
 
     Events.broadcast(topic(), Map.put(entry, :event_type, "hitl_#{entry.action}"))
-    state_name = if entry.action == :pause, do: "paused", else: "active"
-    Topology.broadcast(entry.session_id, nil, state_name, force: true)
+    {agent_id, state_name} = node_state(entry)
+    Topology.broadcast(entry.session_id, agent_id, state_name, force: true)
     %{state | seq: seq}
+  end
+
+  # A resumed node shows its entropy state again: a session still looping flashes
+  # red at once rather than showing `active` until its next step.
+  defp node_state(%{action: :pause}), do: {nil, "paused"}
+
+  defp node_state(%{action: :resume, session_id: session_id}) do
+    case EntropyTracker.session(session_id) do
+      %{severity: :loop, agent_id: agent_id} -> {agent_id, "alert_entropy"}
+      %{severity: :warning, agent_id: agent_id} -> {agent_id, "blocked"}
+      %{agent_id: agent_id} -> {agent_id, "active"}
+      nil -> {nil, "active"}
+    end
   end
 end

@@ -29,6 +29,24 @@ defmodule Observatory.Gateway.HITLTest do
     assert [%{action: :resume}, %{action: :pause}] = HITL.audit_log(session_id: sid)
   end
 
+  test "a resumed node shows its entropy state again, not a blanket active", %{sid: sid} do
+    record_all(sid, List.duplicate({"search", "read_file", :failure}, 5), agent_id: "agent-7")
+    assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
+    {:ok, _} = HITL.pause(sid, operator: "alice", reason: "")
+    assert_receive %{event_type: "topology_update", session_id: ^sid, state: "paused"}
+    {:ok, _} = HITL.resume(sid, operator: "alice", reason: "")
+
+    assert_receive %{
+      event_type: "topology_update",
+      session_id: ^sid,
+      agent_id: "agent-7",
+      state: "alert_entropy",
+      color: "#ef4444"
+    }
+
+    refute_received %{event_type: "topology_update", session_id: ^sid, state: "active"}
+  end
+
   test "commands need an operator and a valid session id" do
     assert {:error, :invalid_operator} = HITL.pause("s", reason: "x")
     assert {:error, :invalid_session_id} = HITL.pause("", operator: "a")

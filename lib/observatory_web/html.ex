@@ -1,0 +1,45 @@
+defmodule ObservatoryWeb.HTML do
+  @moduledoc """
+  HTML escaping for every page and panel Observatory renders.
+
+  Session ids, agent ids, intents and tool names come from agents, so none of them
+  is trusted. Every value a template interpolates goes through `escape/1`, which
+  replaces the five characters that matter in text and in quoted attribute values:
+
+      iex> ObservatoryWeb.HTML.escape(~s[<img src=x onerror="alert('1')">&])
+      "&lt;img src=x onerror=&quot;alert(&#39;1&#39;)&quot;&gt;&amp;"
+
+  Templates are plain iodata built by functions, and values are always put inside
+  double-quoted attributes or between tags, never in `<script>` or `style`, where
+  entity escaping would not be enough.
+  """
+
+  @doc """
+  Escapes `&`, `<`, `>`, `"` and `'`. Accepts a string, an atom, a number or `nil`
+  (rendered as the empty string).
+  """
+  @spec escape(String.t() | atom() | number() | nil) :: String.t()
+  def escape(nil), do: ""
+  def escape(value) when is_binary(value), do: escape_binary(value, "")
+  def escape(value) when is_atom(value), do: value |> Atom.to_string() |> escape()
+  def escape(value) when is_integer(value), do: Integer.to_string(value)
+  def escape(value) when is_float(value), do: Float.to_string(value)
+
+  defp escape_binary(<<>>, acc), do: acc
+  defp escape_binary(<<"&", rest::binary>>, acc), do: escape_binary(rest, acc <> "&amp;")
+  defp escape_binary(<<"<", rest::binary>>, acc), do: escape_binary(rest, acc <> "&lt;")
+  defp escape_binary(<<">", rest::binary>>, acc), do: escape_binary(rest, acc <> "&gt;")
+  defp escape_binary(<<"\"", rest::binary>>, acc), do: escape_binary(rest, acc <> "&quot;")
+  defp escape_binary(<<"'", rest::binary>>, acc), do: escape_binary(rest, acc <> "&#39;")
+
+  defp escape_binary(binary, acc) do
+    # Copy the longest run without a special character in one step.
+    n = plain_prefix(binary, 0)
+    <<plain::binary-size(n), rest::binary>> = binary
+    escape_binary(rest, acc <> plain)
+  end
+
+  defp plain_prefix(<<c, _::binary>>, n) when c in ~c[&<>"'], do: n
+  defp plain_prefix(<<_, rest::binary>>, n), do: plain_prefix(rest, n + 1)
+  defp plain_prefix(<<>>, n), do: n
+end

@@ -1,0 +1,237 @@
+defmodule ObservatoryWeb.SessionClusterManager do
+  @moduledoc """
+  The Session Cluster Manager (FR-9.10): the Entropy Alerts panel, the fleet
+  topology and Pause and Inspect, written as LiveView callbacks that are plain
+  functions.
+
+      {:ok, socket} = mount(%{}, %{"operator" => "alice"}, Socket.new(connected?: true))
+      # an EntropyAlertEvent arrives on "gateway:entropy_alerts"
+      {:noreply, socket} = handle_info(event, socket)
+      {:noreply, socket} = handle_event("pause_inspect", %{"session_id" => id}, socket)
+      html = render(socket.assigns) |> IO.iodata_to_binary()
+
+  ## Callbacks
+
+    * `mount/3` — when connected, subscribes to `"gateway:entropy_alerts"`,
+      `"gateway:topology"` and `"gateway:hitl"`, and schedules a periodic refresh;
+      loads the topology snapshot from `EntropyTracker.sessions/1` and the pauses in
+      force. The operator's name comes from the session's `"operator"` key and is what
+      the HITL audit log records for the dashboard's commands.
+    * `handle_info/2` — alerts go to the panel (one row per session), topology and HITL
+      events to the fleet, and events about the inspected session reload the Inspect
+      panel. Messages it does not know are logged at debug level and ignored.
+    * `handle_event/3` — `"pause_inspect"` issues the HITL Pause for the row's session
+      and opens the Inspect panel (its window and its pause, with Resume);
+      `"resume"` and `"close_inspect"`. Each takes `%{"session_id" => id}`.
+    * `render/1` — the whole manager as safe HTML iodata (`ObservatoryWeb.HTML` escapes
+      every agent-supplied string); buttons carry `phx-click` and `phx-value-*`.
+
+  ## Two hosts, one set of functions
+
+  The callbacks read `socket.assigns` and write through `Socket.assign/3`, which
+  works on `ObservatoryWeb.SessionClusterManager.Socket` (Observatory's page server,
+  `ObservatoryWeb.Dashboard.EventStream`, and the tests) and on a
+  `Phoenix.LiveView.Socket` (`ObservatoryWeb.SessionClusterManagerLive`). The page
+  server pushes `render/1` over Server-Sent Events; LiveView diffs it.
+
+  While a session is being inspected the manager also follows `"gateway:decision_logs"`
+  so the window it shows stays current, and stops when the panel is closed.
+  """
+
+  require Logger
+
+  alias Observatory.Gateway.{EntropyTracker, Events, HITL}
+  alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
+
+  @events ["pause_inspect", "resume", "close_inspect"]
+  @refresh {__MODULE__, :refresh}
+  @snapshot_limit 500
+
+  @type socket :: Socket.t() | struct()
+
+  @doc "The events `handle_event/3` accepts."
+  @spec events() :: [String.t()]
+  def events, do: @events
+
+  @doc "The topics `mount/3` subscribes a connected page to."
+  @spec topics() :: [String.t()]
+  def topics, do: [Events.entropy_alerts(), Events.topology(), HITL.topic()]
+
+  @doc "Mounts the manager; see the module doc."
+  @spec mount(map() | :not_mounted_at_router, map(), socket) :: {:ok, socket}
+        when socket: socket()
+  def mount(_params, session, socket) do
+    if Socket.connected?(socket) do
+      for topic <- topics(), do: :ok = Events.subscribe(topic)
+      schedule_refresh()
+    end
+
+    socket =
+      socket
+      |> Socket.assign(:operator, operator(session))
+      |> Socket.assign(:alerts, Alerts.new())
+      |> Socket.assign(:fleet, snapshot())
+      |> Socket.assign(:inspect, nil)
+      |> Socket.assign(:following, nil)
+      |> Socket.assign(:notice, nil)
+
+    {:ok, socket}
+  end
+
+  @doc "Handles a gateway event or the periodic refresh; see the module doc."
+  @spec handle_info(term(), socket) :: {:noreply, socket} when socket: socket()
+  def handle_info(%{event_type: "entropy_alert"} = event, socket) do
+    %{session_id: id, agent_id: agent_id, entropy_score: score} = event
+    alerts = Alerts.put(socket.assigns.alerts, event, DateTime.utc_now())
+
+    socket
+    |> Socket.assign(:alerts, alerts)
+    |> Socket.assign(:fleet, Fleet.put_score(socket.assigns.fleet, id, agent_id, score))
+    |> noreply()
+  end
+
+  def handle_info(%{event_type: "topology_update", session_id: id} = update, socket) do
+    socket
+    |> Socket.assign(:fleet, Fleet.apply_update(socket.assigns.fleet, update))
+    |> reload_inspect(id)
+    |> noreply()
+  end
+
+  def handle_info(%{event_type: "hitl_pause", session_id: id}, socket) do
+    socket
+    |> Socket.assign(:fleet, Fleet.pause(socket.assigns.fleet, id))
+    |> reload_inspect(id)
+    |> noreply()
+  end
+
+  def handle_info(%{event_type: "hitl_resume", session_id: id}, socket) do
+    socket
+    |> Socket.assign(:fleet, Fleet.resume(socket.assigns.fleet, id))
+    |> reload_inspect(id)
+    |> noreply()
+  end
+
+  def handle_info(%{event_type: "decision_log", session_id: id}, socket) do
+    {:noreply, reload_inspect(socket, id)}
+  end
+
+  def handle_info(@refresh, socket) do
+    schedule_refresh()
+
+    socket
+    |> Socket.assign(:fleet, snapshot())
+    |> reload_inspect(inspected(socket))
+    |> noreply()
+  end
+
+  def handle_info(message, socket) do
+    Logger.debug("SessionClusterManager ignored an unexpected message: #{inspect(message)}")
+    {:noreply, socket}
+  end
+
+  @doc "Handles an operator's click; see the module doc."
+  @spec handle_event(String.t(), map(), socket) :: {:noreply, socket} when socket: socket()
+  def handle_event("pause_inspect", %{"session_id" => id}, socket) when is_binary(id) do
+    case HITL.pause(id, operator: socket.assigns.operator, reason: "Pause and Inspect") do
+      {:ok, _entry} -> inspect_paused(socket, id, {:info, "Paused. The agent is told to wait."})
+      {:error, :already_paused} -> inspect_paused(socket, id, {:info, "Already paused."})
+      {:error, reason} -> notice(socket, {:error, "Could not pause: #{reason}."})
+    end
+  end
+
+  def handle_event("resume", %{"session_id" => id}, socket) when is_binary(id) do
+    case HITL.resume(id, operator: socket.assigns.operator, reason: "Resumed from the dashboard") do
+      {:ok, _entry} ->
+        socket
+        |> Socket.assign(:fleet, Fleet.resume(socket.assigns.fleet, id))
+        |> reload_inspect(id)
+        |> notice({:info, "Resumed."})
+
+      {:error, :not_paused} ->
+        socket |> reload_inspect(id) |> notice({:info, "The session is not paused."})
+
+      {:error, reason} ->
+        notice(socket, {:error, "Could not resume: #{reason}."})
+    end
+  end
+
+  def handle_event("close_inspect", _params, socket) do
+    socket
+    |> follow(nil)
+    |> Socket.assign(:inspect, nil)
+    |> notice(nil)
+  end
+
+  def handle_event(event, params, socket) do
+    Logger.debug("SessionClusterManager refused event #{inspect(event)} #{inspect(params)}")
+    notice(socket, {:error, "Unknown action."})
+  end
+
+  @doc "The manager as HTML iodata; every agent-supplied string is escaped."
+  @spec render(map()) :: iodata()
+  def render(assigns), do: View.render(assigns)
+
+  ## Helpers
+
+  defp inspect_paused(socket, id, message) do
+    socket
+    |> Socket.assign(:fleet, Fleet.pause(socket.assigns.fleet, id))
+    |> follow(id)
+    |> Socket.assign(:inspect, Inspector.load(id))
+    |> notice(message)
+  end
+
+  # Follows "gateway:decision_logs" while a session is inspected, so its window stays
+  # current; `nil` stops following.
+  defp follow(socket, id) do
+    following = socket.assigns.following
+    live? = Socket.connected?(socket)
+
+    cond do
+      not live? -> socket
+      following != nil and id != nil -> socket
+      following == nil and id != nil -> subscribe_decision_logs(socket)
+      following != nil and id == nil -> unsubscribe_decision_logs(socket)
+      true -> socket
+    end
+  end
+
+  defp subscribe_decision_logs(socket) do
+    :ok = Events.subscribe(Events.decision_logs())
+    Socket.assign(socket, :following, Events.decision_logs())
+  end
+
+  defp unsubscribe_decision_logs(socket) do
+    :ok = Events.unsubscribe(Events.decision_logs())
+    Socket.assign(socket, :following, nil)
+  end
+
+  defp reload_inspect(socket, nil), do: socket
+
+  defp reload_inspect(socket, id) do
+    if inspected(socket) == id,
+      do: Socket.assign(socket, :inspect, Inspector.load(id)),
+      else: socket
+  end
+
+  defp inspected(%{assigns: %{inspect: %{session_id: id}}}), do: id
+  defp inspected(_socket), do: nil
+
+  defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}
+  defp noreply(socket), do: {:noreply, socket}
+
+  defp snapshot do
+    Fleet.snapshot(EntropyTracker.sessions(limit: @snapshot_limit), HITL.paused_sessions())
+  end
+
+  defp schedule_refresh do
+    Process.send_after(
+      self(),
+      @refresh,
+      Application.get_env(:observatory, :dashboard_refresh_ms, 2_000)
+    )
+  end
+
+  defp operator(%{"operator" => name}) when is_binary(name) and name != "", do: name
+  defp operator(_session), do: "dashboard"
+end

@@ -1,0 +1,223 @@
+// The operator dashboard in a real browser: Debian's chromium driven by
+// playwright-core, against a real gateway started by the test (gateway.mjs).
+//
+//   node --test test/browser/dashboard.test.mjs     (bin/test runs it after mix test)
+//
+// Screenshots go to test/browser/artifacts/ (kept by CI as test artifacts). With
+// UPDATE_README_SCREENSHOT=1 the last test also refreshes docs/dashboard.png.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import path from "node:path";
+import { chromium } from "playwright-core";
+import { Gateway, OPERATOR_TOKEN, ROOT, freePort, healthy, loop } from "./gateway.mjs";
+
+const ARTIFACTS = path.join(ROOT, "test/browser/artifacts");
+const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+mkdirSync(ARTIFACTS, { recursive: true });
+
+// Two steps alternating (edit, failing build): WARNING, never LOOP.
+const pingPong = (n) =>
+  Array.from({ length: n }, (_, i) =>
+    i % 2 === 0 ? ["fix", "edit_file", "success"] : ["check", "run_build", "failure"],
+  );
+
+const shot = (page, name, opts = {}) =>
+  page.screenshot({ path: path.join(ARTIFACTS, name), ...opts });
+
+// CSS attribute selectors for agent-chosen ids: quote and escape for the selector.
+const attr = (value) => JSON.stringify(value);
+const alertRow = (sid) => `tr.alert-row[data-session-id=${attr(sid)}]`;
+const fleetNode = (sid) => `li.node[data-session-id=${attr(sid)}]`;
+
+let gateway;
+let browser;
+let context;
+let page;
+const dialogs = [];
+
+async function signIn(p) {
+  await p.goto(`${gateway.base}/`);
+  assert.equal(new URL(p.url()).pathname, "/login", "an anonymous visit lands on /login");
+  await p.fill("#token", OPERATOR_TOKEN);
+  await p.click('button[type="submit"]');
+  await p.waitForURL(`${gateway.base}/`);
+  await p.waitForSelector('body[data-live="live"]');
+}
+
+describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
+  before(async () => {
+    gateway = new Gateway(await freePort(), path.join(ARTIFACTS, "gateway.log"));
+    await gateway.start();
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+      ],
+    });
+    context = await browser.newContext({ viewport: { width: 1440, height: 900 } });
+    page = await context.newPage();
+    page.on("dialog", async (dialog) => {
+      dialogs.push(dialog.message());
+      await dialog.dismiss();
+    });
+  });
+
+  after(async () => {
+    await browser?.close();
+    await gateway?.stop();
+  });
+
+  test("every page needs an operator sign-in; a wrong token is refused", async () => {
+    const anonymous = await context.browser().newContext();
+    const p = await anonymous.newPage();
+    await p.goto(`${gateway.base}/`);
+    assert.equal(new URL(p.url()).pathname, "/login");
+    await p.fill("#token", "not-a-token");
+    await p.click('button[type="submit"]');
+    await p.waitForSelector(".form-error");
+    assert.match(await p.textContent(".form-error"), /not an operator token/);
+    const events = await p.request.get(`${gateway.base}/dashboard/events`);
+    assert.equal(events.status(), 401);
+    await shot(p, "login.png");
+    await anonymous.close();
+
+    await signIn(page);
+    assert.match(await page.textContent(".operator"), /browser-operator/);
+  });
+
+  test("a looping agent's alert appears once, within 1 s, even after several alerts", async () => {
+    const sid = "sess-browser-loop";
+    await gateway.steps(sid, "agent-looper", loop(4));
+
+    const started = Date.now();
+    const answer = await gateway.step(sid, "agent-looper", loop(1)[0]);
+    assert.equal(answer.severity, "loop");
+    await page.waitForSelector(alertRow(sid), { timeout: 1_000 });
+    const elapsed = Date.now() - started;
+    assert.ok(elapsed < 1_000, `the alert took ${elapsed} ms to reach the page`);
+
+    // Three more alerts for the same session: the row is updated, never repeated.
+    await gateway.steps(sid, "agent-looper", loop(3));
+    await page.waitForSelector(`${alertRow(sid)}[data-alerts="4"]`);
+    assert.equal(await page.locator(alertRow(sid)).count(), 1);
+
+    const row = page.locator(alertRow(sid));
+    assert.equal(await row.locator(".agent").textContent(), "agent-looper");
+    assert.equal(await row.locator("td.score").textContent(), "0.20");
+    assert.match(await row.locator("td.pattern").textContent(), /search.*read_file.*failure/);
+    assert.equal(await row.locator(".count").textContent(), "5 of 5 steps in the window");
+    assert.match(await row.locator("td.when").textContent(), /\d\d:\d\d:\d\d UTC/);
+    await page.waitForSelector(`${fleetNode(sid)}[data-state="alert_entropy"]`);
+    await shot(page, "alert.png");
+  });
+
+  test("Pause and Inspect pauses the session (confirmed by the API) and its node turns paused", async () => {
+    const sid = "sess-browser-loop";
+    await page.locator(alertRow(sid)).getByRole("button", { name: "Pause and Inspect" }).click();
+
+    await page.waitForSelector(`#inspector[data-paused="true"]`);
+    assert.equal(await page.locator("#inspector .window li").count(), 5);
+    assert.match(await page.textContent("#inspector .pause-box"), /Paused by browser-operator/);
+
+    const api = await gateway.session(sid);
+    assert.equal(api.status, 200);
+    assert.equal(api.body.paused, true);
+    assert.equal(api.body.pause.operator, "browser-operator");
+
+    await page.waitForSelector(`${fleetNode(sid)}[data-state="paused"]`);
+    await shot(page, "paused.png", { fullPage: true });
+
+    // The agent keeps sending: its steps are told to pause and the node stays paused.
+    const answer = await gateway.step(sid, "agent-looper", loop(1)[0]);
+    assert.equal(answer.paused, true);
+    assert.equal(answer.directives[0].type, "pause");
+    await page.waitForSelector(`${alertRow(sid)}[data-alerts="5"]`);
+    assert.equal(await page.getAttribute(fleetNode(sid), "data-state"), "paused");
+
+    await page.locator("#inspector").getByRole("button", { name: "Resume" }).click();
+    await page.waitForSelector(`#inspector[data-paused="false"]`);
+    assert.equal((await gateway.session(sid)).body.paused, false);
+    // Still looping: the resumed node flashes red again at once.
+    await page.waitForSelector(`${fleetNode(sid)}[data-state="alert_entropy"]`, { timeout: 1_000 });
+    await page.locator("#inspector").getByRole("button", { name: "Close" }).click();
+    await page.waitForSelector("#inspector:not([data-session-id])");
+  });
+
+  test("a hostile session id is shown as text: no element, no script, no dialog", async () => {
+    const sid = "<img src=x onerror=alert(1)>";
+    await gateway.steps(sid, "<b>agent</b>", loop(5));
+    await page.waitForSelector(alertRow(sid));
+
+    assert.equal(await page.locator(alertRow(sid)).locator(".sid").textContent(), sid);
+    assert.equal(await page.locator(alertRow(sid)).locator(".agent").textContent(), "<b>agent</b>");
+    assert.equal(await page.locator(`${fleetNode(sid)} .node-sid`).textContent(), sid);
+    assert.equal(await page.locator("img").count(), 0);
+    assert.equal(await page.locator("#scm b").count(), 0);
+
+    await page.locator(alertRow(sid)).getByRole("button", { name: "Pause and Inspect" }).click();
+    await page.waitForSelector(`#inspector[data-paused="true"]`);
+    assert.equal((await gateway.session(sid)).body.paused, true, "the id round-trips intact");
+    assert.equal(await page.locator("img").count(), 0);
+    assert.deepEqual(dialogs, []);
+    await shot(page, "hostile.png");
+    await page.locator("#inspector").getByRole("button", { name: "Close" }).click();
+  });
+
+  test("the page reconnects by itself after the gateway restarts", async () => {
+    const firstPage = await page.evaluate(() => document.body.dataset.pageId);
+    await page.evaluate(() => {
+      window.__notReloaded = true;
+    });
+
+    await gateway.stop();
+    await page.waitForSelector('body[data-live="reconnecting"]');
+    await shot(page, "reconnecting.png");
+    await gateway.start();
+    await page.waitForFunction(
+      (old) => document.body.dataset.live === "live" && document.body.dataset.pageId !== old,
+      firstPage,
+      { timeout: 30_000 },
+    );
+
+    const sid = "sess-after-restart";
+    await gateway.steps(sid, "agent-restarted", loop(5));
+    await page.waitForSelector(alertRow(sid), { timeout: 2_000 });
+    assert.equal(await page.evaluate(() => window.__notReloaded), true, "no reload happened");
+  });
+
+  test("at laptop width the fleet reads at a glance (README screenshot)", async () => {
+    const fleet = [
+      ["sess-billing-7", "agent-billing", loop(6)],
+      ["sess-crawler-2", "agent-crawler", loop(5)],
+      ["sess-deploy-3", "agent-deploy", pingPong(5)],
+      ["sess-research-1", "agent-research", healthy(5)],
+      ["sess-research-4", "agent-research", healthy(3)],
+      ["sess-support-9", "agent-support", healthy(4)],
+    ];
+    for (const [sid, agent, steps] of fleet) await gateway.steps(sid, agent, steps);
+    await page.waitForSelector(alertRow("sess-crawler-2"));
+    await page.locator(alertRow("sess-billing-7")).getByRole("button", { name: "Pause and Inspect" }).click();
+    await page.waitForSelector(`${fleetNode("sess-billing-7")}[data-state="paused"]`);
+    await page.waitForSelector(`${fleetNode("sess-deploy-3")}[data-state="blocked"]`);
+    await page.waitForSelector(`${fleetNode("sess-support-9")}[data-state="active"]`);
+
+    await page.setViewportSize({ width: 1366, height: 768 });
+    await page.mouse.move(0, 0);
+    await page.emulateMedia({ reducedMotion: "reduce" });
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 1366, `no horizontal scroll at 1366 px (page is ${width} px wide)`);
+    const table = await page.$eval(".table-wrap", (el) => [el.scrollWidth, el.clientWidth]);
+    assert.ok(table[0] <= table[1], `the alerts table fits its panel (${table[0]} > ${table[1]})`);
+    await shot(page, "dashboard.png", { fullPage: true });
+    if (process.env.UPDATE_README_SCREENSHOT === "1") {
+      await page.screenshot({ path: path.join(ROOT, "docs/dashboard.png"), fullPage: true });
+    }
+  });
+});

@@ -1,0 +1,118 @@
+// Starts and stops a real Observatory gateway for the browser tests, and drives
+// agents over its HTTP API the way a real agent would.
+//
+// The gateway runs as `mix run --no-halt` in the test environment (its fixed
+// secret_key_base keeps sign-ins valid across a restart), on a free loopback port,
+// with the demo fleet off and keys of its own from the environment.
+import { spawn } from "node:child_process";
+import { createWriteStream } from "node:fs";
+import { createServer } from "node:net";
+import { fileURLToPath } from "node:url";
+import path from "node:path";
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+export const AGENT_KEY = "browser-agent-key";
+export const OPERATOR = "browser-operator";
+export const OPERATOR_TOKEN = "browser-operator-token";
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export class Gateway {
+  constructor(port, logPath) {
+    this.port = port;
+    this.base = `http://127.0.0.1:${port}`;
+    this.logPath = logPath;
+    this.proc = null;
+  }
+
+  async start(timeoutMs = 120_000) {
+    const log = createWriteStream(this.logPath, { flags: "a" });
+    this.proc = spawn("mix", ["run", "--no-halt"], {
+      cwd: ROOT,
+      env: {
+        ...process.env,
+        MIX_ENV: "test",
+        OBSERVATORY_PORT: String(this.port),
+        OBSERVATORY_IP: "127.0.0.1",
+        OBSERVATORY_DEMO: "0",
+        OBSERVATORY_AGENT_KEYS: AGENT_KEY,
+        OBSERVATORY_OPERATOR_TOKENS: `${OPERATOR}:${OPERATOR_TOKEN}`,
+      },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    this.proc.stdout.pipe(log);
+    this.proc.stderr.pipe(log);
+    const exited = new Promise((resolve) => this.proc.once("exit", resolve));
+    this.exited = exited;
+
+    const deadline = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+      if (this.proc.exitCode !== null) throw new Error(`the gateway exited; see ${this.logPath}`);
+      try {
+        const res = await fetch(`${this.base}/healthz`);
+        if (res.ok) return;
+      } catch (_notYet) {
+        // not listening yet
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    throw new Error(`the gateway did not answer /healthz in ${timeoutMs} ms; see ${this.logPath}`);
+  }
+
+  async stop() {
+    if (!this.proc || this.proc.exitCode !== null) return;
+    this.proc.kill("SIGTERM");
+    const timer = setTimeout(() => this.proc.kill("SIGKILL"), 15_000);
+    await this.exited;
+    clearTimeout(timer);
+  }
+
+  // ---- agents -------------------------------------------------------------------
+
+  async step(sessionId, agentId, [intent, toolCall, status]) {
+    const res = await fetch(`${this.base}/api/v1/decision_logs`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${AGENT_KEY}` },
+      body: JSON.stringify({
+        meta: {
+          step_id: `${sessionId}-${Math.random().toString(36).slice(2)}`,
+          session_id: sessionId,
+          agent_id: agentId,
+          timestamp: new Date().toISOString(),
+        },
+        cognition: { intent, entropy_score: 0.9 },
+        action: { tool_call: toolCall, status },
+      }),
+    });
+    if (res.status !== 200) throw new Error(`decision_log answered ${res.status}: ${await res.text()}`);
+    return res.json();
+  }
+
+  async steps(sessionId, agentId, steps) {
+    const answers = [];
+    for (const s of steps) answers.push(await this.step(sessionId, agentId, s));
+    return answers;
+  }
+
+  async session(sessionId) {
+    const res = await fetch(`${this.base}/api/v1/sessions/${encodeURIComponent(sessionId)}`, {
+      headers: { authorization: `Bearer ${OPERATOR_TOKEN}` },
+    });
+    return { status: res.status, body: await res.json() };
+  }
+}
+
+export const LOOP_STEP = ["search", "read_file", "failure"];
+export const loop = (n) => Array.from({ length: n }, () => LOOP_STEP);
+export const healthy = (n) =>
+  Array.from({ length: n }, (_, i) => [`plan-${i}`, `tool-${i}`, "success"]);
