@@ -13,7 +13,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
   ## Callbacks
 
     * `mount/3` — when connected, subscribes to `"gateway:entropy_alerts"`,
-      `"gateway:topology"` and `"gateway:hitl"`, and schedules a periodic refresh;
+      `"gateway:topology"`, `"gateway:hitl"` and `"gateway:loop_detection"`, and
+      schedules a periodic refresh;
       loads the topology snapshot from `EntropyTracker.sessions/1` and the pauses in
       force. The operator's name comes from the session's `"operator"` key and is what
       the HITL audit log records for the dashboard's commands.
@@ -22,7 +23,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
       panel. Messages it does not know are logged at debug level and ignored.
     * `handle_event/3` — `"pause_inspect"` issues the HITL Pause for the row's session
       and opens the Inspect panel (its window and its pause, with Resume);
-      `"resume"` and `"close_inspect"`. Each takes `%{"session_id" => id}`.
+      `"resume"`, `"close_inspect"`, and `"reset_step"` (lifts a step-detector block,
+      seed 002). Each takes `%{"session_id" => id}`.
     * `render/1` — the whole manager as safe HTML iodata (`ObservatoryWeb.HTML` escapes
       every agent-supplied string); buttons carry `phx-click` and `phx-value-*`.
 
@@ -40,10 +42,10 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   require Logger
 
-  alias Observatory.Gateway.{EntropyTracker, Events, HITL}
+  alias Observatory.Gateway.{EntropyTracker, Events, HITL, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
-  @events ["pause_inspect", "resume", "close_inspect"]
+  @events ["pause_inspect", "resume", "close_inspect", "reset_step"]
   @refresh {__MODULE__, :refresh}
   @snapshot_limit 500
 
@@ -55,7 +57,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   @doc "The topics `mount/3` subscribes a connected page to."
   @spec topics() :: [String.t()]
-  def topics, do: [Events.entropy_alerts(), Events.topology(), HITL.topic()]
+  def topics, do: [Events.entropy_alerts(), Events.topology(), HITL.topic(), StepDetector.topic()]
 
   @doc "Mounts the manager; see the module doc."
   @spec mount(map() | :not_mounted_at_router, map(), socket) :: {:ok, socket}
@@ -71,6 +73,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
       |> Socket.assign(:operator, operator(session))
       |> Socket.assign(:alerts, Alerts.new())
       |> Socket.assign(:fleet, snapshot())
+      |> Socket.assign(:steps, StepDetector.active())
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:following, nil)
       |> Socket.assign(:notice, nil)
@@ -111,6 +114,10 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> noreply()
   end
 
+  def handle_info(%{event_type: "loop_detection"}, socket) do
+    {:noreply, Socket.assign(socket, :steps, StepDetector.active())}
+  end
+
   def handle_info(%{event_type: "decision_log", session_id: id}, socket) do
     {:noreply, reload_inspect(socket, id)}
   end
@@ -120,6 +127,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
     socket
     |> Socket.assign(:fleet, snapshot())
+    |> Socket.assign(:steps, StepDetector.active())
     |> reload_inspect(inspected(socket))
     |> noreply()
   end
@@ -160,6 +168,18 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> follow(nil)
     |> Socket.assign(:inspect, nil)
     |> notice(nil)
+  end
+
+  def handle_event("reset_step", %{"session_id" => id}, socket) when is_binary(id) do
+    message =
+      case StepDetector.reset(id, operator: socket.assigns.operator) do
+        :ok -> {:info, "Step detector reset: the session may run again."}
+        {:error, :unknown_session} -> {:info, "The step detector has nothing for this session."}
+      end
+
+    socket
+    |> Socket.assign(:steps, StepDetector.active())
+    |> notice(message)
   end
 
   def handle_event(event, params, socket) do

@@ -55,7 +55,13 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert_receive %{probe: ^sid, topic: :topology}
       assert_receive %{probe: ^sid, topic: :hitl}
       assert socket.assigns.operator == "alice"
-      assert Manager.topics() == ["gateway:entropy_alerts", "gateway:topology", "gateway:hitl"]
+
+      assert Manager.topics() == [
+               "gateway:entropy_alerts",
+               "gateway:topology",
+               "gateway:hitl",
+               "gateway:loop_detection"
+             ]
     end
 
     test "an unconnected mount (the first HTTP render) renders without subscribing" do
@@ -329,10 +335,11 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       sid = unique_session("sess-refresh")
       record_all(sid, distinct_tuples(2))
 
-      assert_receive {ObservatoryWeb.SessionClusterManager, :refresh} = tick
+      # Generous timeouts: a 10 ms timer can fire late on a loaded 2-core machine.
+      assert_receive {ObservatoryWeb.SessionClusterManager, :refresh} = tick, 2_000
       socket = feed(socket, [tick])
       assert Fleet.state_of(socket.assigns.fleet, sid) == "active"
-      assert_receive {ObservatoryWeb.SessionClusterManager, :refresh}
+      assert_receive {ObservatoryWeb.SessionClusterManager, :refresh}, 2_000
     end
 
     test "an unknown message changes nothing" do
@@ -399,5 +406,38 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       "cognition" => %{"intent" => intent},
       "action" => %{"tool_call" => tool, "status" => status}
     }
+  end
+
+  describe "seed 002 step detector panel" do
+    defp same_step(sid) do
+      Observatory.Test.HTTP.envelope(%{
+        "meta" => %{"session_id" => sid},
+        "action" => %{
+          "tool_call" => "run_code",
+          "tool_input" => %{"code" => "x"},
+          "result" => "boom"
+        }
+      })
+    end
+
+    test "streaks show per session; a blocked session is reset from the panel" do
+      sid = unique_session("sess-steps")
+      socket = mount!()
+      for _ <- 1..6, do: {:ok, _} = SchemaInterceptor.ingest(same_step(sid))
+      assert_receive %{event_type: "loop_detection", kind: "block", session_id: ^sid}
+      socket = feed(socket, [%{event_type: "loop_detection", kind: "block", session_id: sid}])
+
+      assert %{stagnation_streak: 5, blocked: true} =
+               Enum.find(socket.assigns.steps, &(&1.session_id == sid))
+
+      page = html(socket)
+      assert page =~ ~s(data-session-id="#{sid}" data-blocked="true")
+      assert page =~ ~s(phx-click="reset_step")
+
+      {:noreply, socket} = Manager.handle_event("reset_step", %{"session_id" => sid}, socket)
+      assert {:info, "Step detector reset" <> _} = socket.assigns.notice
+      refute Enum.any?(socket.assigns.steps, &(&1.session_id == sid))
+      assert Observatory.Gateway.StepDetector.state(sid).blocked == false
+    end
   end
 end

@@ -39,6 +39,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       inspector(assigns.inspect, fleet),
       "</div>",
       topology(fleet),
+      steps_panel(Map.get(assigns, :steps, [])),
       "</div>"
     ]
   end
@@ -307,6 +308,59 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       "</ul></header>",
       nodes_body(nodes),
       "</section>"
+    ]
+  end
+
+  ## Step detector (seed 002)
+
+  defp steps_panel(steps) do
+    [
+      ~s(<section id="steps-panel" class="panel steps" aria-labelledby="steps-title">),
+      ~s(<header class="panel-head"><h2 id="steps-title">Step detector</h2>),
+      ~s(<span class="pill">stagnation: same code, same result · stuck: new code, same result</span></header>),
+      steps_body(steps),
+      "</section>"
+    ]
+  end
+
+  defp steps_body([]) do
+    ~s(<p class="empty">No session is repeating itself. Streaks show here as they grow; ) <>
+      ~s(a blocked session waits for Reset.</p>)
+  end
+
+  defp steps_body(steps) do
+    [
+      ~s(<div class="table-wrap"><table><thead><tr><th>Session</th><th>Stagnation</th>),
+      ~s(<th>Stuck</th><th>State</th><th></th></tr></thead><tbody>),
+      for step <-
+            Enum.sort_by(steps, &{not &1.blocked, -max(&1.stagnation_streak, &1.stuck_streak)}) do
+        sid = escape(step.session_id)
+
+        [
+          ~s(<tr id="),
+          dom_id("step", step.session_id),
+          ~s(" data-session-id="),
+          sid,
+          ~s(" data-blocked="),
+          to_string(step.blocked),
+          ~s("><td class="mono">),
+          sid,
+          "</td><td>",
+          escape(step.stagnation_streak),
+          "</td><td>",
+          escape(step.stuck_streak),
+          "</td><td>",
+          if(step.blocked,
+            do:
+              ~s(<span class="badge state-alert_entropy"><span class="dot"></span>blocked</span>),
+            else: ~s(<span class="badge state-blocked"><span class="dot"></span>streak</span>)
+          ),
+          ~s(</td><td class="action"><button type="button" class="btn btn-resume" phx-click="reset_step" phx-value-session_id="),
+          sid,
+          ~s(">Reset</button></td></tr>)
+        ]
+      end,
+      "</tbody></table></div>"
     ]
   end
 
