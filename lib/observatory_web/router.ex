@@ -12,13 +12,21 @@ defmodule ObservatoryWeb.Router do
   | POST | /api/v1/sessions/:id/step_detector/reset | operator | `ObservatoryWeb.API.Sessions` |
   | GET | /api/v1/hitl/audit | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/tool_calls/check | agent key | `ObservatoryWeb.API.ToolCalls` |
+  | POST | /v1/chat/completions | agent key + `X-Agent-Id` | `ObservatoryWeb.API.ChatCompletions` |
+  | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
+  | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
+  | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
   | GET | /healthz | none | health |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  alias ObservatoryWeb.API.{DecisionLogs, Sessions, ToolCalls}
+  @agent_actions ["kill_switch", "activate", "deactivate"]
+
+  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
   alias ObservatoryWeb.Conn
 
   @doc false
@@ -49,6 +57,18 @@ defmodule ObservatoryWeb.Router do
 
   defp route(conn, "POST", ["api", "v1", "tool_calls", "check"]), do: ToolCalls.check(conn)
 
+  defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
+  defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
+  defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
+
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "kill_switch"]),
+    do: Agents.configure(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "activate"]), do: Agents.activate(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
+    do: Agents.deactivate(conn, id)
+
   defp route(conn, "GET", ["healthz"]) do
     Conn.json(conn, 200, %{
       status: "ok",
@@ -69,6 +89,11 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["api", "v1", "decision_logs"]), do: true
   defp known_path?(["api", "v1", "sessions", _ | _]), do: true
   defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
+  defp known_path?(["v1", "chat", "completions"]), do: true
+
+  defp known_path?(["api", "v1", "agents" | rest]),
+    do: match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest)
+
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true
   defp known_path?(_), do: false
