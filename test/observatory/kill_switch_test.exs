@@ -207,6 +207,28 @@ defmodule Observatory.KillSwitchTest do
     end
   end
 
+  test "concurrent requests over the threshold deactivate once and record one event", %{
+    agent: agent
+  } do
+    {:ok, _} = KillSwitch.configure(agent, %{enabled: true, window_size: 50, threshold: 3})
+
+    {results, _log} =
+      with_log(fn ->
+        1..40
+        |> Task.async_stream(&KillSwitch.check_request(agent, looping(&1)), max_concurrency: 8)
+        |> Enum.map(fn {:ok, result} -> result end)
+      end)
+
+    admitted = Enum.count(results, &match?({:ok, _}, &1))
+    assert admitted == 4, "scores 0, 1, 2 and 3 pass; every later request is refused"
+    assert Enum.count(results, &match?({:error, {:inactive, _}}, &1)) == 36
+
+    kill_events =
+      for e <- KillSwitch.events(agent_id: agent), e.event_type == "kill_switch", do: e
+
+    assert length(kill_events) == 1
+  end
+
   test "the notification webhook receives the kill switch event", %{agent: agent} do
     hook = Upstream.start(fn _ -> {204, "text/plain", ""} end)
     webhook = "http://127.0.0.1:#{hook.port}/alerts"
