@@ -69,7 +69,10 @@ defmodule Observatory.MixProject do
   def application do
     [
       mod: {Observatory.Application, []},
-      extra_applications: [:logger, :crypto, :mochiweb, :inets]
+      extra_applications: [:logger, :crypto, :mochiweb, :inets],
+      # Loaded with Observatory, started by it (Observatory.KillSwitch.Agents.setup/1)
+      # once its directory is set and its schema exists.
+      included_applications: [:mnesia]
     ]
   end
 
@@ -78,6 +81,9 @@ defmodule Observatory.MixProject do
 
   defp aliases do
     [
+      # The test helper names the node before it starts the application: Mnesia ties
+      # its schema to the node's name (see test/test_helper.exs).
+      test: "test --no-start",
       "rust.fmt": &cargo(["fmt", "--all", "--check"], &1),
       "rust.lint": &cargo(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &1),
       "rust.test": &cargo(["test", "--workspace", "--locked"], &1),

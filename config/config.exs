@@ -9,7 +9,21 @@ config :observatory,
   entropy_session_ttl_ms: :timer.minutes(30),
   entropy_sweep_interval_ms: :timer.minutes(1),
   entropy_clock_tick_ms: 1_000,
-  pubsub: {Observatory.PubSub, Observatory.PubSub}
+  pubsub: {Observatory.PubSub, Observatory.PubSub},
+  # Durable state (Mnesia: agents and kill switch events) lives in <data_dir>/mnesia/<node>.
+  data_dir: "data/#{config_env()}",
+  # The OpenAI-compatible API the chat-completions proxy forwards to (base URL).
+  llm_upstream: nil,
+  llm_upstream_api_key: nil,
+  llm_timeout_ms: 120_000,
+  llm_connect_timeout_ms: 5_000,
+  # Defaults for agents registered from now on; each agent's own settings are durable.
+  kill_switch: [
+    window_size: 10,
+    threshold: 10.0,
+    max_agents: 10_000,
+    notification_webhook: nil
+  ]
 
 config :logger, :console, format: "$time [$level] $message\n"
 

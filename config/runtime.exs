@@ -30,6 +30,20 @@ if ip = System.get_env("OBSERVATORY_IP") do
   config :observatory, ObservatoryWeb.Endpoint, ip: address
 end
 
+#   OBSERVATORY_DATA_DIR=/var/lib/observatory
+#   OBSERVATORY_LLM_UPSTREAM=https://api.openai.com/v1  OBSERVATORY_LLM_API_KEY=sk-...
+if dir = System.get_env("OBSERVATORY_DATA_DIR") do
+  config :observatory, data_dir: dir
+end
+
+if upstream = System.get_env("OBSERVATORY_LLM_UPSTREAM") do
+  config :observatory, llm_upstream: upstream
+end
+
+if key = System.get_env("OBSERVATORY_LLM_API_KEY") do
+  config :observatory, llm_upstream_api_key: key
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

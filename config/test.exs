@@ -10,3 +10,6 @@ config :observatory,
 
 # Port 0: the OS picks a free port; tests ask ObservatoryWeb.Endpoint.port/0.
 config :observatory, ObservatoryWeb.Endpoint, port: 0
+
+# A fresh Mnesia directory per test run (removed when the suite ends).
+config :observatory, data_dir: Path.join(System.tmp_dir!(), "observatory-test-#{System.pid()}")

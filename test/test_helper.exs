@@ -1,3 +1,17 @@
+# `mix test` runs with --no-start (mix.exs). Mnesia's schema belongs to the node that
+# created it and Mnesia stops working if the node is renamed while it runs, so the node
+# gets its distribution name (which the distributed tests need) before the application
+# starts Mnesia.
+unless Node.alive?() do
+  {_, 0} = System.cmd("epmd", ["-daemon"])
+  {:ok, _} = :net_kernel.start([:"observatory_test_#{System.pid()}@127.0.0.1", :longnames])
+end
+
+# Then what `mix app.start` does: Logger restarts with the test configuration, and the
+# application starts.
+Logger.App.stop()
+{:ok, _} = Application.ensure_all_started(:observatory)
+
 # Fail at once if the NIF did not load: every test below depends on it.
 try do
   Observatory.Native.live_stores()
@@ -8,3 +22,9 @@ rescue
 end
 
 ExUnit.start(exclude: [:property, :browser])
+
+# The test run's Mnesia directory (config/test.exs) goes when the suite ends.
+ExUnit.after_suite(fn _ ->
+  :stopped = :mnesia.stop()
+  File.rm_rf!(Application.fetch_env!(:observatory, :data_dir))
+end)

@@ -15,7 +15,8 @@ defmodule Observatory.Application do
         Observatory.Gateway.HITL,
         Observatory.Gateway.StepDetector,
         Observatory.Gateway.CallBreaker,
-        Observatory.Gateway.SessionLog
+        Observatory.Gateway.SessionLog,
+        Observatory.KillSwitch.Supervisor
       ] ++ web_children()
 
     Supervisor.start_link(children, strategy: :one_for_one, name: Observatory.Supervisor)

@@ -16,6 +16,10 @@ defmodule Observatory.Metrics do
     step_blocks: "observatory_step_blocks_total",
     tool_calls_allowed: "observatory_tool_calls_allowed_total",
     tool_calls_denied: "observatory_tool_calls_denied_total",
+    proxy_requests: "observatory_proxy_requests_total",
+    proxy_inactive: "observatory_proxy_inactive_responses_total",
+    upstream_errors: "observatory_proxy_upstream_errors_total",
+    kill_switch_trips: "observatory_kill_switch_trips_total",
     normal: nil,
     warning: nil,
     loop: nil

@@ -60,6 +60,32 @@ defmodule Observatory.Native do
 
   def breaker_prune(_breaker, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
 
+  def kill_switch_new(_shards, _max_agents), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_tick(_store, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_request_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_request_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_response_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_fingerprint(_text), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_fingerprint_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_normalize(_text), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_normalize_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_observe_request(_store, _agent_id, _prompt, _signatures, _size, _threshold),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_observe_request_dirty(_store, _agent_id, _prompt, _sigs, _size, _threshold),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_observe_response(_store, _agent_id, _hash),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_resize(_store, _agent_id, _size), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_clear(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_status(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_window(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
+
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
 end

@@ -18,13 +18,21 @@ defmodule ObservatoryWeb.Router do
   | GET | /dashboard/events | sign-in | `ObservatoryWeb.Dashboard.EventStream` (SSE) |
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
+  | POST | /v1/chat/completions | agent key + `X-Agent-Id` | `ObservatoryWeb.API.ChatCompletions` |
+  | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
+  | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
+  | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
   | GET | /healthz | none | health |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  alias ObservatoryWeb.API.{DecisionLogs, Sessions, ToolCalls}
+  @agent_actions ["kill_switch", "activate", "deactivate"]
+
+  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
   alias ObservatoryWeb.Conn
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
@@ -63,6 +71,18 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "POST", ["dashboard", "events"]), do: EventStream.dispatch(conn)
   defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
 
+  defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
+  defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
+  defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
+
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "kill_switch"]),
+    do: Agents.configure(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "activate"]), do: Agents.activate(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
+    do: Agents.deactivate(conn, id)
+
   defp route(conn, "GET", ["healthz"]) do
     Conn.json(conn, 200, %{
       status: "ok",
@@ -86,6 +106,11 @@ defmodule ObservatoryWeb.Router do
   defp known_path?([]), do: true
   defp known_path?([page]) when page in ["login", "logout"], do: true
   defp known_path?(["dashboard", "events"]), do: true
+  defp known_path?(["v1", "chat", "completions"]), do: true
+
+  defp known_path?(["api", "v1", "agents" | rest]),
+    do: match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest)
+
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true
   defp known_path?(_), do: false

@@ -23,4 +23,8 @@ pub enum Error {
     InvalidKillSwitchWindow,
     #[error("kill switch threshold must be a finite number above 0")]
     InvalidKillSwitchThreshold,
+    #[error("a chat-completions request must be a JSON object")]
+    NotAnObject,
+    #[error("a chat-completions response must be an object with a choices array")]
+    NotACompletion,
 }

@@ -73,7 +73,9 @@ pub fn exceeds(score: f64, threshold: f64) -> bool {
 /// One request in the window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    pub prompt_hash: u64,
+    /// `None` when the request had no user text to fingerprint (see
+    /// [`crate::messages::last_user_text`]): such a request is similar to no other.
+    pub prompt_hash: Option<u64>,
     /// Set when the response arrives; `None` until then, or when it had no text.
     pub response_hash: Option<u64>,
     /// Sorted and deduplicated.
@@ -96,6 +98,15 @@ impl Signals {
     }
 }
 
+/// What [`AgentWindow::check`] found, with the counts for the event's details.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    pub score: f64,
+    pub signals: Signals,
+    pub exceeded: bool,
+    pub window_len: usize,
+}
+
 /// One agent's last `capacity` requests, oldest first.
 #[derive(Debug, Clone)]
 pub struct AgentWindow {
@@ -116,7 +127,13 @@ impl AgentWindow {
     /// Adds a request ("Sliding window storage"), evicting the oldest entries beyond
     /// the capacity ("Window overflow"), and returns its score. The signatures are
     /// sorted and deduplicated here, whatever order they come in.
-    pub fn observe_request(&mut self, prompt_hash: u64, mut tool_signatures: Vec<u64>) -> f64 {
+    pub fn observe_request(&mut self, prompt_hash: u64, tool_signatures: Vec<u64>) -> f64 {
+        self.observe(Some(prompt_hash), tool_signatures)
+    }
+
+    /// Like [`Self::observe_request`], for a request that may have no prompt
+    /// fingerprint.
+    pub fn observe(&mut self, prompt_hash: Option<u64>, mut tool_signatures: Vec<u64>) -> f64 {
         tool_signatures.sort_unstable();
         tool_signatures.dedup();
         self.entries.push_back(Entry {
@@ -149,9 +166,12 @@ impl AgentWindow {
         };
         let earlier = || self.entries.iter().rev().skip(1);
         let similar = |a: u64, b: u64| hamming(a, b) < SIMILAR_BELOW;
-        let similar_prompts = earlier()
-            .filter(|e| similar(e.prompt_hash, current.prompt_hash))
-            .count();
+        let similar_prompts = match current.prompt_hash {
+            Some(prompt) => earlier()
+                .filter(|e| e.prompt_hash.is_some_and(|p| similar(p, prompt)))
+                .count(),
+            None => 0,
+        };
         let repeated_tool_calls = earlier()
             .filter(|e| shares_any(&e.tool_signatures, &current.tool_signatures))
             .count();
@@ -193,6 +213,27 @@ impl AgentWindow {
     /// Entries oldest first.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> + '_ {
         self.entries.iter()
+    }
+
+    /// One request under `settings`, as the proxy sees it: resizes the window to
+    /// `settings.window_size` if it changed, adds the request and tells whether its
+    /// score exceeds the threshold.
+    pub fn check(
+        &mut self,
+        settings: &Settings,
+        prompt_hash: Option<u64>,
+        tool_signatures: Vec<u64>,
+    ) -> Verdict {
+        if self.capacity != settings.window_size {
+            self.set_capacity(settings.window_size);
+        }
+        let score = self.observe(prompt_hash, tool_signatures);
+        Verdict {
+            score,
+            signals: self.signals(),
+            exceeded: exceeds(score, settings.threshold),
+            window_len: self.len(),
+        }
     }
 
     fn trim(&mut self) {
@@ -306,7 +347,7 @@ mod tests {
         assert_eq!(
             stored,
             vec![Entry {
-                prompt_hash: P,
+                prompt_hash: Some(P),
                 response_hash: None,
                 tool_signatures: vec![1, 3],
             }]
@@ -319,7 +360,7 @@ mod tests {
         for prompt in 1..=5u64 {
             w.observe_request(prompt << 32, vec![]);
         }
-        let prompts: Vec<u64> = w.entries().map(|e| e.prompt_hash >> 32).collect();
+        let prompts: Vec<u64> = w.entries().map(|e| e.prompt_hash.unwrap() >> 32).collect();
         assert_eq!(prompts, vec![3, 4, 5], "the oldest leave first");
     }
 
@@ -393,6 +434,49 @@ mod tests {
                 Err(Error::InvalidKillSwitchThreshold)
             );
         }
+    }
+
+    #[test]
+    fn a_request_without_prompt_text_is_similar_to_no_prompt() {
+        let mut w = AgentWindow::new(5);
+        w.observe(None, vec![]);
+        w.observe(Some(0), vec![]);
+        assert_eq!(w.observe(None, vec![]), 0.0, "None is not like None");
+        assert_eq!(w.observe(Some(0), vec![]), 1.0, "nor like 0");
+        assert_eq!(w.entries().next().unwrap().prompt_hash, None);
+    }
+
+    #[test]
+    fn check_resizes_scores_and_decides() {
+        let mut w = AgentWindow::new(10);
+        let settings = Settings::new(3, 4.0).unwrap();
+        let verdicts: Vec<Verdict> = (0..4)
+            .map(|_| {
+                let verdict = w.check(&settings, Some(P), vec![1]);
+                w.observe_response(R);
+                verdict
+            })
+            .collect();
+        assert_eq!(w.capacity(), 3, "resized to the settings");
+        // Scores 0, 2.5, 2 × 2.5 + 1 × 2.0 = 7 (the window holds 3 from then on).
+        let scores: Vec<f64> = verdicts.iter().map(|v| v.score).collect();
+        assert_eq!(scores, vec![0.0, 2.5, 7.0, 7.0]);
+        let exceeded: Vec<bool> = verdicts.iter().map(|v| v.exceeded).collect();
+        assert_eq!(exceeded, vec![false, false, true, true]);
+        assert_eq!(verdicts[2].window_len, 3);
+        assert_eq!(
+            verdicts[2].signals,
+            Signals {
+                similar_prompts: 2,
+                similar_responses: 1,
+                repeated_tool_calls: 2
+            }
+        );
+        let at_threshold = Settings::new(3, 7.0).unwrap();
+        assert!(
+            !w.check(&at_threshold, Some(P), vec![1]).exceeded,
+            "a score equal to the threshold does not exceed it"
+        );
     }
 
     /// The whole path: request bodies → fingerprints and signatures → score → verdict.

@@ -9,8 +9,45 @@
 use serde_json::Value;
 
 use crate::normalize::normalize;
-use crate::simhash::hash_bytes;
+use crate::simhash::{fingerprint, hash_bytes};
 use crate::stable_json::stable_stringify;
+use crate::Error;
+
+/// What the kill switch keeps of one chat-completions request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFingerprint {
+    /// [`fingerprint`] of the [`last_user_text`]; `None` when there is none.
+    pub prompt: Option<u64>,
+    /// [`current_tool_signatures`].
+    pub tool_signatures: Vec<u64>,
+    /// Whether the client asked for a streamed (server-sent events) answer.
+    pub stream: bool,
+}
+
+/// Reads a request body that is already parsed. Anything but a JSON object is
+/// refused ([`Error::NotAnObject`]); an object without `messages` has no prompt and no
+/// tool calls (the upstream judges the rest).
+pub fn request_fingerprint(request: &Value) -> Result<RequestFingerprint, Error> {
+    if !request.is_object() {
+        return Err(Error::NotAnObject);
+    }
+    Ok(RequestFingerprint {
+        prompt: last_user_text(request).map(|text| fingerprint(&text)),
+        tool_signatures: current_tool_signatures(request),
+        stream: request.get("stream").and_then(Value::as_bool) == Some(true),
+    })
+}
+
+/// The fingerprint of a chat-completions answer's text ("Response hash capture"):
+/// `Ok(None)` when its first choice has no text (tool calls only).
+/// [`Error::NotACompletion`] unless it is an object with a `choices` array: an
+/// upstream that answers anything else is broken.
+pub fn response_fingerprint(response: &Value) -> Result<Option<u64>, Error> {
+    if !response.get("choices").is_some_and(Value::is_array) {
+        return Err(Error::NotACompletion);
+    }
+    Ok(response_text(response).map(|text| fingerprint(&text)))
+}
 
 /// The text of the last message with role `"user"`. Its `content` is either a string or
 /// an array of parts, whose `{"type": "text", "text": …}` parts are joined with a
@@ -177,6 +214,61 @@ mod tests {
         assert_eq!(response_text(&response).as_deref(), Some("hi"));
         let tool_only = json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [call("ls", "{}")]}}]});
         assert_eq!(response_text(&tool_only), None);
+    }
+
+    #[test]
+    fn request_fingerprint_reads_prompt_calls_and_stream() {
+        let history = |first: &str| {
+            json!({"model": "m", "stream": false, "messages": [
+                {"role": "user", "content": first},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "Retry order #123 at 2024-01-15T10:30:00Z"},
+                {"role": "assistant", "tool_calls": [call("retry", r#"{"order": 123}"#)]},
+            ]})
+        };
+        let a = request_fingerprint(&history("first question")).unwrap();
+        let b = request_fingerprint(&history("a different start")).unwrap();
+        assert_eq!(
+            a, b,
+            "only the last user message and the current turn count"
+        );
+        assert_eq!(
+            a.prompt,
+            Some(fingerprint("Retry order #9 at 2025-02-01T00:00:00Z"))
+        );
+        assert_eq!(a.tool_signatures.len(), 1);
+        assert!(!a.stream);
+        let streamed = request_fingerprint(&json!({"stream": true})).unwrap();
+        assert_eq!(
+            streamed,
+            RequestFingerprint {
+                prompt: None,
+                tool_signatures: vec![],
+                stream: true
+            }
+        );
+        for not_an_object in [json!([]), json!("x"), json!(1), Value::Null] {
+            assert_eq!(request_fingerprint(&not_an_object), Err(Error::NotAnObject));
+        }
+    }
+
+    #[test]
+    fn response_fingerprint_hashes_the_answer_text() {
+        let answer = |content: Value| json!({"choices": [{"message": {"content": content}}]});
+        assert_eq!(
+            response_fingerprint(&answer(json!("Deployment 42 failed"))),
+            Ok(Some(fingerprint("Deployment 7 failed")))
+        );
+        assert_eq!(response_fingerprint(&answer(Value::Null)), Ok(None));
+        assert_eq!(response_fingerprint(&json!({"choices": []})), Ok(None));
+        for broken in [
+            json!({}),
+            json!({"choices": {}}),
+            json!([]),
+            json!("<html>"),
+        ] {
+            assert_eq!(response_fingerprint(&broken), Err(Error::NotACompletion));
+        }
     }
 
     #[test]

@@ -5,7 +5,12 @@ use observatory_core::Error as CoreError;
 use crate::atoms;
 
 pub fn to_nif(error: CoreError) -> rustler::Error {
-    let reason = match error {
+    rustler::Error::Term(Box::new(reason(error)))
+}
+
+/// The atom for each error, for NIFs that build their own `{:error, reason}`.
+pub fn reason(error: CoreError) -> rustler::Atom {
+    match error {
         CoreError::InvalidSessionId => atoms::invalid_session_id(),
         CoreError::InvalidAgentId => atoms::invalid_agent_id(),
         CoreError::FieldTooLong => atoms::field_too_long(),
@@ -16,6 +21,7 @@ pub fn to_nif(error: CoreError) -> rustler::Error {
         CoreError::InvalidBreakerConfig => atoms::invalid_breaker_config(),
         CoreError::InvalidKillSwitchWindow => atoms::invalid_kill_switch_window(),
         CoreError::InvalidKillSwitchThreshold => atoms::invalid_kill_switch_threshold(),
-    };
-    rustler::Error::Term(Box::new(reason))
+        CoreError::NotAnObject => atoms::not_an_object(),
+        CoreError::NotACompletion => atoms::not_a_completion(),
+    }
 }

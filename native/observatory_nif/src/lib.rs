@@ -5,6 +5,7 @@ mod decision_log;
 mod entropy_tracker;
 mod error;
 mod json;
+mod kill_switch;
 mod step_detector;
 mod test_support;
 
@@ -37,6 +38,9 @@ mod atoms {
         invalid_breaker_config,
         invalid_kill_switch_window,
         invalid_kill_switch_threshold,
+        not_an_object,
+        not_a_completion,
+        invalid_json,
     }
 }
 

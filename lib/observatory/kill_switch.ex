@@ -1,0 +1,351 @@
+defmodule Observatory.KillSwitch do
+  @moduledoc """
+  The per-agent kill switch (seed 003): stops an agent whose LLM requests go round in
+  a loop.
+
+  Agents reach their LLM through Observatory's OpenAI-compatible proxy
+  (`POST /v1/chat/completions`, see `ObservatoryWeb.API.ChatCompletions`). For an
+  agent with the switch enabled, each request is fingerprinted — the SimHash of its
+  last user message, normalized so numbers, timestamps and ids do not matter, and the
+  signatures of the tool calls it is answering — and enters the agent's window of its
+  last `window_size` requests; the text of the model's answer is fingerprinted into
+  the same entry. Each request is scored against the window:
+
+      score = similar_prompts × 1.0 + similar_responses × 2.0 + repeated_tool_calls × 1.5
+
+  (fingerprints fewer than 3 bits apart are similar). When the score exceeds the
+  agent's `threshold` the agent is deactivated (`active: false`,
+  `deactivated_by: :kill_switch`), a `"kill_switch"` event with the score and its
+  parts is recorded and broadcast on `"gateway:kill_switch"`, and this request and
+  every later one get the standard inactive-agent response — the one a manually
+  deactivated agent gets. An operator re-activates it, which clears its window.
+
+  ## Usage
+
+      alias Observatory.KillSwitch
+
+      {:ok, _agent} = KillSwitch.configure("agent-7", %{"enabled" => true, "threshold" => 8})
+
+      {:ok, request} = KillSwitch.fingerprint_request(body)
+      case KillSwitch.check_request("agent-7", request) do
+        {:ok, verdict} -> forward(body)                  # verdict.score, verdict.signals
+        {:error, {:inactive, agent}} -> inactive(agent)  # stopped now or earlier
+      end
+      KillSwitch.observe_response("agent-7", upstream_body)
+
+      KillSwitch.activate("agent-7", operator: "alice")
+      KillSwitch.deactivate("agent-7", operator: "alice", reason: "maintenance")
+
+  The switch is off by default: with it off an agent has no window and nothing is
+  ever blocked. Agents and events are durable (`Observatory.KillSwitch.Agents`,
+  Mnesia); windows are in memory (`Observatory.KillSwitch.Windows`, a Rust store).
+
+  ## Trade-offs
+
+    * The verdict is taken when a request arrives, before it is forwarded: the request
+      that crosses the threshold is not sent upstream. Its answer's fingerprint is
+      what the next request's `similar_responses` compares against.
+    * Concurrent requests of one agent share its window; a response is attached to
+      the agent's latest request, which under concurrency may be a sibling's.
+  """
+
+  require Logger
+
+  alias Observatory.KillSwitch.{Agents, Notifier, Settings, Windows}
+  alias Observatory.{Gateway.Events, Metrics, Native}
+
+  @dirty_bytes 64 * 1024
+  @max_agent_id_bytes 256
+
+  @type fingerprint :: %{
+          prompt_hash: non_neg_integer() | nil,
+          tool_signatures: [non_neg_integer()],
+          stream: boolean()
+        }
+
+  @doc "The topic of agent events: kill switch trips, (de)activations, settings changes."
+  def topic, do: "gateway:kill_switch"
+
+  ## Fingerprints
+
+  @doc """
+  The prompt normalization the fingerprints use: ISO timestamps → `<TS>`, UUIDs →
+  `<ID>`, numbers → `<NUM>`, whitespace runs → one space.
+
+      iex> Observatory.KillSwitch.normalize("order #12345  at 2024-01-15T10:30:00Z\\r\\n")
+      "order #<NUM> at <TS>"
+  """
+  @spec normalize(String.t()) :: String.t()
+  def normalize(text) when is_binary(text) and byte_size(text) > @dirty_bytes,
+    do: Native.kill_switch_normalize_dirty(text)
+
+  def normalize(text) when is_binary(text), do: Native.kill_switch_normalize(text)
+
+  @doc "The 64-bit SimHash of the normalized text."
+  @spec fingerprint(String.t()) :: non_neg_integer()
+  def fingerprint(text) when is_binary(text) and byte_size(text) > @dirty_bytes,
+    do: Native.kill_switch_fingerprint_dirty(text)
+
+  def fingerprint(text) when is_binary(text), do: Native.kill_switch_fingerprint(text)
+
+  @doc """
+  The number of bits in which two fingerprints differ.
+
+      iex> Observatory.KillSwitch.hamming(0b1011, 0b0001)
+      2
+  """
+  @spec hamming(non_neg_integer(), non_neg_integer()) :: 0..64
+  def hamming(a, b) when is_integer(a) and is_integer(b) do
+    for(<<(bit::1 <- <<Bitwise.bxor(a, b)::64>>)>>, do: bit) |> Enum.sum()
+  end
+
+  @doc """
+  Reads a chat-completions request body: the fingerprint of its last user message
+  (`nil` when it has no text), the signatures of the tool calls of the current turn,
+  and whether it asks for streaming.
+  """
+  @spec fingerprint_request(binary()) ::
+          {:ok, fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
+  def fingerprint_request(body) when is_binary(body) do
+    result =
+      if byte_size(body) > @dirty_bytes,
+        do: Native.kill_switch_request_fingerprint_dirty(body),
+        else: Native.kill_switch_request_fingerprint(body)
+
+    case result do
+      {:ok, prompt, signatures, stream} ->
+        {:ok, %{prompt_hash: prompt, tool_signatures: signatures, stream: stream}}
+
+      {:error, _} = error ->
+        error
+    end
+  end
+
+  @doc """
+  Reads a chat-completions response body: `{:ok, fingerprint | nil}` (nil when the
+  first choice has no text), or an error when it is not JSON or not a completion.
+  """
+  @spec fingerprint_response(binary()) ::
+          {:ok, non_neg_integer() | nil}
+          | {:error, {:invalid_json, String.t()} | :not_a_completion}
+  def fingerprint_response(body) when is_binary(body) and byte_size(body) > @dirty_bytes,
+    do: Native.kill_switch_response_fingerprint_dirty(body)
+
+  def fingerprint_response(body) when is_binary(body),
+    do: Native.kill_switch_response_fingerprint(body)
+
+  ## The request path
+
+  @doc """
+  Admits or refuses one request of `agent_id` (registered with the default settings
+  on first use).
+
+  Returns `{:ok, verdict}` when the request may go upstream — `verdict` is `nil` when
+  the switch is off, else `%{score, exceeded: false, signals, window_len}` — and
+  `{:error, {:inactive, agent}}` when the agent is inactive, including when this very
+  request made the score exceed the threshold.
+  """
+  @spec check_request(String.t(), fingerprint()) ::
+          {:ok, Windows.verdict() | nil}
+          | {:error, {:inactive, Agents.agent()} | :agent_limit | :invalid_agent_id}
+  def check_request(agent_id, %{prompt_hash: prompt, tool_signatures: signatures}) do
+    with :ok <- validate_agent_id(agent_id),
+         {:ok, agent} <- Agents.fetch_or_register(agent_id),
+         :ok <- ensure_active(agent) do
+      case agent.kill_switch do
+        %{enabled: false} ->
+          {:ok, nil}
+
+        %{window_size: size, threshold: threshold} ->
+          {:ok, verdict} = Windows.observe_request(agent_id, prompt, signatures, size, threshold)
+          if verdict.exceeded, do: trip(agent, verdict, prompt), else: {:ok, verdict}
+      end
+    end
+  end
+
+  @doc """
+  Hashes the model's answer into the agent's window ("Response hash capture"). Takes
+  the response body or its fingerprint; does nothing when the switch is off or the
+  answer has no text.
+  """
+  @spec observe_response(String.t(), binary() | non_neg_integer() | nil) :: :ok
+  def observe_response(agent_id, response) when is_binary(response) do
+    case fingerprint_response(response) do
+      {:ok, hash} -> observe_response(agent_id, hash)
+      {:error, _} -> :ok
+    end
+  end
+
+  def observe_response(_agent_id, nil), do: :ok
+
+  def observe_response(agent_id, hash) when is_integer(hash) do
+    Windows.observe_response(agent_id, hash)
+    :ok
+  end
+
+  @doc "Whether the agent may send requests: unknown agents may (they are registered on first use)."
+  @spec active?(String.t()) :: boolean()
+  def active?(agent_id) do
+    case Agents.get(agent_id) do
+      %{active: active} -> active
+      nil -> true
+    end
+  end
+
+  @doc "Whether `id` can name an agent: 1–256 bytes of UTF-8 without control characters."
+  @spec valid_agent_id?(term()) :: boolean()
+  def valid_agent_id?(id) when is_binary(id) and byte_size(id) in 1..@max_agent_id_bytes,
+    do: String.valid?(id) and not String.match?(id, ~r/[[:cntrl:]]/u)
+
+  def valid_agent_id?(_), do: false
+
+  ## Operator actions
+
+  @doc """
+  Changes an agent's settings (see `Observatory.KillSwitch.Settings` for keys and
+  ranges), registering the agent if it is new. Turning the switch on or off starts
+  the window over; a new `window_size` applies at once.
+
+  Options: `:operator` (recorded in the `"settings_changed"` event).
+  """
+  @spec configure(String.t(), map(), keyword()) ::
+          {:ok, Agents.agent()}
+          | {:error, {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id}
+  def configure(agent_id, params, opts \\ []) do
+    with :ok <- validate_agent_id(agent_id),
+         {:ok, changes} <- validate(params),
+         {:ok, before, agent, event} <-
+           Agents.configure(agent_id, changes, %{operator: opts[:operator]}) do
+      cond do
+        before.kill_switch.enabled != agent.kill_switch.enabled -> Windows.clear(agent_id)
+        before.kill_switch.window_size != agent.kill_switch.window_size -> resize(agent)
+        true -> :ok
+      end
+
+      broadcast(event)
+      {:ok, agent}
+    end
+  end
+
+  @doc """
+  Activates an inactive agent: `active: true`, `deactivated_by: nil`, and its window
+  is cleared so the loop that stopped it is not held against it.
+
+  Options: `:operator`, `:reason` (recorded in the `"activation"` event).
+  """
+  @spec activate(String.t(), keyword()) ::
+          {:ok, Agents.agent()} | {:error, :not_found | :already_active}
+  def activate(agent_id, opts \\ []) do
+    with {:ok, agent, event} <- Agents.activate(agent_id, audit(opts)) do
+      Windows.clear(agent_id)
+      Logger.info("agent #{inspect(agent_id)} activated by #{inspect(opts[:operator])}")
+      broadcast(event)
+      {:ok, agent}
+    end
+  end
+
+  @doc """
+  Deactivates an agent by hand (`deactivated_by: :manual`): its requests get the
+  inactive-agent response until it is activated.
+
+  Options: `:operator`, `:reason`.
+  """
+  @spec deactivate(String.t(), keyword()) ::
+          {:ok, Agents.agent()} | {:error, :not_found | :already_inactive}
+  def deactivate(agent_id, opts \\ []) do
+    with {:ok, agent, event} <- Agents.deactivate(agent_id, :manual, audit(opts)) do
+      Logger.info("agent #{inspect(agent_id)} deactivated by #{inspect(opts[:operator])}")
+      broadcast(event)
+      {:ok, agent}
+    end
+  end
+
+  ## Reads
+
+  @doc "The agent's record, or nil."
+  defdelegate agent(agent_id), to: Agents, as: :get
+
+  @doc "Every agent, sorted by id."
+  defdelegate agents(), to: Agents, as: :list
+
+  @doc "Events newest first; options `:agent_id`, `:limit` (default 50)."
+  defdelegate events(opts \\ []), to: Agents
+
+  @doc "The agent's current score and window fill, or nil when it has no window."
+  defdelegate status(agent_id), to: Windows
+
+  @doc "The agent's window entries, oldest first, or nil."
+  defdelegate window(agent_id), to: Windows, as: :entries
+
+  @doc "Whether the agent's alerts go anywhere (its webhook or the global one)."
+  defdelegate notifications_configured?(agent), to: Notifier, as: :configured?
+
+  @doc "An event as JSON-ready data (times as ISO 8601, atoms as strings)."
+  @spec event_json(Agents.event()) :: map()
+  def event_json(event) do
+    %{
+      id: event.id,
+      agent_id: event.agent_id,
+      event_type: event.event_type,
+      at: DateTime.to_iso8601(event.at),
+      details: event.details
+    }
+  end
+
+  ## Internals
+
+  defp trip(agent, verdict, prompt) do
+    details = %{
+      score: verdict.score,
+      threshold: agent.kill_switch.threshold,
+      window_size: agent.kill_switch.window_size,
+      window_len: verdict.window_len,
+      similar_prompts: verdict.signals.similar_prompts,
+      similar_responses: verdict.signals.similar_responses,
+      repeated_tool_calls: verdict.signals.repeated_tool_calls,
+      prompt_hash: prompt && hex(prompt)
+    }
+
+    case Agents.deactivate(agent.id, :kill_switch, details) do
+      {:ok, agent, event} ->
+        Metrics.inc(:kill_switch_trips)
+
+        Logger.warning(
+          "kill switch deactivated agent #{inspect(agent.id)}: score #{verdict.score} > " <>
+            "threshold #{agent.kill_switch.threshold} (#{inspect(verdict.signals)})"
+        )
+
+        broadcast(event)
+        Notifier.notify(agent, event_json(event))
+        {:error, {:inactive, agent}}
+
+      {:error, :already_inactive} ->
+        # A concurrent request or an operator got there first.
+        {:error, {:inactive, Agents.get(agent.id)}}
+    end
+  end
+
+  defp ensure_active(%{active: true}), do: :ok
+  defp ensure_active(agent), do: {:error, {:inactive, agent}}
+
+  defp validate(params) do
+    case Settings.validate(params) do
+      {:ok, changes} -> {:ok, changes}
+      {:error, violations} -> {:error, {:invalid, violations}}
+    end
+  end
+
+  defp validate_agent_id(id),
+    do: if(valid_agent_id?(id), do: :ok, else: {:error, :invalid_agent_id})
+
+  defp resize(%{id: id, kill_switch: %{window_size: size}}) do
+    Windows.resize(id, size)
+    :ok
+  end
+
+  defp audit(opts), do: %{operator: opts[:operator], reason: opts[:reason]}
+
+  defp broadcast(event), do: Events.broadcast(topic(), event_json(event))
+
+  defp hex(hash), do: hash |> Integer.to_string(16) |> String.pad_leading(16, "0")
+end

@@ -1,0 +1,387 @@
+defmodule Observatory.KillSwitch.Agents do
+  @moduledoc """
+  Durable agent records and their events, in Mnesia with disc copies (seed 003,
+  "Deactivation Reason Tracking" and "Record kill switch event").
+
+  An agent record:
+
+      %{
+        id: "agent-7",
+        active: true,
+        deactivated_by: nil,            # :kill_switch | :manual | nil
+        deactivated_at: nil,            # DateTime | nil
+        kill_switch: %{enabled: false, window_size: 10, threshold: 10.0},
+        notification_webhook: nil,      # URL | nil
+        created_at: ~U[...], updated_at: ~U[...]
+      }
+
+  Events are `%{id, agent_id, event_type, at, details}` with `event_type` one of
+  `"kill_switch"` (the switch stopped the agent; details carry the score, the
+  threshold, the window and the three signal counts), `"manual_deactivation"`,
+  `"activation"` and `"settings_changed"` (details carry the operator).
+
+  ## Storage
+
+  Two tables, `:observatory_agents` (a set keyed by agent id) and
+  `:observatory_agent_events` (an ordered set keyed by `{agent_id, at_us, unique}`,
+  so one agent's events are one range), both `disc_copies`: reads are local ETS
+  lookups, every write is a transaction logged to disk. Writes here are rare (first
+  use of an agent, operator actions, a tripped switch), so each is a
+  `sync_transaction` followed by `:mnesia.sync_log/0`: when a call returns, the change
+  is on disk.
+
+  Records are stored as maps and merged over the defaults when read, so a field added
+  in a later release needs no table transform.
+
+  `setup/1` runs before anything reads the tables (the kill switch supervisor calls it
+  in `init/1`). It starts Mnesia with its directory set to
+  `<:data_dir>/mnesia/<node>`, creating the schema on first start — one directory per
+  node name, because a Mnesia schema belongs to the node that created it. If Mnesia is
+  already running (a host application started it), its directory is used and a
+  RAM-only schema is turned into a disc one.
+  """
+
+  require Logger
+
+  alias Observatory.KillSwitch.Settings
+
+  @agents :observatory_agents
+  @events :observatory_agent_events
+  @tables [@agents, @events]
+
+  @type deactivated_by :: :kill_switch | :manual | nil
+  @type agent :: %{
+          id: String.t(),
+          active: boolean(),
+          deactivated_by: deactivated_by(),
+          deactivated_at: DateTime.t() | nil,
+          kill_switch: %{enabled: boolean(), window_size: pos_integer(), threshold: float()},
+          notification_webhook: String.t() | nil,
+          created_at: DateTime.t(),
+          updated_at: DateTime.t()
+        }
+  @type event :: %{
+          id: String.t(),
+          agent_id: String.t(),
+          event_type: String.t(),
+          at: DateTime.t(),
+          details: map()
+        }
+
+  ## Setup
+
+  @doc """
+  Starts Mnesia if needed and creates the tables if missing; waits until they are
+  loaded. Raises when Mnesia cannot be started or the tables cannot be loaded.
+
+  ## Options
+    * `:dir` — Mnesia's directory, default `dir/0`.
+    * `:timeout` — how long to wait for the tables, default 30 s.
+  """
+  @spec setup(keyword()) :: :ok
+  def setup(opts \\ []) do
+    dir = Keyword.get_lazy(opts, :dir, &dir/0)
+
+    if :mnesia.system_info(:is_running) in [:yes, :starting] do
+      adopt_running(dir)
+    else
+      start(dir)
+    end
+
+    create_table(@agents, attributes: [:id, :agent], type: :set)
+    create_table(@events, attributes: [:key, :event], type: :ordered_set)
+
+    case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
+      :ok -> :ok
+      other -> raise "Mnesia tables #{inspect(@tables)} did not load: #{inspect(other)}"
+    end
+  end
+
+  @doc "Mnesia's directory for this node: `<:data_dir>/mnesia/<node>`."
+  @spec dir() :: String.t()
+  def dir do
+    data_dir = Application.get_env(:observatory, :data_dir, "data")
+    Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
+  end
+
+  defp start(dir) do
+    File.mkdir_p!(dir)
+    _ = Application.load(:mnesia)
+    Application.put_env(:mnesia, :dir, String.to_charlist(dir))
+
+    case :mnesia.create_schema([node()]) do
+      :ok -> Logger.info("created the Mnesia schema in #{dir}")
+      {:error, {_, {:already_exists, _}}} -> :ok
+      {:error, reason} -> raise "cannot create the Mnesia schema in #{dir}: #{inspect(reason)}"
+    end
+
+    case Application.ensure_all_started(:mnesia) do
+      {:ok, _} -> :ok
+      {:error, reason} -> raise "cannot start Mnesia in #{dir}: #{inspect(reason)}"
+    end
+  end
+
+  defp adopt_running(dir) do
+    running = to_string(:mnesia.system_info(:directory))
+
+    if Path.expand(running) != dir do
+      Logger.warning(
+        "Mnesia was already running in #{running}; agent records are kept there, not in #{dir}"
+      )
+    end
+
+    if :mnesia.table_info(:schema, :storage_type) == :ram_copies do
+      case :mnesia.change_table_copy_type(:schema, node(), :disc_copies) do
+        {:atomic, :ok} -> :ok
+        {:aborted, reason} -> raise "cannot keep the Mnesia schema on disc: #{inspect(reason)}"
+      end
+    end
+  end
+
+  defp create_table(name, opts) do
+    case :mnesia.create_table(name, [{:disc_copies, [node()]} | opts]) do
+      {:atomic, :ok} -> :ok
+      {:aborted, {:already_exists, ^name}} -> :ok
+      {:aborted, reason} -> raise "cannot create Mnesia table #{name}: #{inspect(reason)}"
+    end
+  end
+
+  ## Reads (local, no transaction)
+
+  @doc "The agent, or nil."
+  @spec get(String.t()) :: agent() | nil
+  def get(id) when is_binary(id) do
+    case :mnesia.dirty_read(@agents, id) do
+      [{@agents, ^id, stored}] -> upgrade(id, stored)
+      [] -> nil
+    end
+  end
+
+  @doc "Every agent, sorted by id."
+  @spec list() :: [agent()]
+  def list do
+    @agents
+    |> :mnesia.dirty_select([{{@agents, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
+    |> Enum.map(fn {id, stored} -> upgrade(id, stored) end)
+    |> Enum.sort_by(& &1.id)
+  end
+
+  @doc "How many agents are registered."
+  @spec count() :: non_neg_integer()
+  def count, do: :mnesia.table_info(@agents, :size)
+
+  @doc """
+  Events newest first. Options: `:agent_id` (one agent's only), `:limit` (default 50).
+  """
+  @spec events(keyword()) :: [event()]
+  def events(opts \\ []) do
+    limit = Keyword.get(opts, :limit, 50)
+
+    pattern =
+      case Keyword.get(opts, :agent_id) do
+        nil -> {@events, :_, :"$1"}
+        id -> {@events, {id, :_, :_}, :"$1"}
+      end
+
+    @events
+    |> :mnesia.dirty_select([{pattern, [], [:"$1"]}])
+    |> Enum.sort_by(&{DateTime.to_unix(&1.at, :microsecond), &1.id}, :desc)
+    |> Enum.take(limit)
+  end
+
+  ## Writes (transactions, synced to disk)
+
+  @doc """
+  The agent, registered with the default settings if it is new. Refuses a new agent
+  when `max_agents` are registered already.
+  """
+  @spec fetch_or_register(String.t()) :: {:ok, agent()} | {:error, :agent_limit}
+  def fetch_or_register(id) when is_binary(id) do
+    case get(id) do
+      nil -> transact(fn -> read_or_create(id) end)
+      agent -> {:ok, agent}
+    end
+  end
+
+  @doc """
+  Applies validated settings (see `Observatory.KillSwitch.Settings`), registering the
+  agent first if it is new; records a `"settings_changed"` event.
+  Returns the agent before and after, and the event.
+  """
+  @spec configure(String.t(), Settings.changes(), map()) ::
+          {:ok, before :: agent(), after_ :: agent(), event()} | {:error, :agent_limit}
+  def configure(id, changes, details \\ %{}) do
+    transact(fn ->
+      with {:ok, before} <- read_or_create(id) do
+        {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
+        now = now()
+
+        updated =
+          before
+          |> Map.merge(Map.take(top, [:notification_webhook]))
+          |> Map.update!(:kill_switch, &Map.merge(&1, ks))
+          |> Map.put(:updated_at, now)
+
+        write(updated)
+        event = write_event(id, "settings_changed", Map.put(details, :changes, changes), now)
+        {:ok, before, updated, event}
+      end
+    end)
+  end
+
+  @doc """
+  Sets `active: false` and `deactivated_by`, and records the event in the same
+  transaction: `"kill_switch"` for `:kill_switch`, `"manual_deactivation"` for
+  `:manual`. An agent that is already inactive is left as it is.
+  """
+  @spec deactivate(String.t(), :kill_switch | :manual, map()) ::
+          {:ok, agent(), event()} | {:error, :not_found | :already_inactive}
+  def deactivate(id, by, details \\ %{}) when by in [:kill_switch, :manual] do
+    type = if by == :kill_switch, do: "kill_switch", else: "manual_deactivation"
+
+    transact(fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        %{active: false} ->
+          {:error, :already_inactive}
+
+        agent ->
+          now = now()
+
+          agent = %{
+            agent
+            | active: false,
+              deactivated_by: by,
+              deactivated_at: now,
+              updated_at: now
+          }
+
+          write(agent)
+          {:ok, agent, write_event(id, type, details, now)}
+      end
+    end)
+  end
+
+  @doc """
+  Sets `active: true` and clears `deactivated_by`; records an `"activation"` event
+  with the reason it had been deactivated for.
+  """
+  @spec activate(String.t(), map()) ::
+          {:ok, agent(), event()} | {:error, :not_found | :already_active}
+  def activate(id, details \\ %{}) do
+    transact(fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        %{active: true} ->
+          {:error, :already_active}
+
+        agent ->
+          now = now()
+          details = Map.put(details, :previously_deactivated_by, agent.deactivated_by)
+
+          agent = %{
+            agent
+            | active: true,
+              deactivated_by: nil,
+              deactivated_at: nil,
+              updated_at: now
+          }
+
+          write(agent)
+          {:ok, agent, write_event(id, "activation", details, now)}
+      end
+    end)
+  end
+
+  ## Internals
+
+  defp read_or_create(id) do
+    case read(id) do
+      nil ->
+        if count() >= max_agents() do
+          {:error, :agent_limit}
+        else
+          agent = new(id, now())
+          write(agent)
+          {:ok, agent}
+        end
+
+      agent ->
+        {:ok, agent}
+    end
+  end
+
+  defp read(id) do
+    case :mnesia.read(@agents, id, :write) do
+      [{@agents, ^id, stored}] -> upgrade(id, stored)
+      [] -> nil
+    end
+  end
+
+  defp write(agent), do: :mnesia.write({@agents, agent.id, agent})
+
+  defp write_event(agent_id, type, details, at) do
+    at_us = DateTime.to_unix(at, :microsecond)
+    unique = System.unique_integer([:positive, :monotonic])
+
+    event = %{
+      id: "#{at_us}-#{unique}",
+      agent_id: agent_id,
+      event_type: type,
+      at: at,
+      details: details
+    }
+
+    :mnesia.write({@events, {agent_id, at_us, unique}, event})
+    event
+  end
+
+  defp transact(fun) do
+    case :mnesia.sync_transaction(fun) do
+      {:atomic, result} ->
+        _ = :mnesia.sync_log()
+        result
+
+      {:aborted, reason} ->
+        raise "agent store transaction aborted: #{inspect(reason)}"
+    end
+  end
+
+  defp new(id, now) do
+    config = Application.get_env(:observatory, :kill_switch, [])
+
+    %{
+      id: id,
+      active: true,
+      deactivated_by: nil,
+      deactivated_at: nil,
+      kill_switch: %{
+        enabled: false,
+        window_size: Keyword.get(config, :window_size, 10),
+        threshold: Keyword.get(config, :threshold, 10.0) / 1
+      },
+      notification_webhook: nil,
+      created_at: now,
+      updated_at: now
+    }
+  end
+
+  # Records written by an older release lack newer fields: fill them with defaults.
+  defp upgrade(id, stored) do
+    defaults = new(id, Map.get(stored, :created_at, now()))
+
+    defaults
+    |> Map.merge(stored)
+    |> Map.put(:kill_switch, Map.merge(defaults.kill_switch, Map.get(stored, :kill_switch, %{})))
+  end
+
+  defp max_agents do
+    Application.get_env(:observatory, :kill_switch, []) |> Keyword.get(:max_agents, 10_000)
+  end
+
+  defp now, do: DateTime.utc_now() |> DateTime.truncate(:microsecond)
+end

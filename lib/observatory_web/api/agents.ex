@@ -1,0 +1,243 @@
+defmodule ObservatoryWeb.API.Agents do
+  @moduledoc """
+  The operator API for agents and their kill switch (seed 003). Operator token
+  required on every route.
+
+    * `GET /api/v1/agents` — `{"agents": [agent]}`, sorted by id;
+    * `GET /api/v1/agents/:id` — the agent, its window's current `score` and its
+      latest `events` (newest first, `?events=N`, default 20, at most 1000); `404`;
+    * `PUT /api/v1/agents/:id/kill_switch` — any of `enabled`, `window_size` (2..1000),
+      `threshold` (> 0), `notification_webhook` (URL or null); registers the agent if
+      it is new; `422` with every violation; the answer carries `warnings` (alert
+      notifications not configured, a threshold the window can never exceed);
+    * `POST /api/v1/agents/:id/activate`, `POST /api/v1/agents/:id/deactivate` —
+      optional body `{"reason": "..."}`; `404` unknown agent, `409` already so.
+
+  An agent as JSON:
+
+      {"agent_id": "agent-7", "active": false, "deactivated_by": "kill_switch",
+       "deactivated_at": "2026-02-22T10:30:00.000000Z",
+       "status": "deactivated_by_kill_switch", "status_label": "Deactivated by Kill Switch",
+       "kill_switch": {"enabled": true, "window_size": 10, "threshold": 10.0, "max_score": 40.5},
+       "notification_webhook": null, "notifications_configured": false,
+       "score": {"score": 11.5, "similar_prompts": 3, "similar_responses": 2,
+                 "repeated_tool_calls": 3, "window_len": 4, "window_size": 10},
+       "created_at": "...", "updated_at": "..."}
+
+  `status_label` is what the dashboard shows: "Deactivated by Kill Switch" when the
+  switch stopped the agent, "Inactive" when an operator did, "Active" otherwise.
+  `score` is null while the switch is off (no window).
+  """
+
+  alias Observatory.JSON
+  alias Observatory.KillSwitch
+  alias Observatory.KillSwitch.Settings
+  alias ObservatoryWeb.{Auth, Conn}
+
+  def index(conn) do
+    with {:ok, _} <- authorize(conn) do
+      Conn.json(conn, 200, %{agents: Enum.map(KillSwitch.agents(), &view/1)})
+    end
+  end
+
+  def show(conn, id) do
+    with {:ok, _} <- authorize(conn),
+         {:ok, agent} <- fetch(conn, id) do
+      limit = events_limit(conn.query["events"])
+      events = KillSwitch.events(agent_id: id, limit: limit)
+
+      Conn.json(
+        conn,
+        200,
+        Map.put(view(agent), :events, Enum.map(events, &KillSwitch.event_json/1))
+      )
+    end
+  end
+
+  def configure(conn, id) do
+    with {:ok, operator} <- authorize(conn),
+         {:ok, params} <- json_object(conn) do
+      case KillSwitch.configure(id, params, operator: operator) do
+        {:ok, agent} ->
+          Conn.json(conn, 200, Map.put(view(agent), :warnings, warnings(agent)))
+
+        {:error, {:invalid, violations}} ->
+          Conn.error(
+            conn,
+            422,
+            "invalid_settings",
+            Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
+            %{violations: violations}
+          )
+
+        {:error, :invalid_agent_id} ->
+          Conn.error(conn, 400, "invalid_agent_id", "an agent id is 1 to 256 bytes of UTF-8")
+
+        {:error, :agent_limit} ->
+          Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
+      end
+    end
+  end
+
+  def activate(conn, id), do: command(conn, id, &KillSwitch.activate/2)
+  def deactivate(conn, id), do: command(conn, id, &KillSwitch.deactivate/2)
+
+  @doc "An agent as JSON-ready data (see the module doc)."
+  @spec view(map()) :: map()
+  def view(agent) do
+    ks = agent.kill_switch
+
+    %{
+      agent_id: agent.id,
+      active: agent.active,
+      deactivated_by: agent.deactivated_by,
+      deactivated_at: agent.deactivated_at && DateTime.to_iso8601(agent.deactivated_at),
+      status: status(agent),
+      status_label: status_label(agent),
+      kill_switch: %{
+        enabled: ks.enabled,
+        window_size: ks.window_size,
+        threshold: ks.threshold,
+        max_score: Settings.max_score(ks.window_size)
+      },
+      notification_webhook: agent.notification_webhook,
+      notifications_configured: KillSwitch.notifications_configured?(agent),
+      score: score(agent),
+      created_at: DateTime.to_iso8601(agent.created_at),
+      updated_at: DateTime.to_iso8601(agent.updated_at)
+    }
+  end
+
+  defp status(%{active: true}), do: "active"
+  defp status(%{deactivated_by: :kill_switch}), do: "deactivated_by_kill_switch"
+  defp status(_), do: "inactive"
+
+  defp status_label(%{active: true}), do: "Active"
+  defp status_label(%{deactivated_by: :kill_switch}), do: "Deactivated by Kill Switch"
+  defp status_label(_), do: "Inactive"
+
+  defp score(%{kill_switch: %{enabled: false}}), do: nil
+
+  defp score(agent) do
+    case KillSwitch.status(agent.id) do
+      nil -> nil
+      status -> status.signals |> Map.merge(Map.delete(status, :signals))
+    end
+  end
+
+  defp warnings(%{kill_switch: %{enabled: false}}), do: []
+
+  defp warnings(agent) do
+    notifications =
+      if KillSwitch.notifications_configured?(agent),
+        do: [],
+        else: [
+          %{
+            code: "notifications_not_configured",
+            message:
+              "No alert notification is configured: set notification_webhook so someone " <>
+                "hears when the kill switch stops this agent."
+          }
+        ]
+
+    %{window_size: size, threshold: threshold} = agent.kill_switch
+    max = Settings.max_score(size)
+
+    unreachable =
+      if threshold >= max,
+        do: [
+          %{
+            code: "threshold_unreachable",
+            message:
+              "A window of #{size} scores at most #{max}: a threshold of #{threshold} " <>
+                "is never exceeded."
+          }
+        ],
+        else: []
+
+    notifications ++ unreachable
+  end
+
+  defp command(conn, id, fun) do
+    with {:ok, operator} <- authorize(conn),
+         {:ok, params} <- json_object(conn, allow_empty: true),
+         {:ok, reason} <- reason(conn, params) do
+      case fun.(id, operator: operator, reason: reason) do
+        {:ok, agent} ->
+          Conn.json(conn, 200, view(agent))
+
+        {:error, :not_found} ->
+          Conn.error(conn, 404, "not_found", "no such agent")
+
+        {:error, :already_active} ->
+          Conn.error(conn, 409, "already_active", "the agent is already active")
+
+        {:error, :already_inactive} ->
+          Conn.error(conn, 409, "already_inactive", "the agent is already inactive")
+      end
+    end
+  end
+
+  defp reason(_conn, %{"reason" => reason}) when is_binary(reason), do: {:ok, reason}
+  defp reason(_conn, params) when not is_map_key(params, "reason"), do: {:ok, ""}
+
+  defp reason(conn, _params),
+    do: halt(Conn.error(conn, 400, "bad_request", ~s(send {"reason": "..."} or an empty body)))
+
+  defp fetch(conn, id) do
+    case KillSwitch.agent(id) do
+      nil -> halt(Conn.error(conn, 404, "not_found", "no such agent"))
+      agent -> {:ok, agent}
+    end
+  end
+
+  defp json_object(conn, opts \\ []) do
+    case Conn.read_body(conn) do
+      {:ok, ""} ->
+        if opts[:allow_empty],
+          do: {:ok, %{}},
+          else: halt(Conn.error(conn, 400, "bad_request", "send a JSON object"))
+
+      {:ok, body} ->
+        case JSON.decode(body) do
+          {:ok, map} when is_map(map) ->
+            {:ok, map}
+
+          {:ok, _} ->
+            halt(Conn.error(conn, 400, "bad_request", "send a JSON object"))
+
+          {:error, message} ->
+            halt(
+              Conn.error(conn, 400, "malformed_json", "the body is not valid JSON: #{message}")
+            )
+        end
+
+      {:error, :too_large} ->
+        halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
+    end
+  end
+
+  defp authorize(conn) do
+    with {:error, :unauthorized} <- Auth.operator(conn) do
+      halt(
+        Conn.error(
+          conn,
+          401,
+          "unauthorized",
+          "send an operator token: Authorization: Bearer <token>"
+        )
+      )
+    end
+  end
+
+  defp events_limit(nil), do: 20
+
+  defp events_limit(text) do
+    case Integer.parse(text) do
+      {n, ""} when n > 0 -> min(n, 1000)
+      _ -> 20
+    end
+  end
+
+  defp halt(:ok), do: :halt
+end

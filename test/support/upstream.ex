@@ -1,0 +1,79 @@
+defmodule Observatory.Test.Upstream do
+  @moduledoc false
+  # A real OpenAI-compatible upstream for proxy tests: MochiWeb on 127.0.0.1, port 0,
+  # linked to the test process. `handler` gets each request's body and returns
+  # `{status, content_type, body}`; every request is also sent to the test process, once answered, as
+  # `{:upstream_request, body, authorization_header}`.
+
+  alias Observatory.JSON
+
+  def start(handler) do
+    test = self()
+
+    loop = fn req ->
+      body = :mochiweb_request.recv_body(req) |> IO.iodata_to_binary()
+
+      auth =
+        case :mochiweb_request.get_header_value(~c"authorization", req) do
+          :undefined -> nil
+          value -> to_string(value)
+        end
+
+      {status, type, reply} = handler.(body)
+      :mochiweb_request.respond({status, [{"Content-Type", type}], reply}, req)
+      # After answering, so that the test may end as soon as it hears of the request.
+      send(test, {:upstream_request, body, auth})
+    end
+
+    name = :"upstream_#{System.unique_integer([:positive])}"
+    {:ok, pid} = :mochiweb_http.start_link(name: name, ip: {127, 0, 0, 1}, port: 0, loop: loop)
+    port = :mochiweb_socket_server.get(pid, :port)
+    %{pid: pid, port: port, url: "http://127.0.0.1:#{port}/v1"}
+  end
+
+  @doc "An upstream that answers every request with the same completion."
+  def answering(content), do: start(fn _ -> {200, "application/json", completion(content)} end)
+
+  def completion(content) do
+    JSON.encode!(%{
+      id: "chatcmpl-test",
+      object: "chat.completion",
+      model: "test-model",
+      choices: [
+        %{index: 0, message: %{role: "assistant", content: content}, finish_reason: "stop"}
+      ]
+    })
+  end
+
+  @doc "A loopback URL where nothing listens."
+  def closed_url do
+    {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+    {:ok, port} = :inet.port(socket)
+    :ok = :gen_tcp.close(socket)
+    "http://127.0.0.1:#{port}/v1"
+  end
+
+  @doc "A chat-completions request body whose last user message is `prompt`."
+  def request(prompt, opts \\ []) do
+    history = Keyword.get(opts, :history, [])
+    tool_calls = Keyword.get(opts, :tool_calls, [])
+
+    turn =
+      if tool_calls == [],
+        do: [],
+        else: [
+          %{role: "assistant", content: nil, tool_calls: for(c <- tool_calls, do: tool_call(c))},
+          %{role: "tool", tool_call_id: "call_1", content: "error: timeout"}
+        ]
+
+    %{model: "test-model", messages: history ++ [%{role: "user", content: prompt}] ++ turn}
+  end
+
+  defp tool_call({name, args}) do
+    %{
+      id: "call_#{System.unique_integer([:positive])}",
+      type: "function",
+      function: %{name: name, arguments: JSON.encode!(args)}
+    }
+  end
+end
