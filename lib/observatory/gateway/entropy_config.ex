@@ -21,51 +21,56 @@ defmodule Observatory.Gateway.EntropyConfig do
   @doc "`{window_size, loop_threshold, warning_threshold}`, validated."
   @spec read() :: {pos_integer(), float(), float()}
   def read do
-    {window_size(), threshold(:entropy_loop_threshold, 0.25),
-     threshold(:entropy_warning_threshold, 0.50)}
+    size = Application.get_env(@app, :entropy_window_size, 5)
+    loop = Application.get_env(@app, :entropy_loop_threshold, 0.25)
+    warning = Application.get_env(@app, :entropy_warning_threshold, 0.50)
+
+    if valid_size?(size) and valid_threshold?(loop) and valid_threshold?(warning) and
+         :persistent_term.get(__MODULE__, nil) == nil do
+      # The hot path: three reads, three guards, one lookup.
+      {size, loop / 1, warning / 1}
+    else
+      {check(:entropy_window_size, size, 5, &valid_size?/1),
+       check(:entropy_loop_threshold, loop, 0.25, &valid_threshold?/1) / 1,
+       check(:entropy_warning_threshold, warning, 0.50, &valid_threshold?/1) / 1}
+    end
   end
 
   @doc "The largest window size accepted."
   def max_window_size, do: @max_window
 
-  defp window_size do
-    case Application.get_env(@app, :entropy_window_size, 5) do
-      n when is_integer(n) and n >= 1 and n <= @max_window -> valid(:entropy_window_size, n)
-      other -> invalid(:entropy_window_size, other, 5)
-    end
-  end
-
-  defp threshold(key, default) do
-    case Application.get_env(@app, key, default) do
-      t when is_number(t) and t >= 0 and t <= 1 -> valid(key, t / 1)
-      other -> invalid(key, other, default)
-    end
-  end
+  defp valid_size?(n), do: is_integer(n) and n >= 1 and n <= @max_window
+  defp valid_threshold?(t), do: is_number(t) and t >= 0 and t <= 1
 
   # The invalid values already warned about, per key, live in one :persistent_term
-  # map, so a warning is logged once per change. A valid read only looks the map up;
-  # it is written when a value turns invalid or valid again, which is rare.
-  defp valid(key, value) do
+  # map (absent while every value is valid), so a warning is logged once per change.
+  # It is written only when a value turns invalid or valid again, which is rare.
+  defp check(key, value, default, valid?) do
     warned = :persistent_term.get(__MODULE__, %{})
 
-    if is_map_key(warned, key) do
-      :persistent_term.put(__MODULE__, Map.delete(warned, key))
-    end
+    cond do
+      valid?.(value) ->
+        if is_map_key(warned, key), do: forget_warning(warned, key)
+        value
 
-    value
+      Map.get(warned, key) == {:invalid, value} ->
+        default
+
+      true ->
+        :persistent_term.put(__MODULE__, Map.put(warned, key, {:invalid, value}))
+
+        Logger.warning(
+          "invalid #{inspect(@app)} #{inspect(key)}: #{inspect(value)}; using the default #{inspect(default)}"
+        )
+
+        default
+    end
   end
 
-  defp invalid(key, value, default) do
-    warned = :persistent_term.get(__MODULE__, %{})
-
-    if Map.get(warned, key, :none) != {:invalid, value} do
-      :persistent_term.put(__MODULE__, Map.put(warned, key, {:invalid, value}))
-
-      Logger.warning(
-        "invalid #{inspect(@app)} #{inspect(key)}: #{inspect(value)}; using the default #{inspect(default)}"
-      )
+  defp forget_warning(warned, key) do
+    case Map.delete(warned, key) do
+      empty when map_size(empty) == 0 -> :persistent_term.erase(__MODULE__)
+      rest -> :persistent_term.put(__MODULE__, rest)
     end
-
-    default
   end
 end
