@@ -292,6 +292,8 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
       Process.exit(pid, :kill)
       assert_receive {:DOWN, ^ref, :process, ^pid, :killed}
       wait_until(fn -> Process.whereis(EntropyTracker) not in [nil, pid] end)
+      # The name is registered before init/1 runs; wait for init to swap in the new store.
+      :sys.get_state(EntropyTracker)
 
       assert {:ok, 1.0, :normal} = EntropyTracker.record_and_score(sid, @loop)
       assert EntropyTracker.window(sid) == [@loop]
