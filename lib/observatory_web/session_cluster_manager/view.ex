@@ -31,7 +31,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     fleet = assigns.fleet
 
     [
-      ~s(<div id="scm" class="scm">),
+      ~s(<div id="scm" class="scm" data-live-root>),
       notice(assigns.notice),
       summary(fleet),
       ~s(<div class="scm-grid">),
