@@ -9,12 +9,14 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   | view | core module | page |
   |---|---|---|
   | `cluster` (default) | `ObservatoryWeb.SessionClusterManager` | `/` |
+  | `agents` | `ObservatoryWeb.AgentList` | `/agents` |
+  | `agent` | `ObservatoryWeb.AgentDetail` | `/agents/:agent_id` |
 
   ## `GET /dashboard/events?view=...` (signed-in operator, else `401`)
 
   The MochiWeb connection process becomes the page's process. It mounts the view's
   core module, connected (so it subscribes to its topics), with the other query
-  parameters as its params, registers itself in
+  parameters as its params (`?view=agent&agent_id=agent-7`), registers itself in
   `ObservatoryWeb.Dashboard.Pages` under a random page id, and answers with a chunked
   `text/event-stream`:
 
@@ -56,7 +58,9 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   @drain_max 500
   @event_timeout 5_000
   @views %{
-    "cluster" => ObservatoryWeb.SessionClusterManager
+    "cluster" => ObservatoryWeb.SessionClusterManager,
+    "agents" => ObservatoryWeb.AgentList,
+    "agent" => ObservatoryWeb.AgentDetail
   }
 
   @doc "The registry of open pages (started by the application)."

@@ -3,7 +3,10 @@ defmodule ObservatoryWeb.Dashboard.Page do
   The dashboard's pages, each hosting one core module
   (`ObservatoryWeb.Dashboard.EventStream` lists them):
 
-    * `GET /` — the Session Cluster Manager.
+    * `GET /` — the Session Cluster Manager;
+    * `GET /agents` — the agents (`ObservatoryWeb.AgentList`);
+    * `GET /agents/:agent_id` — one agent (`ObservatoryWeb.AgentDetail`); `404` (the
+      same live page, saying so) while no such agent is registered.
 
   Without a signed-in operator a page redirects to `/login`. Otherwise it renders the
   core module once, unconnected (`mount/3` with a socket that is not live: the current
@@ -19,10 +22,10 @@ defmodule ObservatoryWeb.Dashboard.Page do
   alias ObservatoryWeb.Dashboard.{EventStream, Layout, Session}
   alias ObservatoryWeb.SessionClusterManager.Socket
 
-  @nav [{"cluster", "/", "Session Cluster Manager"}]
+  @nav [{"cluster", "/", "Session Cluster Manager"}, {"agents", "/agents", "Agents"}]
   @titles %{"cluster" => "Session Cluster Manager"}
 
-  @doc "GET / (`cluster`)."
+  @doc "GET / (`cluster`), GET /agents (`agents`), GET /agents/:id (`agent`, `%{\"agent_id\" => id}`)."
   @spec show(Conn.t(), String.t(), map()) :: :ok
   def show(conn, view \\ "cluster", params \\ %{}) do
     case Session.fetch(conn) do
@@ -36,6 +39,8 @@ defmodule ObservatoryWeb.Dashboard.Page do
     {:ok, socket} = module.mount(params, %{"operator" => session.operator}, Socket.new())
     csrf = Session.csrf_token(session)
     title = @titles[view] || socket.assigns[:page_title] || "Dashboard"
+    # An agent page for an id nobody registered: a 404, still live (it may register).
+    status = if view == "agent" and socket.assigns.agent == nil, do: 404, else: 200
 
     body = [
       ~s(<header class="topbar"><div class="brand"><span class="brand-mark"></span>Observatory</div>),
@@ -62,10 +67,13 @@ defmodule ObservatoryWeb.Dashboard.Page do
         stream: EventStream.stream_path(view, params)
       )
 
-    Conn.html(conn, 200, page, Layout.headers())
+    Conn.html(conn, status, page, Layout.headers())
   end
 
-  defp nav(current) do
+  # The agent pages sit under "Agents".
+  defp nav(view) do
+    current = if view == "agent", do: "agents", else: view
+
     [
       ~s(<nav class="topnav" aria-label="Dashboard">),
       for {name, href, label} <- @nav do
