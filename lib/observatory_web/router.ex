@@ -13,6 +13,7 @@ defmodule ObservatoryWeb.Router do
   | GET | /api/v1/hitl/audit | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/tool_calls/check | agent key | `ObservatoryWeb.API.ToolCalls` |
   | GET | / | operator sign-in (cookie) | `ObservatoryWeb.Dashboard.Page` |
+  | GET | /agents, /agents/:id | operator sign-in (cookie) | `ObservatoryWeb.Dashboard.Page` |
   | GET, POST | /login | CSRF token | `ObservatoryWeb.Dashboard.Login` |
   | POST | /logout | sign-in + CSRF token | `ObservatoryWeb.Dashboard.Login` |
   | GET | /dashboard/events | sign-in | `ObservatoryWeb.Dashboard.EventStream` (SSE) |
@@ -64,6 +65,8 @@ defmodule ObservatoryWeb.Router do
 
   defp route(conn, "POST", ["api", "v1", "tool_calls", "check"]), do: ToolCalls.check(conn)
   defp route(conn, "GET", []), do: Page.show(conn)
+  defp route(conn, "GET", ["agents"]), do: Page.show(conn, "agents")
+  defp route(conn, "GET", ["agents", id]), do: Page.show(conn, "agent", %{"agent_id" => id})
   defp route(conn, "GET", ["login"]), do: Login.new(conn)
   defp route(conn, "POST", ["login"]), do: Login.create(conn)
   defp route(conn, "POST", ["logout"]), do: Login.delete(conn)
@@ -104,6 +107,8 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["api", "v1", "sessions", _ | _]), do: true
   defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
   defp known_path?([]), do: true
+  defp known_path?(["agents"]), do: true
+  defp known_path?(["agents", _]), do: true
   defp known_path?([page]) when page in ["login", "logout"], do: true
   defp known_path?(["dashboard", "events"]), do: true
   defp known_path?(["v1", "chat", "completions"]), do: true

@@ -17,7 +17,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
       schedules a periodic refresh;
       loads the topology snapshot from `EntropyTracker.sessions/1` and the pauses in
       force. The operator's name comes from the session's `"operator"` key and is what
-      the HITL audit log records for the dashboard's commands.
+      the HITL audit log records for the dashboard's commands; `"agents_path"`
+      (default `"/agents"`) is where fleet nodes' agent names link to.
     * `handle_info/2` — alerts go to the panel (one row per session), topology and HITL
       events to the fleet, and events about the inspected session reload the Inspect
       panel. Messages it does not know are logged at debug level and ignored.
@@ -71,6 +72,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
     socket =
       socket
       |> Socket.assign(:operator, operator(session))
+      |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
       |> Socket.assign(:alerts, Alerts.new())
       |> Socket.assign(:fleet, snapshot())
       |> Socket.assign(:steps, StepDetector.active())

@@ -1,13 +1,16 @@
-// Observatory dashboard: keeps the Session Cluster Manager live.
+// Observatory dashboard: keeps a page live (the Session Cluster Manager, the agents
+// list, an agent's page): the element marked [data-live-root].
 //
-// - Opens /dashboard/events (Server-Sent Events). The first event, "mount", carries
-//   this page's id and the full HTML; "render" events carry the new HTML after each
-//   change. EventSource reconnects by itself when the gateway restarts, and the new
-//   stream mounts afresh.
+// - Opens the page's event stream (<body data-stream>, default /dashboard/events;
+//   Server-Sent Events). The first event, "mount", carries this page's id and the
+//   full HTML; "render" events carry the new HTML after each change. EventSource
+//   reconnects by itself when the gateway restarts, and the new stream mounts afresh.
 // - Patches the DOM in place (elements matched by id), so unchanged rows, nodes and
-//   buttons are left alone: focus stays put and animations do not restart.
+//   buttons are left alone: focus stays put, animations do not restart, and what an
+//   operator is typing in a field stays there.
 // - Sends clicks on [phx-click] elements, with their phx-value-* attributes as
-//   params, to POST /dashboard/events with the page's CSRF token.
+//   params, and submits of form[phx-submit], with the form's fields as params, to
+//   POST /dashboard/events with the page's CSRF token.
 //
 // The HTML comes from the server, where every agent-supplied string is escaped; it
 // is parsed in an inert <template> and never evaluated as script.
@@ -15,6 +18,8 @@
   "use strict";
 
   const csrf = document.querySelector('meta[name="csrf-token"]')?.content || "";
+  const streamUrl = document.body.dataset.stream || "/dashboard/events";
+  const ROOT = "[data-live-root]";
   const statusEl = document.getElementById("live-status");
   let pageId = null;
   let source = null;
@@ -79,7 +84,7 @@
   }
 
   function apply(html) {
-    const current = document.getElementById("scm");
+    const current = document.querySelector(ROOT);
     const template = document.createElement("template");
     template.innerHTML = html;
     const next = template.content.firstElementChild;
@@ -92,7 +97,7 @@
   // ---- Event stream ---------------------------------------------------------------
 
   function connect() {
-    source = new EventSource("/dashboard/events");
+    source = new EventSource(streamUrl);
     source.addEventListener("mount", (e) => {
       const data = JSON.parse(e.data);
       pageId = data.page_id;
@@ -126,7 +131,7 @@
   // ---- Clicks -------------------------------------------------------------------
 
   function showNotice(text) {
-    const el = document.getElementById("scm-notice");
+    const el = document.querySelector(`${ROOT} .notice`);
     if (!el) return;
     el.className = "notice notice-error";
     el.textContent = text;
@@ -156,13 +161,22 @@
 
   document.addEventListener("click", (e) => {
     const el = e.target.closest("[phx-click]");
-    if (!el || !el.closest("#scm")) return;
+    if (!el || !el.closest(ROOT)) return;
     e.preventDefault();
     const params = {};
     for (const name of el.getAttributeNames()) {
       if (name.startsWith("phx-value-")) params[name.slice("phx-value-".length)] = el.getAttribute(name);
     }
     push(el.getAttribute("phx-click"), params, el);
+  });
+
+  document.addEventListener("submit", (e) => {
+    const form = e.target.closest("form[phx-submit]");
+    if (!form || !form.closest(ROOT)) return;
+    e.preventDefault();
+    const params = {};
+    for (const [name, value] of new FormData(form)) if (typeof value === "string") params[name] = value;
+    push(form.getAttribute("phx-submit"), params, e.submitter || form);
   });
 
   connect();

@@ -28,10 +28,12 @@ export function freePort() {
 }
 
 export class Gateway {
-  constructor(port, logPath) {
+  // `env`: more environment for the gateway (OBSERVATORY_LLM_UPSTREAM, ...).
+  constructor(port, logPath, env = {}) {
     this.port = port;
     this.base = `http://127.0.0.1:${port}`;
     this.logPath = logPath;
+    this.env = env;
     this.proc = null;
   }
 
@@ -47,6 +49,7 @@ export class Gateway {
         OBSERVATORY_DEMO: "0",
         OBSERVATORY_AGENT_KEYS: AGENT_KEY,
         OBSERVATORY_OPERATOR_TOKENS: `${OPERATOR}:${OPERATOR_TOKEN}`,
+        ...this.env,
       },
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -102,6 +105,28 @@ export class Gateway {
     const answers = [];
     for (const s of steps) answers.push(await this.step(sessionId, agentId, s));
     return answers;
+  }
+
+  // One request through the chat-completions proxy, as agent `agentId` (X-Agent-Id).
+  async chat(agentId, prompt) {
+    const res = await fetch(`${this.base}/v1/chat/completions`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        authorization: `Bearer ${AGENT_KEY}`,
+        "x-agent-id": agentId,
+      },
+      body: JSON.stringify({ model: "stub-model", messages: [{ role: "user", content: prompt }] }),
+    });
+    return { status: res.status, body: await res.json() };
+  }
+
+  // The operator API's view of an agent.
+  async agent(agentId) {
+    const res = await fetch(`${this.base}/api/v1/agents/${encodeURIComponent(agentId)}`, {
+      headers: { authorization: `Bearer ${OPERATOR_TOKEN}` },
+    });
+    return { status: res.status, body: await res.json() };
   }
 
   async session(sessionId) {

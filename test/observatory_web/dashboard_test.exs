@@ -220,7 +220,10 @@ defmodule ObservatoryWeb.DashboardTest do
       assert stream.head =~ "HTTP/1.1 200"
       assert stream.head =~ "text/event-stream"
       {page_id, html, stream} = mount_event(stream)
-      assert [{_pid, "test-operator"}] = Registry.lookup(EventStream.registry(), page_id)
+
+      assert [{_pid, {"test-operator", ObservatoryWeb.SessionClusterManager}}] =
+               Registry.lookup(EventStream.registry(), page_id)
+
       assert html =~ ~s(id="alerts-panel")
 
       sid = unique_session("sess-sse")

@@ -80,14 +80,16 @@ defmodule Observatory.Test.DashboardClient do
 
   ## The event stream
 
-  @doc "Opens GET /dashboard/events; returns the stream after its headers."
-  def open_stream(cookie) do
+  @doc "Opens GET /dashboard/events (or `path`); returns the stream after its headers."
+  def open_stream(cookie, path \\ "/dashboard/events") do
     {:ok, socket} =
       :gen_tcp.connect(~c"127.0.0.1", ObservatoryWeb.Endpoint.port(), [:binary, active: false])
 
     :ok =
       :gen_tcp.send(socket, [
-        "GET /dashboard/events HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+        "GET ",
+        path,
+        " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
         "Accept: text/event-stream\r\nCookie: ",
         cookie,
         "\r\n\r\n"

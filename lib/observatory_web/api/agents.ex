@@ -108,13 +108,25 @@ defmodule ObservatoryWeb.API.Agents do
     }
   end
 
-  defp status(%{active: true}), do: "active"
-  defp status(%{deactivated_by: :kill_switch}), do: "deactivated_by_kill_switch"
-  defp status(_), do: "inactive"
+  @doc """
+  An agent's status: `"active"`, `"deactivated_by_kill_switch"` (inactive, stopped by
+  the kill switch) or `"inactive"` (deactivated by an operator, or for no recorded
+  reason).
+  """
+  @spec status(map()) :: String.t()
+  def status(%{active: true}), do: "active"
+  def status(%{deactivated_by: :kill_switch}), do: "deactivated_by_kill_switch"
+  def status(_), do: "inactive"
 
-  defp status_label(%{active: true}), do: "Active"
-  defp status_label(%{deactivated_by: :kill_switch}), do: "Deactivated by Kill Switch"
-  defp status_label(_), do: "Inactive"
+  @doc """
+  What the dashboard shows for an agent's status (seed 003, "Display deactivation
+  reason in dashboard"): "Active", "Deactivated by Kill Switch", or the standard
+  "Inactive" when `deactivated_by` is `:manual` or nil.
+  """
+  @spec status_label(map()) :: String.t()
+  def status_label(%{active: true}), do: "Active"
+  def status_label(%{deactivated_by: :kill_switch}), do: "Deactivated by Kill Switch"
+  def status_label(_), do: "Inactive"
 
   defp score(%{kill_switch: %{enabled: false}}), do: nil
 

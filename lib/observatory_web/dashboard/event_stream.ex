@@ -1,19 +1,28 @@
 defmodule ObservatoryWeb.Dashboard.EventStream do
   @moduledoc """
   The live side of the dashboard: a Server-Sent Events stream per open page, and the
-  endpoint its clicks are posted to. Together they host
-  `ObservatoryWeb.SessionClusterManager` the way LiveView would.
+  endpoint its clicks are posted to. Together they host a page's core module — one
+  written as LiveView callbacks that are plain functions (`mount/3`, `handle_info/2`,
+  `handle_event/3`, `render/1`, and `events/0` listing the events it accepts) — the
+  way LiveView would:
 
-  ## `GET /dashboard/events` (signed-in operator, else `401`)
+  | view | core module | page |
+  |---|---|---|
+  | `cluster` (default) | `ObservatoryWeb.SessionClusterManager` | `/` |
+  | `agents` | `ObservatoryWeb.AgentList` | `/agents` |
+  | `agent` | `ObservatoryWeb.AgentDetail` | `/agents/:agent_id` |
 
-  The MochiWeb connection process becomes the page's process. It mounts a connected
-  manager (which subscribes to the gateway topics), registers itself in
+  ## `GET /dashboard/events?view=...` (signed-in operator, else `401`)
+
+  The MochiWeb connection process becomes the page's process. It mounts the view's
+  core module, connected (so it subscribes to its topics), with the other query
+  parameters as its params (`?view=agent&agent_id=agent-7`), registers itself in
   `ObservatoryWeb.Dashboard.Pages` under a random page id, and answers with a chunked
   `text/event-stream`:
 
       retry: 1000
       event: mount
-      data: {"page_id": "...", "html": "<div id=\\"scm\\" ...>"}
+      data: {"page_id": "...", "html": "<div id=\\"scm\\" data-live-root ...>"}
 
       event: render
       data: {"html": "..."}
@@ -31,9 +40,10 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
 
   JSON `{"page_id", "event", "params"}` with the CSRF token in `X-CSRF-Token`, or a
   form with `page_id`, `event`, `_csrf_token` and the params as the other fields.
-  `401` without sign-in, `403` for a bad CSRF token, `400` for a malformed request or
-  an unknown event, `404` when the page is gone (or is another operator's), otherwise
-  the page process runs `handle_event/3`, pushes the re-render, and the answer is `204`.
+  `401` without sign-in, `403` for a bad CSRF token, `400` for a malformed request,
+  `404` when the page is gone (or is another operator's), `400` for an event the
+  page's core module does not accept; otherwise the page process runs
+  `handle_event/3`, pushes the re-render, and the answer is `204`.
   """
 
   require Logger
@@ -41,23 +51,43 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   alias Observatory.JSON
   alias ObservatoryWeb.Conn
   alias ObservatoryWeb.Dashboard.Session
-  alias ObservatoryWeb.SessionClusterManager, as: Manager
   alias ObservatoryWeb.SessionClusterManager.Socket
 
   @registry ObservatoryWeb.Dashboard.Pages
   @heartbeat {__MODULE__, :heartbeat}
   @drain_max 500
   @event_timeout 5_000
+  @views %{
+    "cluster" => ObservatoryWeb.SessionClusterManager,
+    "agents" => ObservatoryWeb.AgentList,
+    "agent" => ObservatoryWeb.AgentDetail
+  }
 
   @doc "The registry of open pages (started by the application)."
   def registry, do: @registry
 
+  @doc "The core module of a view (see the table above)."
+  @spec view(String.t()) :: {:ok, module()} | :error
+  def view(name), do: Map.fetch(@views, name)
+
+  @doc "The URL of a view's event stream, with its params."
+  @spec stream_path(String.t(), map()) :: String.t()
+  def stream_path("cluster", params) when params == %{}, do: "/dashboard/events"
+
+  def stream_path(name, params),
+    do: "/dashboard/events?" <> URI.encode_query(Map.put(params, "view", name))
+
   @doc "GET /dashboard/events"
   @spec stream(Conn.t()) :: :ok | no_return()
   def stream(conn) do
-    case Session.fetch(conn) do
-      {:ok, session} -> open(conn, session)
+    {name, params} = Map.pop(conn.query, "view", "cluster")
+
+    with {:ok, session} <- Session.fetch(conn),
+         {:ok, module} <- view(name) do
+      open(conn, session, module, params)
+    else
       {:error, _} -> Conn.error(conn, 401, "unauthorized", "sign in at /login")
+      :error -> Conn.error(conn, 404, "not_found", "no such view")
     end
   end
 
@@ -67,20 +97,20 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     with {:ok, session} <- authenticate(conn),
          {:ok, request} <- parse(conn),
          :ok <- check_csrf(conn, session, request),
-         :ok <- check_event(conn, request.event),
-         {:ok, pid} <- lookup(conn, request.page_id, session.operator) do
+         {:ok, pid, module} <- lookup(conn, request.page_id, session.operator),
+         :ok <- check_event(conn, module, request.event) do
       deliver(conn, pid, request)
     end
   end
 
   ## The page process
 
-  defp open(conn, session) do
+  defp open(conn, session, module, params) do
     page_id = Session.random()
-    {:ok, _} = Registry.register(@registry, page_id, session.operator)
+    {:ok, _} = Registry.register(@registry, page_id, {session.operator, module})
 
     {:ok, socket} =
-      Manager.mount(%{}, %{"operator" => session.operator}, Socket.new(connected?: true))
+      module.mount(params, %{"operator" => session.operator}, Socket.new(connected?: true))
 
     headers = [
       {"Cache-Control", "no-store"},
@@ -89,10 +119,10 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
 
     resp = :mochiweb_request.ok({"text/event-stream; charset=utf-8", headers, :chunked}, conn.req)
     watch_socket(conn.req)
-    html = html(socket)
+    html = html(module, socket)
     write(resp, ["retry: 1000\n", event("mount", %{page_id: page_id, html: html})])
     schedule_heartbeat()
-    loop(%{resp: resp, req: conn.req, socket: socket, html: html})
+    loop(%{resp: resp, req: conn.req, module: module, socket: socket, html: html})
   end
 
   defp loop(state) do
@@ -127,7 +157,7 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   end
 
   defp handle(state, {:dashboard_event, from, ref, event, params}) do
-    {:noreply, socket} = Manager.handle_event(event, params, state.socket)
+    {:noreply, socket} = state.module.handle_event(event, params, state.socket)
     # Push before answering, so the click's result is on its way when the POST returns.
     state = push(%{state | socket: socket})
     send(from, {ref, :ok})
@@ -135,12 +165,12 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   end
 
   defp handle(state, message) do
-    {:noreply, socket} = Manager.handle_info(message, state.socket)
+    {:noreply, socket} = state.module.handle_info(message, state.socket)
     %{state | socket: socket}
   end
 
   defp push(state) do
-    case html(state.socket) do
+    case html(state) do
       same when same == state.html ->
         state
 
@@ -150,7 +180,8 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     end
   end
 
-  defp html(socket), do: socket.assigns |> Manager.render() |> IO.iodata_to_binary()
+  defp html(%{module: module, socket: socket}), do: html(module, socket)
+  defp html(module, socket), do: socket.assigns |> module.render() |> IO.iodata_to_binary()
 
   defp event(name, data), do: ["event: ", name, "\ndata: ", JSON.encode!(data), "\n\n"]
 
@@ -234,15 +265,15 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
       else: halt(Conn.error(conn, 403, "invalid_csrf_token", "reload the page and try again"))
   end
 
-  defp check_event(conn, event) do
-    if event in Manager.events(),
+  defp check_event(conn, module, event) do
+    if event in module.events(),
       do: :ok,
       else: halt(Conn.error(conn, 400, "unknown_event", "no such event"))
   end
 
   defp lookup(conn, page_id, operator) do
     case Registry.lookup(@registry, page_id) do
-      [{pid, ^operator}] -> {:ok, pid}
+      [{pid, {^operator, module}}] -> {:ok, pid, module}
       _ -> halt(Conn.error(conn, 404, "page_gone", "the page is not connected; reload it"))
     end
   end

@@ -41,6 +41,7 @@ defmodule ObservatoryWeb.Dashboard.Layout do
     * `:csrf_token` — put in `<meta name="csrf-token">` for the page script.
     * `:script` — whether to load `/assets/dashboard.js` (default false).
     * `:body_class` — a class for `<body>`.
+    * `:stream` — the page's event stream, in `<body data-stream>` for the page script.
   """
   @spec page(String.t(), iodata(), keyword()) :: iodata()
   def page(title, body, opts \\ []) do
@@ -59,7 +60,12 @@ defmodule ObservatoryWeb.Dashboard.Layout do
       if(opts[:script], do: ~s(<script src="/assets/dashboard.js" defer></script>), else: ""),
       ~s(</head><body class="),
       escape(opts[:body_class] || ""),
-      ~s(">),
+      ~s("),
+      case opts[:stream] do
+        nil -> ""
+        path -> [~s( data-stream="), escape(path), ~s(")]
+      end,
+      ">",
       body,
       "</body></html>"
     ]

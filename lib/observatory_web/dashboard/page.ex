@@ -1,38 +1,50 @@
 defmodule ObservatoryWeb.Dashboard.Page do
   @moduledoc """
-  `GET /`: the Session Cluster Manager page.
+  The dashboard's pages, each hosting one core module
+  (`ObservatoryWeb.Dashboard.EventStream` lists them):
 
-  Without a signed-in operator it redirects to `/login`. Otherwise it renders the
-  manager once, unconnected (`mount/3` with a socket that is not live: the current
-  fleet, no subscriptions), inside the page chrome: the operator's name, the live
-  connection status and a sign-out form. The page script then opens
-  `/dashboard/events`, where a connected manager takes over
-  (`ObservatoryWeb.Dashboard.EventStream`).
+    * `GET /` — the Session Cluster Manager;
+    * `GET /agents` — the agents (`ObservatoryWeb.AgentList`);
+    * `GET /agents/:agent_id` — one agent (`ObservatoryWeb.AgentDetail`); `404` (the
+      same live page, saying so) while no such agent is registered.
+
+  Without a signed-in operator a page redirects to `/login`. Otherwise it renders the
+  core module once, unconnected (`mount/3` with a socket that is not live: the current
+  state, no subscriptions), inside the page chrome: the navigation, the operator's
+  name, the live connection status and a sign-out form. `<body data-stream>` names
+  the page's event stream; the page script opens it, and a connected mount of the
+  same module takes over.
   """
 
   import ObservatoryWeb.HTML, only: [escape: 1]
 
   alias ObservatoryWeb.Conn
-  alias ObservatoryWeb.Dashboard.{Layout, Session}
-  alias ObservatoryWeb.SessionClusterManager, as: Manager
+  alias ObservatoryWeb.Dashboard.{EventStream, Layout, Session}
   alias ObservatoryWeb.SessionClusterManager.Socket
 
-  @doc "GET /"
-  @spec show(Conn.t()) :: :ok
-  def show(conn) do
+  @nav [{"cluster", "/", "Session Cluster Manager"}, {"agents", "/agents", "Agents"}]
+  @titles %{"cluster" => "Session Cluster Manager"}
+
+  @doc "GET / (`cluster`), GET /agents (`agents`), GET /agents/:id (`agent`, `%{\"agent_id\" => id}`)."
+  @spec show(Conn.t(), String.t(), map()) :: :ok
+  def show(conn, view \\ "cluster", params \\ %{}) do
     case Session.fetch(conn) do
-      {:ok, session} -> render(conn, session)
+      {:ok, session} -> render(conn, session, view, params)
       {:error, :unauthenticated} -> Conn.redirect(conn, "/login")
     end
   end
 
-  defp render(conn, session) do
-    {:ok, socket} = Manager.mount(%{}, %{"operator" => session.operator}, Socket.new())
+  defp render(conn, session, view, params) do
+    {:ok, module} = EventStream.view(view)
+    {:ok, socket} = module.mount(params, %{"operator" => session.operator}, Socket.new())
     csrf = Session.csrf_token(session)
+    title = @titles[view] || socket.assigns[:page_title] || "Dashboard"
+    # An agent page for an id nobody registered: a 404, still live (it may register).
+    status = if view == "agent" and socket.assigns.agent == nil, do: 404, else: 200
 
     body = [
       ~s(<header class="topbar"><div class="brand"><span class="brand-mark"></span>Observatory</div>),
-      ~s(<div class="topbar-title">Session Cluster Manager</div>),
+      nav(view),
       ~s(<div class="topbar-right">),
       ~s(<span id="live-status" class="live" data-state="connecting" role="status">Connecting…</span>),
       ~s(<span class="operator" title="signed-in operator">),
@@ -44,13 +56,38 @@ defmodule ObservatoryWeb.Dashboard.Page do
       ~s("><button type="submit" class="btn btn-ghost">Sign out</button></form>),
       "</div></header>",
       ~s(<main class="page">),
-      Manager.render(socket.assigns),
+      module.render(socket.assigns),
       "</main>"
     ]
 
     page =
-      Layout.page("Session Cluster Manager · Observatory", body, csrf_token: csrf, script: true)
+      Layout.page("#{title} · Observatory", body,
+        csrf_token: csrf,
+        script: true,
+        stream: EventStream.stream_path(view, params)
+      )
 
-    Conn.html(conn, 200, page, Layout.headers())
+    Conn.html(conn, status, page, Layout.headers())
+  end
+
+  # The agent pages sit under "Agents".
+  defp nav(view) do
+    current = if view == "agent", do: "agents", else: view
+
+    [
+      ~s(<nav class="topnav" aria-label="Dashboard">),
+      for {name, href, label} <- @nav do
+        [
+          ~s(<a href="),
+          href,
+          ~s("),
+          if(name == current, do: ~s( aria-current="page"), else: ""),
+          ">",
+          label,
+          "</a>"
+        ]
+      end,
+      "</nav>"
+    ]
   end
 end

@@ -3,15 +3,17 @@ defmodule ObservatoryWeb.SessionClusterManager.Socket do
   The smallest LiveView-shaped socket: `assigns` and whether a live connection
   stands behind it.
 
-  `ObservatoryWeb.SessionClusterManager` is written against `socket.assigns` and the
-  two functions here, so the same `mount/3`, `handle_info/2` and `handle_event/3`
-  run under two hosts:
+  `ObservatoryWeb.SessionClusterManager` (and the agents pages,
+  `ObservatoryWeb.AgentList` and `ObservatoryWeb.AgentDetail`) are written against
+  `socket.assigns` and the two functions here, so the same `mount/3`, `handle_info/2`
+  and `handle_event/3` run under two hosts:
 
     * Observatory's own page server (`ObservatoryWeb.Dashboard.EventStream`) and the
       ExUnit tests pass a `%Socket{}`;
-    * `ObservatoryWeb.SessionClusterManagerLive` passes a `Phoenix.LiveView.Socket`,
-      and `assign/3` and `connected?/1` defer to `Phoenix.Component.assign/3` and
-      `Phoenix.LiveView.connected?/1` so LiveView's change tracking keeps working.
+    * `ObservatoryWeb.SessionClusterManagerLive` and `ObservatoryWeb.AgentDetailLive`
+      pass a `Phoenix.LiveView.Socket`, and `assign/3` and `connected?/1` defer to
+      `Phoenix.Component.assign/3` and `Phoenix.LiveView.connected?/1` so LiveView's
+      change tracking keeps working.
 
   Phoenix is not a dependency, so those two calls go through `apply/3`: the module
   compiles, without warnings, whether Phoenix is there or not.

@@ -31,14 +31,14 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     fleet = assigns.fleet
 
     [
-      ~s(<div id="scm" class="scm">),
+      ~s(<div id="scm" class="scm" data-live-root>),
       notice(assigns.notice),
       summary(fleet),
       ~s(<div class="scm-grid">),
       alerts_panel(assigns.alerts, fleet),
       inspector(assigns.inspect, fleet),
       "</div>",
-      topology(fleet),
+      topology(fleet, Map.get(assigns, :agents_path, "/agents")),
       steps_panel(Map.get(assigns, :steps, [])),
       "</div>"
     ]
@@ -295,7 +295,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Topology
 
-  defp topology(fleet) do
+  defp topology(fleet, agents_path) do
     nodes = Fleet.nodes(fleet)
 
     [
@@ -306,7 +306,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
         [~s(<li class="state-), state, ~s("><span class="dot"></span>), label(state), "</li>"]
       end,
       "</ul></header>",
-      nodes_body(nodes),
+      nodes_body(nodes, agents_path),
       "</section>"
     ]
   end
@@ -364,15 +364,15 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     ]
   end
 
-  defp nodes_body([]) do
+  defp nodes_body([], _agents_path) do
     ~s(<p class="empty">No sessions yet. An agent shows here once it sends a DecisionLog.</p>)
   end
 
-  defp nodes_body(nodes) do
-    [~s(<ul class="nodes">), Enum.map(nodes, &fleet_node/1), "</ul>"]
+  defp nodes_body(nodes, agents_path) do
+    [~s(<ul class="nodes">), Enum.map(nodes, &fleet_node(&1, agents_path)), "</ul>"]
   end
 
-  defp fleet_node(node) do
+  defp fleet_node(node, agents_path) do
     state = Fleet.state(node)
     sid = escape(node.session_id)
 
@@ -391,14 +391,26 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(<span class="node-head"><span class="dot"></span><span class="node-sid mono">),
       sid,
       "</span></span>",
-      ~s(<span class="node-agent">),
-      escape(node.agent_id || "unknown agent"),
-      "</span>",
+      node_agent(node.agent_id, agents_path),
       ~s(<span class="node-foot"><span class="node-state">),
       label(state),
       ~s(</span><span class="node-score" title="entropy score">),
       score(node.score),
       "</span></span></li>"
+    ]
+  end
+
+  # The agent's name links to its Agent Detail page (which says so when the agent
+  # has not used the kill switch proxy).
+  defp node_agent(nil, _agents_path), do: ~s(<span class="node-agent">unknown agent</span>)
+
+  defp node_agent(agent_id, agents_path) do
+    [
+      ~s(<a class="node-agent" href="),
+      escape(ObservatoryWeb.AgentDetail.View.agent_path(agents_path, agent_id)),
+      ~s(" title="Agent detail">),
+      escape(agent_id),
+      "</a>"
     ]
   end
 
