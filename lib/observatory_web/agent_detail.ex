@@ -50,6 +50,7 @@ defmodule ObservatoryWeb.AgentDetail do
 
   require Logger
 
+  alias ObservatoryWeb.LivePage
   alias Observatory.KillSwitch
   alias ObservatoryWeb.AgentDetail.View
   alias ObservatoryWeb.SessionClusterManager.Socket
@@ -76,13 +77,13 @@ defmodule ObservatoryWeb.AgentDetail do
 
     if Socket.connected?(socket) do
       for topic <- topics(), do: :ok = Observatory.Gateway.Events.subscribe(topic)
-      schedule_refresh()
+      LivePage.schedule_refresh(@refresh)
     end
 
     socket =
       socket
       |> Socket.assign(:agent_id, id)
-      |> Socket.assign(:operator, operator(session))
+      |> Socket.assign(:operator, LivePage.operator(session))
       |> Socket.assign(:agents_path, agents_path(session))
       |> Socket.assign(:page_title, "Agent #{id}")
       |> Socket.assign(:notice, nil)
@@ -103,7 +104,7 @@ defmodule ObservatoryWeb.AgentDetail do
   def handle_info(%{event_type: _, agent_id: _other}, socket), do: {:noreply, socket}
 
   def handle_info(@refresh, socket) do
-    schedule_refresh()
+    LivePage.schedule_refresh(@refresh)
     {:noreply, load(socket)}
   end
 
@@ -322,18 +323,7 @@ defmodule ObservatoryWeb.AgentDetail do
   defp agent_id(%{"agent_id" => id}) when is_binary(id), do: id
   defp agent_id(_params), do: nil
 
-  defp operator(%{"operator" => name}) when is_binary(name) and name != "", do: name
-  defp operator(_session), do: "dashboard"
-
   @doc false
   def agents_path(%{"agents_path" => "/" <> _ = path}), do: String.trim_trailing(path, "/")
   def agents_path(_session), do: "/agents"
-
-  defp schedule_refresh do
-    Process.send_after(
-      self(),
-      @refresh,
-      Application.get_env(:observatory, :dashboard_refresh_ms, 2_000)
-    )
-  end
 end

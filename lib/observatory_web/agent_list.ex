@@ -19,6 +19,7 @@ defmodule ObservatoryWeb.AgentList do
 
   import ObservatoryWeb.HTML, only: [escape: 1]
 
+  alias ObservatoryWeb.LivePage
   alias Observatory.Gateway.Events
   alias Observatory.KillSwitch
   alias ObservatoryWeb.AgentDetail
@@ -40,7 +41,7 @@ defmodule ObservatoryWeb.AgentList do
   def mount(_params, session, socket) do
     if Socket.connected?(socket) do
       for topic <- topics(), do: :ok = Events.subscribe(topic)
-      schedule_refresh()
+      LivePage.schedule_refresh(@refresh)
     end
 
     socket =
@@ -54,7 +55,7 @@ defmodule ObservatoryWeb.AgentList do
 
   @doc "Reloads on a kill switch event or the periodic refresh."
   def handle_info(@refresh, socket) do
-    schedule_refresh()
+    LivePage.schedule_refresh(@refresh)
     {:noreply, load(socket)}
   end
 
@@ -167,13 +168,5 @@ defmodule ObservatoryWeb.AgentList do
     socket
     |> Socket.assign(:agents, rows)
     |> Socket.assign(:total, length(all))
-  end
-
-  defp schedule_refresh do
-    Process.send_after(
-      self(),
-      @refresh,
-      Application.get_env(:observatory, :dashboard_refresh_ms, 2_000)
-    )
   end
 end

@@ -43,6 +43,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   require Logger
 
+  alias ObservatoryWeb.LivePage
   alias Observatory.Gateway.{EntropyTracker, Events, HITL, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
@@ -66,12 +67,12 @@ defmodule ObservatoryWeb.SessionClusterManager do
   def mount(_params, session, socket) do
     if Socket.connected?(socket) do
       for topic <- topics(), do: :ok = Events.subscribe(topic)
-      schedule_refresh()
+      LivePage.schedule_refresh(@refresh)
     end
 
     socket =
       socket
-      |> Socket.assign(:operator, operator(session))
+      |> Socket.assign(:operator, LivePage.operator(session))
       |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
       |> Socket.assign(:alerts, Alerts.new())
       |> Socket.assign(:fleet, snapshot())
@@ -125,7 +126,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   end
 
   def handle_info(@refresh, socket) do
-    schedule_refresh()
+    LivePage.schedule_refresh(@refresh)
 
     socket
     |> Socket.assign(:fleet, snapshot())
@@ -245,15 +246,4 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp snapshot do
     Fleet.snapshot(EntropyTracker.sessions(limit: @snapshot_limit), HITL.paused_sessions())
   end
-
-  defp schedule_refresh do
-    Process.send_after(
-      self(),
-      @refresh,
-      Application.get_env(:observatory, :dashboard_refresh_ms, 2_000)
-    )
-  end
-
-  defp operator(%{"operator" => name}) when is_binary(name) and name != "", do: name
-  defp operator(_session), do: "dashboard"
 end
