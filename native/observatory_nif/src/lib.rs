@@ -5,6 +5,7 @@ mod decision_log;
 mod entropy_tracker;
 mod error;
 mod json;
+mod replay;
 mod step_detector;
 mod test_support;
 
@@ -26,6 +27,9 @@ mod atoms {
         block,
         allow,
         deny,
+        // replay
+        envelope,
+        flat,
         // error reasons
         invalid_session_id,
         invalid_agent_id,
