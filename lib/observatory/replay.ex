@@ -282,61 +282,70 @@ defmodule Observatory.Replay do
         spawn_link(fn -> worker_loop(caller, index, new_state(max_bad)) end)
       end
 
-    {:workers, List.to_tuple(pids), :erlang.make_tuple(workers, []),
-     :erlang.make_tuple(workers, 0)}
+    empty = :erlang.make_tuple(workers, [])
+    zeros = :erlang.make_tuple(workers, 0)
+    {:workers, %{pids: List.to_tuple(pids), batches: empty, sizes: zeros, in_flight: zeros}}
   end
 
   defp dispatch(%{sink: {:inline, state}} = reader, _session_id, item),
     do: %{reader | sink: {:inline, ingest(item, state)}}
 
-  defp dispatch(%{sink: {:workers, pids, batches, in_flight}} = reader, session_id, item) do
-    index = :erlang.phash2(session_id, tuple_size(pids))
-    batch = [item | elem(batches, index)]
+  defp dispatch(%{sink: {:workers, sink}} = reader, session_id, item) do
+    index = :erlang.phash2(session_id, tuple_size(sink.pids))
+    size = elem(sink.sizes, index) + 1
 
-    if length(batch) >= @batch do
-      in_flight = send_batch(pids, in_flight, index, batch)
-      %{reader | sink: {:workers, pids, put_elem(batches, index, []), in_flight}}
-    else
-      %{reader | sink: {:workers, pids, put_elem(batches, index, batch), in_flight}}
-    end
+    sink = %{
+      sink
+      | batches: put_elem(sink.batches, index, [item | elem(sink.batches, index)]),
+        sizes: put_elem(sink.sizes, index, size)
+    }
+
+    sink = if size >= @batch, do: send_batch(sink, index), else: sink
+    %{reader | sink: {:workers, sink}}
   end
 
   defp flush(%{sink: {:inline, _}} = reader), do: reader
 
-  defp flush(%{sink: {:workers, pids, batches, in_flight}} = reader) do
-    in_flight =
-      Enum.reduce(0..(tuple_size(pids) - 1), in_flight, fn index, in_flight ->
-        case elem(batches, index) do
-          [] -> in_flight
-          batch -> send_batch(pids, in_flight, index, batch)
-        end
+  defp flush(%{sink: {:workers, sink}} = reader) do
+    sink =
+      Enum.reduce(0..(tuple_size(sink.pids) - 1), sink, fn index, sink ->
+        if elem(sink.sizes, index) > 0, do: send_batch(sink, index), else: sink
       end)
 
-    empty = :erlang.make_tuple(tuple_size(pids), [])
-    %{reader | sink: {:workers, pids, empty, in_flight}}
+    %{reader | sink: {:workers, sink}}
   end
 
   # At most @in_flight batches wait in a worker's mailbox: the reader waits for an
   # acknowledgement before sending more, so memory stays bounded on big inputs.
-  defp send_batch(pids, in_flight, index, batch) do
-    in_flight = await_credit(in_flight, index)
-    send(elem(pids, index), {:batch, Enum.reverse(batch)})
-    put_elem(in_flight, index, elem(in_flight, index) + 1)
+  defp send_batch(sink, index) do
+    sink = await_credit(sink, index)
+    send(elem(sink.pids, index), {:batch, Enum.reverse(elem(sink.batches, index))})
+
+    %{
+      sink
+      | batches: put_elem(sink.batches, index, []),
+        sizes: put_elem(sink.sizes, index, 0),
+        in_flight: put_elem(sink.in_flight, index, elem(sink.in_flight, index) + 1)
+    }
   end
 
-  defp await_credit(in_flight, index) do
-    if elem(in_flight, index) < @in_flight do
-      in_flight
+  defp await_credit(sink, index) do
+    if elem(sink.in_flight, index) < @in_flight do
+      sink
     else
       receive do
-        {:ack, i} -> await_credit(put_elem(in_flight, i, elem(in_flight, i) - 1), index)
+        {:ack, i} ->
+          await_credit(
+            %{sink | in_flight: put_elem(sink.in_flight, i, elem(sink.in_flight, i) - 1)},
+            index
+          )
       end
     end
   end
 
   defp finish_sink({:inline, state}), do: [state]
 
-  defp finish_sink({:workers, pids, _batches, _in_flight}) do
+  defp finish_sink({:workers, %{pids: pids}}) do
     for pid <- Tuple.to_list(pids) do
       send(pid, {:finish, self()})
 

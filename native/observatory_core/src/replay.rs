@@ -19,6 +19,7 @@
 //! Other fields are dropped. An object whose `meta` is an object is an envelope and
 //! is passed through untouched.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
@@ -39,7 +40,8 @@ pub enum Line {
     },
 }
 
-type Object<'a> = BTreeMap<String, &'a RawValue>;
+/// A JSON object's members, each value left as JSON text.
+type Object<'a, K> = BTreeMap<K, &'a RawValue>;
 
 /// Reads one line. The error is a reason for the report: `invalid JSON: …` or
 /// `not a JSON object`.
@@ -48,21 +50,37 @@ pub fn read_line(
     default_agent: &str,
     default_timestamp: &str,
 ) -> Result<Line, String> {
-    let object: Object = match serde_json::from_slice(line) {
-        Ok(object) => object,
-        Err(e) => return Err(not_an_object(line, e)),
-    };
-    match object.get("meta") {
-        Some(meta) if is_object(meta) => Ok(Line::Envelope {
-            session_id: serde_json::from_str::<Object>(meta.get())
-                .ok()
-                .and_then(|meta| meta.get("session_id").and_then(|id| string(id))),
-        }),
-        _ => Ok(flat(&object, default_agent, default_timestamp)),
+    // Keys borrow from the line unless one has an escape (`"session\u005fid"`): then
+    // the line is read again with keys of their own.
+    if let Ok(object) = serde_json::from_slice::<Object<&str>>(line) {
+        return Ok(classify(&object, default_agent, default_timestamp));
+    }
+    match serde_json::from_slice::<Object<String>>(line) {
+        Ok(object) => Ok(classify(&object, default_agent, default_timestamp)),
+        Err(e) => Err(not_an_object(line, e)),
     }
 }
 
-fn flat(record: &Object, default_agent: &str, default_timestamp: &str) -> Line {
+fn classify<K: Borrow<str> + Ord>(
+    object: &Object<K>,
+    default_agent: &str,
+    default_timestamp: &str,
+) -> Line {
+    match object.get("meta") {
+        Some(meta) if is_object(meta) => Line::Envelope {
+            session_id: serde_json::from_str::<Object<String>>(meta.get())
+                .ok()
+                .and_then(|meta| meta.get("session_id").and_then(|id| string(id))),
+        },
+        _ => flat(object, default_agent, default_timestamp),
+    }
+}
+
+fn flat<K: Borrow<str> + Ord>(
+    record: &Object<K>,
+    default_agent: &str,
+    default_timestamp: &str,
+) -> Line {
     let session_id = record.get("session_id").and_then(|id| string(id));
     let step_id = record.get("step_id");
     let mut head = String::with_capacity(64);
