@@ -343,7 +343,7 @@ defmodule Observatory.Replay do
     end
   end
 
-  defp finish_sink({:inline, state}), do: [state]
+  defp finish_sink({:inline, state}), do: [finish_state(state)]
 
   defp finish_sink({:workers, %{pids: pids}}) do
     for pid <- Tuple.to_list(pids) do
@@ -363,45 +363,50 @@ defmodule Observatory.Replay do
         worker_loop(caller, index, state)
 
       {:finish, from} ->
-        send(from, {:finished, self(), state})
+        send(from, {:finished, self(), finish_state(state)})
     end
   end
 
   ## One step
 
-  defp new_state(max_bad), do: %{sessions: %{}, steps: 0, bad: new_bad(max_bad)}
+  # A session's figures live in an ETS table of the process that ingests its steps,
+  # not on that process's heap: with many sessions a heap-resident map would be
+  # copied over and over by the garbage collector.
+  defp new_state(max_bad) do
+    %{sessions: :ets.new(__MODULE__, [:set, :private]), steps: 0, bad: new_bad(max_bad)}
+  end
+
+  defp lookup(state, session_id) do
+    case :ets.lookup(state.sessions, session_id) do
+      [{_, session}] -> session
+      [] -> nil
+    end
+  end
 
   defp ingest({:flat, name, line_no, session_id, head, tail}, state) do
-    n =
-      case state.sessions do
-        %{^session_id => session} -> session.steps + 1
-        _ -> 1
-      end
-
+    session = lookup(state, session_id)
+    n = if session, do: session.steps + 1, else: 1
     json = Record.envelope_json(head, tail, n)
-    result(SchemaInterceptor.ingest(json), name, line_no, :flat, state)
+    result(SchemaInterceptor.ingest(json), session, name, line_no, :flat, state)
   end
 
-  defp ingest({:envelope, name, line_no, text}, state),
-    do: result(SchemaInterceptor.ingest(text), name, line_no, :envelope, state)
+  defp ingest({:envelope, name, line_no, text}, state) do
+    case SchemaInterceptor.ingest(text) do
+      {:ok, result} = ok ->
+        result(ok, lookup(state, result.session_id), name, line_no, :envelope, state)
 
-  defp result({:ok, result}, name, line_no, _kind, state) do
-    session_id = result.session_id
-
-    session =
-      case state.sessions do
-        %{^session_id => session} -> session
-        _ -> new_session(result, name, line_no)
-      end
-
-    %{
-      state
-      | sessions: Map.put(state.sessions, session_id, step(session, result, name, line_no)),
-        steps: state.steps + 1
-    }
+      error ->
+        result(error, nil, name, line_no, :envelope, state)
+    end
   end
 
-  defp result({:error, {:invalid, violations}}, name, line_no, kind, state) do
+  defp result({:ok, result}, session, name, line_no, _kind, state) do
+    session = session || new_session(result, name, line_no)
+    :ets.insert(state.sessions, {result.session_id, step(session, result, name, line_no)})
+    %{state | steps: state.steps + 1}
+  end
+
+  defp result({:error, {:invalid, violations}}, _session, name, line_no, kind, state) do
     reason =
       Enum.map_join(violations, "; ", fn %{path: path, reason: reason} ->
         if kind == :flat, do: "#{Record.flat_path(path)} #{reason}", else: "#{path} #{reason}"
@@ -488,6 +493,12 @@ defmodule Observatory.Replay do
     end
   end
 
+  defp finish_state(state) do
+    sessions = for {_id, session} <- :ets.tab2list(state.sessions), do: session
+    :ets.delete(state.sessions)
+    %{state | sessions: sessions}
+  end
+
   ## Bad lines: all counted, the first max kept
 
   defp new_bad(max), do: %{count: 0, kept: [], max: max}
@@ -506,7 +517,7 @@ defmodule Observatory.Replay do
   defp report(names, reader, states, max_bad, elapsed_us) do
     sessions =
       states
-      |> Enum.flat_map(&Map.values(&1.sessions))
+      |> Enum.flat_map(& &1.sessions)
       |> Enum.sort_by(fn s -> {rank(s), source_index(names, s.first_seen), s.first_seen} end)
       |> Enum.map(&Map.delete(&1, :first_seen))
 
