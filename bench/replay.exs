@@ -69,31 +69,42 @@ defmodule Bench do
     end)
   end
 
-  # The envelopes replay would send, built before the clock starts, in `parts`
-  # lists split by session the way the replay's workers split them.
+  # The envelopes replay would send, built before the clock starts, split by session
+  # the way the replay's workers split them: one ETS table per part, so the processes
+  # that ingest them do not carry 100k binaries on their heaps (their collector would
+  # copy them again and again, and the reference would be slower than it is).
   def envelopes(path, parts) do
+    tables = for _ <- 1..parts, do: :ets.new(:envelopes, [:set, :public, read_concurrency: true])
+
     path
     |> Input.lines()
-    |> Enum.reduce({%{}, List.duplicate([], parts)}, fn {_n, line}, {counts, acc} ->
+    |> Enum.reduce(%{}, fn {_n, line}, counts ->
       {:flat, sid, head, tail} = Record.read(line, "2026-02-22T10:30:00Z")
       count = Map.get(counts, sid, 0) + 1
-      part = :erlang.phash2(sid, parts)
-      acc = List.update_at(acc, part, &[Record.envelope_json(head, tail, count) | &1])
-      {Map.put(counts, sid, count), acc}
+      table = Enum.at(tables, :erlang.phash2(sid, parts))
+      :ets.insert(table, {:ets.info(table, :size), Record.envelope_json(head, tail, count)})
+      Map.put(counts, sid, count)
     end)
-    |> elem(1)
-    |> Enum.map(&Enum.reverse/1)
+
+    tables
   end
 
   # SchemaInterceptor.ingest/2 alone, one process per part.
-  def ingest(parts) do
-    parts
-    |> Enum.map(fn part ->
-      Task.async(fn ->
-        Enum.each(part, fn json -> {:ok, _} = SchemaInterceptor.ingest(json) end)
-      end)
+  def ingest(tables) do
+    tables
+    |> Enum.map(fn table ->
+      Task.async(fn -> ingest(table, 0, :ets.info(table, :size)) end)
     end)
     |> Enum.each(&Task.await(&1, :infinity))
+
+    Enum.each(tables, &:ets.delete/1)
+  end
+
+  defp ingest(_table, n, n), do: :ok
+
+  defp ingest(table, i, n) do
+    {:ok, _} = SchemaInterceptor.ingest(:ets.lookup_element(table, i, 2))
+    ingest(table, i + 1, n)
   end
 end
 
