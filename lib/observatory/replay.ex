@@ -448,62 +448,41 @@ defmodule Observatory.Replay do
     }
   end
 
+  # One step's figures, in one update of the session's map.
   defp step(session, result, name, line_no) do
     n = session.steps + 1
+    severity = result.severity
     score = result.entropy_score
-    session = %{session | steps: n, agent_id: result.agent_id, last_severity: result.severity}
+    action = if result.step, do: result.step.action
+    mark = {n, result, name, line_no}
 
-    session =
-      case result.severity do
-        :loop ->
-          %{session | alerts: session.alerts + 1}
-          |> first(:first_loop, n, result, name, line_no)
+    lower? = severity != nil and (session.lowest_score == nil or score < session.lowest_score)
 
-        :warning ->
-          %{session | warnings: session.warnings + 1}
-          |> first(:first_warning, n, result, name, line_no)
-
-        :normal ->
-          session
-
-        nil ->
-          %{session | entropy_errors: session.entropy_errors + 1}
-      end
-
-    session =
-      if result.severity != nil and (session.lowest_score == nil or score < session.lowest_score),
-        do: %{session | lowest_score: score, lowest_score_step: n},
-        else: session
-
-    case result.step do
-      %{action: :warn} ->
-        %{session | step_warnings: session.step_warnings + 1}
-        |> first(:first_step_warning, n, result, name, line_no)
-
-      %{action: :block} ->
-        %{session | step_blocks: session.step_blocks + 1}
-        |> first(:first_step_block, n, result, name, line_no)
-
-      _ ->
-        session
-    end
+    %{
+      session
+      | steps: n,
+        agent_id: result.agent_id,
+        last_severity: severity,
+        alerts: session.alerts + if(severity == :loop, do: 1, else: 0),
+        first_loop: first(session.first_loop, severity == :loop, mark),
+        warnings: session.warnings + if(severity == :warning, do: 1, else: 0),
+        first_warning: first(session.first_warning, severity == :warning, mark),
+        entropy_errors: session.entropy_errors + if(severity == nil, do: 1, else: 0),
+        lowest_score: if(lower?, do: score, else: session.lowest_score),
+        lowest_score_step: if(lower?, do: n, else: session.lowest_score_step),
+        step_warnings: session.step_warnings + if(action == :warn, do: 1, else: 0),
+        first_step_warning: first(session.first_step_warning, action == :warn, mark),
+        step_blocks: session.step_blocks + if(action == :block, do: 1, else: 0),
+        first_step_block: first(session.first_step_block, action == :block, mark)
+    }
   end
 
-  defp first(session, key, n, result, name, line_no) do
-    case Map.fetch!(session, key) do
-      nil ->
-        Map.put(session, key, %{
-          step: n,
-          step_id: result.step_id,
-          source: name,
-          line: line_no,
-          score: result.entropy_score
-        })
-
-      _ ->
-        session
-    end
+  # The first step something happened at, once it has.
+  defp first(nil, true, {n, result, name, line_no}) do
+    %{step: n, step_id: result.step_id, source: name, line: line_no, score: result.entropy_score}
   end
+
+  defp first(mark, _happened?, _step), do: mark
 
   defp finish_state(state) do
     sessions = for {_id, session} <- :ets.tab2list(state.sessions), do: session

@@ -133,8 +133,8 @@ defmodule Observatory.Replay.Input do
     case finish_inflate(state) do
       :ok ->
         last = IO.iodata_to_binary(state.carry)
-        {lines, line} = if last == "", do: {[], state.line}, else: add([], last, state.line)
-        {[{:lines, lines, state.bytes}], %{state | line: line, carry: [], done: true}}
+        lines = if last == "", do: [], else: number([last], state.line + 1, [])
+        {[{:lines, lines, state.bytes}], %{state | line: state.line + 1, carry: [], done: true}}
 
       {:error, reason} ->
         {[{:error, reason}], %{state | done: true}}
@@ -221,31 +221,38 @@ defmodule Observatory.Replay.Input do
         |> :binary.split("\n", [:global])
         |> Enum.reverse()
 
-      {lines, line} =
-        complete
-        |> Enum.reverse()
-        |> Enum.reduce({[], state.line}, fn text, {acc, n} -> add(acc, text, n) end)
-
-      {Enum.reverse(lines), %{state | carry: [last], line: line}}
+      # `complete` is last line first: numbering it downwards builds the list in order.
+      count = length(complete)
+      lines = number(complete, state.line + count, [])
+      {lines, %{state | carry: [last], line: state.line + count}}
     end
   end
 
-  defp add(acc, text, n) do
-    text = trim_cr(text)
-    if blank?(text), do: {acc, n + 1}, else: {[{n + 1, text} | acc], n + 1}
+  defp number([], _n, acc), do: acc
+
+  defp number([text | rest], n, acc) do
+    case clean(text) do
+      nil -> number(rest, n - 1, acc)
+      text -> number(rest, n - 1, [{n, text} | acc])
+    end
   end
 
-  defp trim_cr(text) do
-    size = byte_size(text) - 1
+  # The line without its trailing `\r`, or nil when it is blank. JSON lines start with
+  # `{`: only a line that starts with white space is trimmed to check.
+  defp clean(""), do: nil
+
+  defp clean(text) do
+    text = if :binary.last(text) == ?\r, do: binary_part(text, 0, byte_size(text) - 1), else: text
 
     case text do
-      <<rest::binary-size(size), ?\r>> -> rest
-      _ -> text
+      "" ->
+        nil
+
+      <<c, _::binary>> when c in [?\s, ?\t, ?\r] ->
+        if String.trim(text) == "", do: nil, else: text
+
+      _ ->
+        text
     end
   end
-
-  # JSON lines start with `{`: only a line that starts with white space is trimmed.
-  defp blank?(""), do: true
-  defp blank?(<<c, _::binary>> = text) when c in [?\s, ?\t, ?\r], do: String.trim(text) == ""
-  defp blank?(_text), do: false
 end
