@@ -43,6 +43,12 @@ defmodule Observatory.Native do
 
   def json_stable_hash(_term), do: :erlang.nif_error(:nif_not_loaded)
 
+  def replay_read_line(_line, _default_agent, _default_timestamp),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def replay_read_line_dirty(_line, _default_agent, _default_timestamp),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
 
   def step_analyze(_store, _session_id, _approach, _outcome, _thresholds, _history),

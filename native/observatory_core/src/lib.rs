@@ -9,6 +9,7 @@
 //! * [`interner`] — reference-counted interning, so a window holds 4-byte ids.
 //! * [`keyed_store`] — a sharded, bounded per-session map (step detectors).
 //! * [`decision_log`] — DecisionLog envelope parsing and validation (design.md §3).
+//! * [`replay`] — a line of recorded steps: an envelope, or a flat record made into one.
 //! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003).
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
 //! * [`messages`] — the last user message and tool-call signatures of a chat request.
@@ -25,6 +26,7 @@ pub mod keyed_store;
 pub mod kill_switch;
 pub mod messages;
 pub mod normalize;
+pub mod replay;
 pub mod session_store;
 pub mod severity;
 pub mod simhash;

@@ -6,6 +6,7 @@ mod entropy_tracker;
 mod error;
 mod json;
 mod kill_switch;
+mod replay;
 mod step_detector;
 mod test_support;
 
@@ -27,6 +28,9 @@ mod atoms {
         block,
         allow,
         deny,
+        // replay
+        envelope,
+        flat,
         // error reasons
         invalid_session_id,
         invalid_agent_id,
