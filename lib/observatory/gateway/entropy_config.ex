@@ -28,7 +28,9 @@ defmodule Observatory.Gateway.EntropyConfig do
   @doc "The largest window size accepted."
   def max_window_size, do: @max_window
 
-  defp window_size do
+  @doc "`:entropy_window_size`, validated (the loop verdict reads it for its entropy rule)."
+  @spec window_size() :: pos_integer()
+  def window_size do
     case Application.get_env(@app, :entropy_window_size, 5) do
       n when is_integer(n) and n >= 1 and n <= @max_window -> valid(:entropy_window_size, n)
       other -> invalid(:entropy_window_size, other, 5)

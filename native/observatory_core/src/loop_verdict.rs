@@ -136,6 +136,9 @@ pub enum Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            Reason::NoRepetition { steps: 1 } => {
+                write!(f, "the session's first step: nothing to compare yet")
+            }
             Reason::NoRepetition { steps } => {
                 write!(f, "no repeated call pattern in the last {steps} steps")
             }
