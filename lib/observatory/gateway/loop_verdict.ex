@@ -31,7 +31,8 @@ defmodule Observatory.Gateway.LoopVerdict do
       **progress** when the outcome changed (polling, a retry that worked);
     * **cycle** (b) — a block of 2..`max_period` calls repeated (A B A B, A B C A B C):
       suspect when its outcomes repeated for `cycle_suspect` blocks, loop at
-      `cycle_loop`; **progress** when an outcome in the block changed;
+      `cycle_loop`; **progress** when an outcome in the block changed. The same call
+      whose answer flaps (X, Y, X, Y) is a cycle of outcomes, judged the same way;
     * **same_failure** (c) — the step failed (`failure`, `error`, `timeout`) with a
       result, and that same outcome ended `failure_suspect` / `failure_loop` different
       calls in the history;

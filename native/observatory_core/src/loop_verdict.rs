@@ -26,7 +26,9 @@
 //!   `cycle_suspect` (2) blocks: suspect; `cycle_loop` (3) blocks: loop. When an outcome
 //!   in the cycle changed since the previous block (the build gets further each time):
 //!   **progress**. Rules (a) and (b) are one scan: the smallest period with two
-//!   repetitions wins, period 1 being rule (a).
+//!   repetitions wins, period 1 being rule (a). When its outcomes changed, a longer
+//!   period over which the outcomes repeat too is still a cycle: the same call
+//!   answered X, Y, X, Y (a flapping result) is going round in circles.
 //! * **(c) same failure** — the step failed with a result, and that same outcome ended
 //!   `failure_suspect` (3) / `failure_loop` (4) *different* calls among the last
 //!   `history` steps: suspect / loop. This is the agent that tries grep, rg, find and
@@ -392,17 +394,20 @@ impl VerdictState {
         &self.ring[self.ring.len() - 1 - back]
     }
 
-    /// Rules (a) and (b): the smallest period whose block repeats at least twice at
-    /// the end of the history.
+    /// Rules (a) and (b): the smallest period whose block of calls repeats at least
+    /// twice at the end of the history, judged by its outcomes. When those changed
+    /// (progress), a longer period over which the outcomes repeat too still makes a
+    /// cycle: the same call answered X, Y, X, Y is going round in circles.
     fn repetition(&self, config: &Config) -> Option<Finding> {
         let n = self.ring.len();
         let max_period = config.max_period.clamp(1, MAX_PERIOD).min(n / 2);
+        let mut primary: Option<Finding> = None;
         for p in 1..=max_period {
             // Calls equal to the call `p` steps earlier, counting back from the newest.
             let calls = (0..n - p)
                 .take_while(|&k| self.at(k).call == self.at(k + p).call)
                 .count();
-            let blocks = (calls + p) / p;
+            let blocks = ((calls + p) / p) as u32;
             if blocks < 2 {
                 continue;
             }
@@ -410,45 +415,56 @@ impl VerdictState {
                 .take_while(|&k| self.at(k).outcome == self.at(k + p).outcome)
                 .count();
             let stable = ((outcomes + p) / p) as u32;
-            let blocks = blocks as u32;
-            let (suspect, lp) = if p == 1 {
-                (config.repeat_suspect, config.repeat_loop)
-            } else {
-                (config.cycle_suspect, config.cycle_loop)
-            };
-            let level = if stable >= lp {
-                Level::Loop
-            } else if stable >= suspect {
-                Level::Suspect
-            } else {
-                Level::Progress
-            };
-            let (shown, reason) = match (p, level) {
-                (1, Level::Progress) => (blocks, Reason::Polling { times: blocks }),
-                (1, _) => (stable, Reason::Repeated { times: stable }),
-                (_, Level::Progress) => (
-                    blocks,
-                    Reason::CycleProgress {
-                        period: p as u32,
-                        blocks,
-                    },
-                ),
-                _ => (
-                    stable,
-                    Reason::Cycle {
-                        period: p as u32,
-                        blocks: stable,
-                    },
-                ),
-            };
-            return Some(Finding {
-                level,
-                rule: if p == 1 { Rule::Repeat } else { Rule::Cycle },
-                reason,
-                evidence: self.newest(shown as usize * p),
-            });
+            if primary.is_none() {
+                let finding = self.judge_repetition(p, blocks, stable, config);
+                if finding.level > Level::Progress {
+                    return Some(finding);
+                }
+                primary = Some(finding);
+            } else if p >= 2 && stable >= 2 {
+                let finding = self.judge_repetition(p, stable, stable, config);
+                if finding.level > Level::Progress {
+                    return Some(finding);
+                }
+            }
         }
-        None
+        primary
+    }
+
+    /// The level of a block of `p` calls repeated `blocks` times, the last `stable` of
+    /// them with the same outcomes.
+    fn judge_repetition(&self, p: usize, blocks: u32, stable: u32, config: &Config) -> Finding {
+        let (suspect, lp) = if p == 1 {
+            (config.repeat_suspect, config.repeat_loop)
+        } else {
+            (config.cycle_suspect, config.cycle_loop)
+        };
+        let level = if stable >= lp {
+            Level::Loop
+        } else if stable >= suspect {
+            Level::Suspect
+        } else {
+            Level::Progress
+        };
+        let period = p as u32;
+        let (shown, reason) = match (p, level) {
+            (1, Level::Progress) => (blocks, Reason::Polling { times: blocks }),
+            (1, _) => (stable, Reason::Repeated { times: stable }),
+            (_, Level::Progress) => (blocks, Reason::CycleProgress { period, blocks }),
+            _ => (
+                stable,
+                Reason::Cycle {
+                    period,
+                    blocks: stable,
+                },
+            ),
+        };
+        Finding {
+            level,
+            rule: if p == 1 { Rule::Repeat } else { Rule::Cycle },
+            reason,
+            evidence: self.newest(shown as usize * p),
+        }
     }
 
     /// Rule (c): distinct calls among the recent steps that failed with this step's

@@ -195,6 +195,7 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "grep, rg, find and ack for the same missing symbol",
         "the same call and result with a changing pid and timestamp",
         "A/B ping-pong with the same results",
+        "a health check flapping between two answers",
         "three different fixes, the same build failure",
     ];
     assert_eq!(names, tested);
@@ -320,6 +321,19 @@ fn must_flag_the_same_call_and_result_with_a_changing_pid_and_timestamp() {
 #[test]
 fn must_flag_a_b_ping_pong_with_the_same_results() {
     check("A/B ping-pong with the same results", "must-flag");
+}
+
+#[test]
+fn must_flag_a_health_check_flapping_between_two_answers() {
+    let run = check("a health check flapping between two answers", "must-flag");
+    let last = run.verdicts.last().unwrap();
+    assert_eq!(
+        last.reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
 }
 
 #[test]

@@ -170,6 +170,35 @@ fn b_a_cycle_whose_outcomes_change_is_progress() {
 }
 
 #[test]
+fn b_a_flapping_result_is_a_cycle_of_outcomes() {
+    // The same call answered X, Y, X, Y: the call repeats (period 1, results change),
+    // the call and its results repeat with period 2.
+    let v = run(&[
+        ok(1, 10),
+        ok(1, 20),
+        ok(1, 10),
+        ok(1, 20),
+        ok(1, 10),
+        ok(1, 20),
+    ]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Suspect, Suspect, Loop]
+    );
+    assert_eq!(
+        v[5].reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
+    // Once the answer moves on, progress again.
+    let mut steps = vec![ok(1, 10), ok(1, 20), ok(1, 10), ok(1, 20)];
+    steps.push(ok(1, 30));
+    assert_eq!(run(&steps)[4].level, Progress);
+}
+
+#[test]
 fn b_the_smallest_period_wins() {
     let v = run(&[ok(1, 1); 4]);
     assert_eq!(v[3].rule, Rule::Repeat);
