@@ -116,7 +116,10 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     verdict = judge(fields, severity)
 
     if alert_source == :verdict and verdict != nil do
-      AlertSource.act(fields.session_id, fields.agent_id, verdict, score, tracker: tracker)
+      # The gateway's score only: after a tracker error `score` is the agent's own.
+      gateway_score = if severity, do: score
+
+      AlertSource.act(fields.session_id, fields.agent_id, verdict, gateway_score, tracker: tracker)
     end
 
     step = analyze_step(fields)

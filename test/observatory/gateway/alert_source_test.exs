@@ -111,6 +111,23 @@ defmodule Observatory.Gateway.AlertSourceTest do
       assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
     end
 
+    test "a tracker error leaves no gateway score: the loop alert is not sent", %{sid: sid} do
+      env =
+        HTTP.envelope(%{
+          "meta" => %{"session_id" => sid},
+          "action" => %{"tool_input" => %{"path" => "x"}, "result" => "ENOENT"}
+        })
+
+      log =
+        capture_log(fn ->
+          for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(env, tracker: :no_such_tracker)
+        end)
+
+      assert log =~ "alert not sent"
+      refute_receive %{event_type: "entropy_alert", session_id: ^sid}, 50
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
+    end
+
     test "suspect is amber, and progress after it brings the node back to active", %{sid: sid} do
       fail = fn -> ingest(sid, "read", "read_file", %{"path" => "x"}, "failure", "ENOENT") end
       fail.()
