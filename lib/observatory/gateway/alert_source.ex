@@ -52,6 +52,18 @@ defmodule Observatory.Gateway.AlertSource do
   end
 
   @doc """
+  Whether an ingest result (`SchemaInterceptor.ingest/2`) raises an `EntropyAlertEvent`
+  under `source`. Every result carries both signals whatever the configured source, so
+  a replay can count the alarms of both from one pass:
+
+      Enum.any?(results, &AlertSource.alert?(&1, :verdict))
+  """
+  @spec alert?(map(), t()) :: boolean()
+  def alert?(%{severity: severity}, :entropy), do: severity == :loop
+  def alert?(%{verdict: %{verdict: verdict}}, :verdict), do: verdict == :loop
+  def alert?(%{}, :verdict), do: false
+
+  @doc """
   Broadcasts what the step's verdict calls for (see the module doc). `score` is the
   tracker's score for the step (nil when it failed).
 

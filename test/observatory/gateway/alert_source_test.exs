@@ -141,6 +141,17 @@ defmodule Observatory.Gateway.AlertSourceTest do
     end
   end
 
+  test "alert?/2 says which results alarm under each source, from one pass", %{sid: sid} do
+    Application.put_env(:observatory, :alert_source, :entropy)
+    files = read_files(sid)
+    cycle = abc_cycle(unique_session("sess-source-abc"))
+    assert Enum.any?(files, &AlertSource.alert?(&1, :entropy))
+    refute Enum.any?(files, &AlertSource.alert?(&1, :verdict))
+    refute Enum.any?(cycle, &AlertSource.alert?(&1, :entropy))
+    assert Enum.count(cycle, &AlertSource.alert?(&1, :verdict)) == 1
+    refute AlertSource.alert?(%{severity: nil, verdict: nil}, :verdict)
+  end
+
   test "an unknown value is logged once and read as :entropy" do
     Application.put_env(:observatory, :alert_source, :both)
 
