@@ -10,6 +10,27 @@ config :observatory,
   entropy_sweep_interval_ms: :timer.minutes(1),
   entropy_clock_tick_ms: 1_000,
   pubsub: {Observatory.PubSub, Observatory.PubSub},
+  # Who raises EntropyAlertEvents and topology states: :entropy (FRD-009) or :verdict.
+  alert_source: :entropy,
+  # The loop verdict (issue 8): thresholds read per step, normalization at start.
+  loop_verdict: [
+    history: 16,
+    max_period: 5,
+    repeat_suspect: 2,
+    repeat_loop: 3,
+    cycle_suspect: 2,
+    cycle_loop: 3,
+    failure_suspect: 3,
+    failure_loop: 4,
+    entropy_rule: true,
+    volatile_keys: :default,
+    extra_volatile_keys: [],
+    hex_ids: true,
+    epoch_timestamps: true,
+    normalize_input_numbers: false,
+    normalize_result_numbers: false,
+    max_sessions: 100_000
+  ],
   # Durable state (Mnesia: agents and kill switch events) lives in <data_dir>/mnesia/<node>.
   data_dir: "data/#{config_env()}",
   # The OpenAI-compatible API the chat-completions proxy forwards to (base URL).

@@ -14,6 +14,7 @@ defmodule Observatory.Application do
         Observatory.Gateway.EntropyTracker,
         Observatory.Gateway.HITL,
         Observatory.Gateway.StepDetector,
+        Observatory.Gateway.LoopVerdict,
         Observatory.Gateway.CallBreaker,
         Observatory.Gateway.SessionLog,
         Observatory.KillSwitch.Supervisor

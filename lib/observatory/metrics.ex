@@ -20,9 +20,13 @@ defmodule Observatory.Metrics do
     proxy_inactive: "observatory_proxy_inactive_responses_total",
     upstream_errors: "observatory_proxy_upstream_errors_total",
     kill_switch_trips: "observatory_kill_switch_trips_total",
+    verdict_errors: "observatory_verdict_errors_total",
     normal: nil,
     warning: nil,
-    loop: nil
+    loop: nil,
+    verdict_progress: nil,
+    verdict_suspect: nil,
+    verdict_loop: nil
   ]
   # Upper bounds of the ingest latency buckets, in microseconds.
   @buckets [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000]
@@ -77,6 +81,19 @@ defmodule Observatory.Metrics do
         end
     ]
 
+    verdicts = [
+      "# TYPE observatory_verdict_total counter\n"
+      | for v <- [:progress, :suspect, :loop] do
+          [
+            "observatory_verdict_total{verdict=\"",
+            Atom.to_string(v),
+            "\"} ",
+            Integer.to_string(value.(:"verdict_#{v}")),
+            "\n"
+          ]
+        end
+    ]
+
     counts = for i <- 0..length(@buckets), do: :counters.get(ref, length(@names) + 1 + i)
     cumulative = Enum.scan(counts, &+/2)
     name = "observatory_ingest_duration_microseconds"
@@ -99,7 +116,7 @@ defmodule Observatory.Metrics do
       "\n"
     ]
 
-    [counters, severities, histogram]
+    [counters, severities, verdicts, histogram]
   end
 
   defp ref, do: :persistent_term.get(__MODULE__)

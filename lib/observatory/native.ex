@@ -37,8 +37,8 @@ defmodule Observatory.Native do
   def json_encode(_term), do: :erlang.nif_error(:nif_not_loaded)
   def json_encode_dirty(_term), do: :erlang.nif_error(:nif_not_loaded)
 
-  def decision_log_parse(_body), do: :erlang.nif_error(:nif_not_loaded)
-  def decision_log_parse_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def decision_log_parse(_body, _rules), do: :erlang.nif_error(:nif_not_loaded)
+  def decision_log_parse_dirty(_body, _rules), do: :erlang.nif_error(:nif_not_loaded)
   def action_statuses, do: :erlang.nif_error(:nif_not_loaded)
 
   def json_stable_hash(_term), do: :erlang.nif_error(:nif_not_loaded)
@@ -58,6 +58,22 @@ defmodule Observatory.Native do
   def step_list(_store, _limit), do: :erlang.nif_error(:nif_not_loaded)
   def step_reset(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def step_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
+
+  def verdict_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
+
+  def verdict_rules_new(_hex_ids, _epoch, _input_numbers, _result_numbers, _volatile),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def verdict_config_check(_config), do: :erlang.nif_error(:nif_not_loaded)
+  def verdict_default_volatile_words, do: :erlang.nif_error(:nif_not_loaded)
+
+  def verdict_observe(_store, _session_id, _keys, _entropy, _config),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def verdict_state(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def verdict_list(_store, _limit), do: :erlang.nif_error(:nif_not_loaded)
+  def verdict_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def verdict_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
 
   def breaker_new(_max_calls, _window_ms, _max_keys), do: :erlang.nif_error(:nif_not_loaded)
 

@@ -13,12 +13,15 @@ defmodule ObservatoryWeb.SessionClusterManager do
   ## Callbacks
 
     * `mount/3` — when connected, subscribes to `"gateway:entropy_alerts"`,
-      `"gateway:topology"`, `"gateway:hitl"` and `"gateway:loop_detection"`, and
-      schedules a periodic refresh;
-      loads the topology snapshot from `EntropyTracker.sessions/1` and the pauses in
-      force. The operator's name comes from the session's `"operator"` key and is what
-      the HITL audit log records for the dashboard's commands; `"agents_path"`
-      (default `"/agents"`) is where fleet nodes' agent names link to.
+      `"gateway:topology"`, `"gateway:hitl"`, `"gateway:loop_detection"` and
+      `"gateway:loop_verdict"`, and schedules a periodic refresh;
+      loads the topology snapshot from `EntropyTracker.sessions/1`, the loop verdicts
+      (`LoopVerdict.flagged/1`) and the pauses in force. With
+      `config :observatory, :alert_source, :verdict` a node's state follows its verdict
+      (loop → `alert_entropy`, suspect → `blocked`) instead of its entropy severity. The
+      operator's name comes from the session's `"operator"` key and is what the HITL
+      audit log records for the dashboard's commands; `"agents_path"` (default
+      `"/agents"`) is where fleet nodes' agent names link to.
     * `handle_info/2` — alerts go to the panel (one row per session), topology and HITL
       events to the fleet, and events about the inspected session reload the Inspect
       panel. Messages it does not know are logged at debug level and ignored.
@@ -44,7 +47,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   require Logger
 
   alias ObservatoryWeb.LivePage
-  alias Observatory.Gateway.{EntropyTracker, Events, HITL, StepDetector}
+  alias Observatory.Gateway.{AlertSource, EntropyTracker, Events, HITL, LoopVerdict, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
   @events ["pause_inspect", "resume", "close_inspect", "reset_step"]
@@ -59,7 +62,14 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   @doc "The topics `mount/3` subscribes a connected page to."
   @spec topics() :: [String.t()]
-  def topics, do: [Events.entropy_alerts(), Events.topology(), HITL.topic(), StepDetector.topic()]
+  def topics,
+    do: [
+      Events.entropy_alerts(),
+      Events.topology(),
+      HITL.topic(),
+      StepDetector.topic(),
+      LoopVerdict.topic()
+    ]
 
   @doc "Mounts the manager; see the module doc."
   @spec mount(map() | :not_mounted_at_router, map(), socket) :: {:ok, socket}
@@ -119,6 +129,13 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   def handle_info(%{event_type: "loop_detection"}, socket) do
     {:noreply, Socket.assign(socket, :steps, StepDetector.active())}
+  end
+
+  def handle_info(%{event_type: "loop_verdict", session_id: id} = event, socket) do
+    socket
+    |> Socket.assign(:fleet, Fleet.put_verdict(socket.assigns.fleet, id, event))
+    |> reload_inspect(id)
+    |> noreply()
   end
 
   def handle_info(%{event_type: "decision_log", session_id: id}, socket) do
@@ -244,6 +261,22 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp noreply(socket), do: {:noreply, socket}
 
   defp snapshot do
-    Fleet.snapshot(EntropyTracker.sessions(limit: @snapshot_limit), HITL.paused_sessions())
+    flagged = LoopVerdict.flagged(@snapshot_limit)
+    sessions = EntropyTracker.sessions(limit: @snapshot_limit)
+
+    sessions =
+      if AlertSource.current() == :verdict,
+        do: by_verdict(sessions, Map.new(flagged, &{&1.session_id, &1.verdict})),
+        else: sessions
+
+    sessions
+    |> Fleet.snapshot(HITL.paused_sessions())
+    |> Fleet.put_verdicts(flagged)
+  end
+
+  # With the verdict as the alert source, a node's state follows the verdict.
+  defp by_verdict(sessions, verdicts) do
+    severity = %{loop: :loop, suspect: :warning, progress: :normal}
+    Enum.map(sessions, &%{&1 | severity: severity[Map.get(verdicts, &1.session_id, :progress)]})
   end
 end

@@ -25,10 +25,34 @@ defmodule ObservatoryWeb.APITest do
                "entropy_score" => 1.0,
                "severity" => "normal",
                "paused" => false,
-               "directives" => []
+               "directives" => [],
+               "verdict" => %{
+                 "verdict" => "progress",
+                 "previous" => nil,
+                 "rule" => "none",
+                 "step_number" => 1,
+                 "evidence" => [],
+                 "reason" => "the session's first step: nothing to compare yet"
+               }
              } = resp.body
 
       assert resp.headers["x-content-type-options"] == "nosniff"
+    end
+
+    test "the loop verdict is in the answer, with its reason and evidence", %{sid: sid} do
+      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", msg(sid))
+      assert %{"verdict" => %{"verdict" => "suspect", "rule" => "repeat"}} = second.body
+
+      assert %{
+               "severity" => "warning",
+               "verdict" => %{
+                 "verdict" => "loop",
+                 "previous" => "suspect",
+                 "rule" => "repeat",
+                 "evidence" => [1, 2, 3],
+                 "reason" => "the same call returned the same result 3 times in a row"
+               }
+             } = third.body
     end
 
     test "the FR-9.8 example: agent says 0.9, the gateway answers 0.15 after a loop", %{sid: sid} do
@@ -170,6 +194,7 @@ defmodule ObservatoryWeb.APITest do
                "entropy_score" => 0.2,
                "severity" => "loop",
                "paused" => false,
+               "verdict" => %{"verdict" => "loop", "rule" => "repeat", "step_number" => 5},
                "messages" => 5,
                "window" => [
                  %{"intent" => "search", "tool_call" => "read_file", "action_status" => "failure"}
@@ -243,6 +268,7 @@ defmodule ObservatoryWeb.APITest do
     assert metrics.body =~ "observatory_decision_logs_total"
     assert metrics.body =~ ~s(observatory_ingest_duration_microseconds_bucket{le="+Inf"})
     assert metrics.body =~ ~s(observatory_severity_total{severity="loop"})
+    assert metrics.body =~ ~s(observatory_verdict_total{verdict="suspect"})
     assert HTTP.get("/nope").status == 404
     assert HTTP.get("/api/v1/decision_logs").status == 405
   end

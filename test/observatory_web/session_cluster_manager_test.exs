@@ -60,7 +60,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
                "gateway:entropy_alerts",
                "gateway:topology",
                "gateway:hitl",
-               "gateway:loop_detection"
+               "gateway:loop_detection",
+               "gateway:loop_verdict"
              ]
     end
 
@@ -438,6 +439,48 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert {:info, "Step detector reset" <> _} = socket.assigns.notice
       refute Enum.any?(socket.assigns.steps, &(&1.session_id == sid))
       assert Observatory.Gateway.StepDetector.state(sid).blocked == false
+    end
+  end
+
+  describe "issue 8 loop verdict next to the entropy score" do
+    defp failing_read(sid) do
+      Observatory.Test.HTTP.envelope(%{
+        "meta" => %{"session_id" => sid},
+        "action" => %{"tool_input" => %{"path" => "x"}, "result" => "ENOENT"}
+      })
+    end
+
+    test "gateway:loop_verdict events set the node's verdict; the inspector shows why" do
+      sid = unique_session("sess-verdict-ui")
+      on_exit(fn -> unpause(sid) end)
+      socket = mount!()
+      for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(failing_read(sid))
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, verdict: :suspect} = suspect
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, verdict: :loop} = loop
+      socket = feed(socket, [suspect, loop])
+
+      assert %{verdict: :loop, verdict_reason: reason} = socket.assigns.fleet[sid]
+      assert reason =~ "same result 3 times"
+      page = html(socket)
+      assert page =~ ~s(class="verdict verdict-loop" data-verdict="loop")
+
+      {:noreply, socket} = Manager.handle_event("pause_inspect", %{"session_id" => sid}, socket)
+      assert %{verdict: %{verdict: :loop, evidence: [1, 2, 3]}} = socket.assigns.inspect
+      assert html(socket) =~ "(steps 1, 2, 3)"
+    end
+
+    test "the snapshot carries verdicts; with alert_source :verdict they set the state" do
+      saved = Application.get_env(:observatory, :alert_source)
+      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+      sid = unique_session("sess-verdict-snap")
+      for _ <- 1..2, do: {:ok, _} = SchemaInterceptor.ingest(failing_read(sid))
+
+      socket = mount!()
+      assert %{verdict: :suspect, base: "active"} = socket.assigns.fleet[sid]
+
+      Application.put_env(:observatory, :alert_source, :verdict)
+      socket = mount!()
+      assert %{verdict: :suspect, base: "blocked"} = socket.assigns.fleet[sid]
     end
   end
 end

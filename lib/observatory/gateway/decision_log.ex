@@ -6,14 +6,17 @@ defmodule Observatory.Gateway.DecisionLog do
   its field path and reason, sizes are capped, no atom is created from client input,
   and unknown fields are kept. The same pass hashes the step for the step detector:
   `approach` is SHA-256 of `action.tool_call` + canonical `action.tool_input`,
-  `outcome` of `action.status` + canonical `action.result` (nil without a result).
+  `outcome` of `action.status` + canonical `action.result` (nil without a result);
+  and for the loop verdict, from the same canonical text with per-call ids normalized
+  away (`Observatory.Gateway.LoopVerdict`): `verdict_keys` is
+  `{call_key, outcome_key, has_result, failure}`, two 64-bit integers and two booleans.
 
       iex> {:error, violations} = Observatory.Gateway.DecisionLog.parse(~s({"meta": {}}))
       iex> hd(violations)
       %{path: "meta.step_id", reason: "is required"}
   """
 
-  alias Observatory.Gateway.ActionStatus
+  alias Observatory.Gateway.{ActionStatus, LoopVerdict}
   alias Observatory.Native
 
   @dirty_bytes 64 * 1024
@@ -30,7 +33,8 @@ defmodule Observatory.Gateway.DecisionLog do
           tool_call: String.t(),
           status: ActionStatus.t(),
           approach: binary(),
-          outcome: binary() | nil
+          outcome: binary() | nil,
+          verdict_keys: LoopVerdict.keys()
         }
 
   @doc "Parses one JSON envelope: the decoded envelope (string keys) and its key fields."
@@ -40,7 +44,7 @@ defmodule Observatory.Gateway.DecisionLog do
     |> parse_nif()
     |> case do
       {:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, code},
-       {approach, outcome}} ->
+       {approach, outcome}, verdict_keys} ->
         {:ok, envelope,
          %{
            step_id: step_id,
@@ -50,7 +54,8 @@ defmodule Observatory.Gateway.DecisionLog do
            tool_call: tool_call,
            status: ActionStatus.from_code(code),
            approach: approach,
-           outcome: outcome
+           outcome: outcome,
+           verdict_keys: verdict_keys
          }}
 
       {:error, list} ->
@@ -67,8 +72,9 @@ defmodule Observatory.Gateway.DecisionLog do
     end
   end
 
+  # The verdict's normalization rules (nil before LoopVerdict starts: the defaults).
   defp parse_nif(json) when byte_size(json) > @dirty_bytes,
-    do: Native.decision_log_parse_dirty(json)
+    do: Native.decision_log_parse_dirty(json, LoopVerdict.rules())
 
-  defp parse_nif(json), do: Native.decision_log_parse(json)
+  defp parse_nif(json), do: Native.decision_log_parse(json, LoopVerdict.rules())
 end

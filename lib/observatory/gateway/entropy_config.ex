@@ -42,6 +42,17 @@ defmodule Observatory.Gateway.EntropyConfig do
   defp valid_size?(n), do: is_integer(n) and n >= 1 and n <= @max_window
   defp valid_threshold?(t), do: is_number(t) and t >= 0 and t <= 1
 
+  @doc "`:entropy_window_size`, validated (the loop verdict reads it for its entropy rule)."
+  @spec window_size() :: pos_integer()
+  def window_size do
+    check(
+      :entropy_window_size,
+      Application.get_env(@app, :entropy_window_size, 5),
+      5,
+      &valid_size?/1
+    )
+  end
+
   # The invalid values already warned about, per key, live in one :persistent_term
   # map (absent while every value is valid), so a warning is logged once per change.
   # It is written only when a value turns invalid or valid again, which is rare.

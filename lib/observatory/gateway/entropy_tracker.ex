@@ -99,6 +99,10 @@ defmodule Observatory.Gateway.EntropyTracker do
   ## Options
     * `:agent_id` — the session's agent; remembered for later calls that omit it.
     * `:tracker` — the tracker's name, default `#{inspect(__MODULE__)}`.
+    * `:alerts` — `true` (default) to act on the severity as FR-9.4–9.6 say; `false` to
+      score only, with no broadcast (and no `:missing_agent_id`): what
+      `SchemaInterceptor` does when `config :observatory, :alert_source, :verdict`
+      hands alerting to `Observatory.Gateway.AlertSource`.
   """
   @spec record_and_score(String.t(), entropy_tuple(), keyword()) ::
           {:ok, float(), severity()} | {:error, reason()}
@@ -123,7 +127,7 @@ defmodule Observatory.Gateway.EntropyTracker do
         loop_threshold,
         warning_threshold
       )
-      |> act(session_id)
+      |> act(session_id, Keyword.get(opts, :alerts, true) != false)
     end
   end
 
@@ -216,7 +220,12 @@ defmodule Observatory.Gateway.EntropyTracker do
 
   ## Acting on a score
 
-  defp act({score, :loop, _previous, window_len, detail}, session_id) do
+  defp act({:error, _} = error, _session_id, _alerts), do: error
+
+  defp act({score, severity, _previous, _len, _detail}, _session_id, false),
+    do: {:ok, score, severity}
+
+  defp act({score, :loop, _previous, window_len, detail}, session_id, true) do
     {agent_id, intent, tool_call, code, count} = detail
 
     if agent_id == nil do
@@ -249,19 +258,19 @@ defmodule Observatory.Gateway.EntropyTracker do
     end
   end
 
-  defp act({score, :warning, _previous, _len, {agent_id, _, _, _, _}}, session_id) do
+  defp act({score, :warning, _previous, _len, {agent_id, _, _, _, _}}, session_id, true) do
     Topology.broadcast(session_id, agent_id, "blocked")
     {:ok, score, :warning}
   end
 
-  defp act({score, :normal, previous, _len, {agent_id, _, _, _, _}}, session_id)
+  defp act({score, :normal, previous, _len, {agent_id, _, _, _, _}}, session_id, true)
        when previous in [:warning, :loop] do
     Topology.broadcast(session_id, agent_id, "active")
     {:ok, score, :normal}
   end
 
-  defp act({score, :normal, _previous, _len, _detail}, _session_id), do: {:ok, score, :normal}
-  defp act({:error, _} = error, _session_id), do: error
+  defp act({score, :normal, _previous, _len, _detail}, _session_id, true),
+    do: {:ok, score, :normal}
 
   ## Store access
 

@@ -9,20 +9,38 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     3. overwrite `cognition.entropy_score` with the gateway's score (the agent's value
        is kept nowhere in the outbound message); if the tracker returns an error, keep
        the agent's value and log a `schema_violation` noting the failed computation;
-    4. store the envelope (`SessionLog`) and broadcast it on `"gateway:decision_logs"`;
-    5. feed the step detector (seed 002) when the step has a result;
-    6. answer with the score, the severity, the step verdict and the directives for the
-       agent — `pause` when an operator has paused the session (design.md §5), `warn`
-       or `block` with guidance from the step detector.
+    4. judge the step with `Observatory.Gateway.LoopVerdict` (issue 8), also in the
+       caller's process;
+    5. store the envelope (`SessionLog`) and broadcast it on `"gateway:decision_logs"`;
+    6. feed the step detector (seed 002) when the step has a result;
+    7. answer with the score, the severity, the loop verdict, the step verdict and the
+       directives for the agent — `pause` when an operator has paused the session
+       (design.md §5), `warn` or `block` with guidance from the step detector.
+
+  Who raises `EntropyAlertEvent`s and topology states is `config :observatory,
+  :alert_source`: the tracker itself with `:entropy` (FRD-009, the default), or
+  `Observatory.Gateway.AlertSource` from the verdict with `:verdict` (the tracker then
+  scores without broadcasting). Either way the answer carries both signals.
 
       {:ok, result} = SchemaInterceptor.ingest(json)
       result.entropy_score  #=> 0.2
+      result.verdict        #=> %{verdict: :loop, rule: :repeat, reason: "…", evidence: [3, 4, 5], …}
       result.directives     #=> [%{"type" => "pause", ...}] when paused
   """
 
   require Logger
 
-  alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, SessionLog, StepDetector}
+  alias Observatory.Gateway.{
+    AlertSource,
+    DecisionLog,
+    EntropyTracker,
+    Events,
+    HITL,
+    LoopVerdict,
+    SessionLog,
+    StepDetector
+  }
+
   alias Observatory.Metrics
 
   @type result :: %{
@@ -32,6 +50,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           entropy_score: number() | nil,
           severity: EntropyTracker.severity() | nil,
           paused: boolean(),
+          verdict: LoopVerdict.verdict() | nil,
           step: StepDetector.verdict() | nil,
           directives: [map()],
           envelope: map()
@@ -67,9 +86,13 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     Metrics.inc(:messages)
     tuple = {fields.intent, fields.tool_call, fields.status}
 
+    alert_source = AlertSource.current()
+    tracker = Keyword.get(opts, :tracker, EntropyTracker)
+
     tracker_opts = [
       agent_id: fields.agent_id,
-      tracker: Keyword.get(opts, :tracker, EntropyTracker)
+      tracker: tracker,
+      alerts: alert_source == :entropy
     ]
 
     {envelope, score, severity} =
@@ -90,6 +113,15 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           {envelope, get_in(envelope, ["cognition", "entropy_score"]), nil}
       end
 
+    verdict = judge(fields, severity)
+
+    if alert_source == :verdict and verdict != nil do
+      # The gateway's score only: after a tracker error `score` is the agent's own.
+      gateway_score = if severity, do: score
+
+      AlertSource.act(fields.session_id, fields.agent_id, verdict, gateway_score, tracker: tracker)
+    end
+
     step = analyze_step(fields)
     pause = HITL.pause_of(fields.session_id)
     SessionLog.put(fields.session_id, envelope)
@@ -100,6 +132,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       agent_id: fields.agent_id,
       step_id: fields.step_id,
       severity: severity,
+      verdict: verdict && verdict.verdict,
       envelope: envelope
     })
 
@@ -110,11 +143,37 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       entropy_score: score,
       severity: severity,
       paused: pause != nil,
+      verdict: verdict,
       step: step,
       directives: directives(pause) ++ step_directives(step),
       envelope: envelope
     }
   end
+
+  # Issue 8: every valid step gets a verdict, result or not.
+  defp judge(fields, severity) do
+    opts = [agent_id: fields.agent_id, step_id: fields.step_id]
+
+    case LoopVerdict.observe(fields.session_id, fields.verdict_keys, severity, opts) do
+      {:ok, verdict} ->
+        Metrics.inc(verdict_counter(verdict.verdict))
+        verdict
+
+      {:error, reason} ->
+        Metrics.inc(:verdict_errors)
+
+        Logger.warning(
+          "loop verdict failed for session #{inspect(fields.session_id)} " <>
+            "step #{inspect(fields.step_id)}: #{inspect(reason)}"
+        )
+
+        nil
+    end
+  end
+
+  defp verdict_counter(:progress), do: :verdict_progress
+  defp verdict_counter(:suspect), do: :verdict_suspect
+  defp verdict_counter(:loop), do: :verdict_loop
 
   # Layer 1 of seed 002; a step without a result has no outcome and is not analysed.
   defp analyze_step(%{outcome: nil}), do: nil

@@ -82,6 +82,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
       entropy_score: result.entropy_score,
       severity: result.severity,
       paused: result.paused,
+      verdict: result.verdict,
       step: result.step,
       directives: result.directives
     }

@@ -2,14 +2,15 @@ defmodule ObservatoryWeb.API.Sessions do
   @moduledoc """
   Session state and the HITL commands (design.md §5).
 
-    * `GET /api/v1/sessions/:id` — window, score, severity, pause (agent key or operator);
+    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause (agent key
+      or operator);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
       `{"reason": "..."}`; `409` when already paused / not paused;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
     * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
   """
 
-  alias Observatory.Gateway.{EntropyTracker, HITL, SessionLog, StepDetector}
+  alias Observatory.Gateway.{EntropyTracker, HITL, LoopVerdict, SessionLog, StepDetector}
   alias Observatory.JSON
   alias ObservatoryWeb.{Auth, Conn}
 
@@ -18,7 +19,8 @@ defmodule ObservatoryWeb.API.Sessions do
       session = EntropyTracker.session(id)
       pause = HITL.pause_of(id)
 
-      if session == nil and pause == nil and StepDetector.state(id) == nil do
+      if session == nil and pause == nil and StepDetector.state(id) == nil and
+           LoopVerdict.session(id) == nil do
         Conn.error(conn, 404, "not_found", "no such session")
       else
         Conn.json(conn, 200, view(id, session, pause))
@@ -60,6 +62,7 @@ defmodule ObservatoryWeb.API.Sessions do
         end,
       entropy_score: session && session.score,
       severity: session && session.severity,
+      verdict: LoopVerdict.session(id),
       paused: pause != nil,
       pause: pause && entry(pause),
       step_detector: StepDetector.state(id),

@@ -23,6 +23,13 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
       (the tracker broadcasts only changes of severity);
     * `apply_update/2`, `pause/2`, `resume/2`, `put_score/4` — the live
       `"gateway:topology"`, `"gateway:hitl"` and alert events in between.
+
+  Each node also carries the session's loop verdict (issue 8) next to its entropy
+  score: `put_verdicts/2` from `LoopVerdict.flagged/1` with each snapshot (a session
+  it does not list is at `:progress`), `put_verdict/3` from `"gateway:loop_verdict"`.
+  Which of the two signals sets the node's state is `config :observatory,
+  :alert_source`; the snapshot is given severities accordingly (see
+  `ObservatoryWeb.SessionClusterManager`).
   """
 
   @idle_after_ms 30_000
@@ -35,7 +42,9 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
           agent_id: String.t() | nil,
           base: node_state(),
           paused: boolean(),
-          score: float() | nil
+          score: float() | nil,
+          verdict: :progress | :suspect | :loop | nil,
+          verdict_reason: String.t() | nil
         }
   @type t :: %{String.t() => fleet_node()}
 
@@ -63,7 +72,9 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
            agent_id: s.agent_id,
            base: derive(s.severity, s.idle_ms, idle_after_ms),
            paused: MapSet.member?(paused, s.session_id),
-           score: s.score
+           score: s.score,
+           verdict: :progress,
+           verdict_reason: nil
          }}
       end
 
@@ -100,6 +111,25 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
   @spec put_score(t(), String.t(), String.t() | nil, float()) :: t()
   def put_score(fleet, id, agent_id, score) do
     fleet |> upsert(id, agent_id) |> put_in([id, :score], score)
+  end
+
+  @doc """
+  Sets the loop verdict of the listed sessions (`%{session_id, verdict, reason}`, as
+  `LoopVerdict.flagged/1` gives them); sessions absent from the fleet are not added.
+  """
+  @spec put_verdicts(t(), [map()]) :: t()
+  def put_verdicts(fleet, flagged) do
+    Enum.reduce(flagged, fleet, fn %{session_id: id} = v, acc ->
+      if Map.has_key?(acc, id), do: put_verdict(acc, id, v), else: acc
+    end)
+  end
+
+  @doc "Sets a node's loop verdict (from a `\"gateway:loop_verdict\"` event), adding the node if new."
+  @spec put_verdict(t(), String.t(), map()) :: t()
+  def put_verdict(fleet, id, %{verdict: verdict} = v) do
+    fleet
+    |> upsert(id, Map.get(v, :agent_id))
+    |> update_in([id], &%{&1 | verdict: verdict, verdict_reason: Map.get(v, :reason)})
   end
 
   @doc "Marks a session paused (a HITL pause)."
@@ -150,6 +180,15 @@ defmodule ObservatoryWeb.SessionClusterManager.Fleet do
     end
   end
 
-  defp blank(id, agent_id),
-    do: %{session_id: id, agent_id: agent_id, base: "active", paused: false, score: nil}
+  defp blank(id, agent_id) do
+    %{
+      session_id: id,
+      agent_id: agent_id,
+      base: "active",
+      paused: false,
+      score: nil,
+      verdict: nil,
+      verdict_reason: nil
+    }
+  end
 end

@@ -2,14 +2,15 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
   @moduledoc """
   What the Inspect panel shows for one session, read fresh from the gateway:
   its current entropy window (oldest step first), score and severity from
-  `EntropyTracker.session/1`, the pause in force from `HITL.pause_of/1`, and how
-  many DecisionLogs it has sent (`SessionLog.count/1`).
+  `EntropyTracker.session/1`, its loop verdict from `LoopVerdict.session/1`, the pause
+  in force from `HITL.pause_of/1`, and how many DecisionLogs it has sent
+  (`SessionLog.count/1`).
 
   `load/1` is cheap (a NIF lookup and two ETS reads), so the manager calls it again
   whenever an event about the inspected session arrives.
   """
 
-  alias Observatory.Gateway.{EntropyTracker, HITL, SessionLog}
+  alias Observatory.Gateway.{EntropyTracker, HITL, LoopVerdict, SessionLog}
 
   @type t :: %{
           session_id: String.t(),
@@ -17,6 +18,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
           window: [EntropyTracker.entropy_tuple()],
           score: float() | nil,
           severity: EntropyTracker.severity() | nil,
+          verdict: map() | nil,
           pause: HITL.audit_entry() | nil,
           messages: non_neg_integer()
         }
@@ -32,6 +34,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
       window: (session && session.window) || [],
       score: session && session.score,
       severity: session && session.severity,
+      verdict: LoopVerdict.session(session_id),
       pause: HITL.pause_of(session_id),
       messages: SessionLog.count(session_id)
     }

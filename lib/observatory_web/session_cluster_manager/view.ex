@@ -226,6 +226,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       fact("Agent", escape(info.agent_id || "unknown")),
       fact("Node", badge(Fleet.state_of(fleet, info.session_id) || state_of_info(info))),
       fact("Score", [score(info.score), " ", severity(info.severity)]),
+      fact("Verdict", verdict_fact(Map.get(info, :verdict))),
       fact("Messages", escape(info.messages)),
       "</dl>",
       pause_box(info),
@@ -238,6 +239,40 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   defp state_of_info(_), do: nil
 
   defp fact(term, value), do: ["<div><dt>", term, "</dt><dd>", value, "</dd></div>"]
+
+  defp verdict_fact(nil), do: ~s(<span class="muted">–</span>)
+
+  defp verdict_fact(v) do
+    [
+      verdict_tag(v.verdict, v.reason),
+      ~s(<span class="verdict-reason">),
+      escape(v.reason),
+      evidence(v.evidence),
+      "</span>"
+    ]
+  end
+
+  defp evidence([]), do: ""
+  defp evidence(steps), do: [" (steps ", escape(Enum.join(steps, ", ")), ")"]
+
+  # The loop verdict next to the entropy score (issue 8).
+  defp verdict_tag(nil, _reason), do: ""
+
+  defp verdict_tag(verdict, reason) do
+    v = escape(verdict)
+
+    [
+      ~s(<span class="verdict verdict-),
+      v,
+      ~s(" data-verdict="),
+      v,
+      ~s(" title="),
+      escape(reason || "loop verdict: #{verdict}"),
+      ~s(">),
+      v,
+      "</span>"
+    ]
+  end
 
   defp severity(nil), do: ""
   defp severity(sev), do: [~s(<span class="muted">), escape(sev), "</span>"]
@@ -394,9 +429,11 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       node_agent(node.agent_id, agents_path),
       ~s(<span class="node-foot"><span class="node-state">),
       label(state),
-      ~s(</span><span class="node-score" title="entropy score">),
+      ~s(</span><span class="node-signals">),
+      verdict_tag(Map.get(node, :verdict), Map.get(node, :verdict_reason)),
+      ~s(<span class="node-score" title="entropy score">),
       score(node.score),
-      "</span></span></li>"
+      "</span></span></span></li>"
     ]
   end
 

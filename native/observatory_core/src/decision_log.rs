@@ -7,6 +7,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::loop_verdict::keys::{self, Normalization};
+use crate::loop_verdict::StepKeys;
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
 use crate::stable_json::{hash_parts, stable_stringify, Digest};
 
@@ -175,6 +177,56 @@ pub fn step_digests(envelope: &Value) -> (Digest, Option<Digest>) {
         hash_parts(&[status.as_bytes(), stable_stringify(result).as_bytes()])
     });
     (approach, outcome)
+}
+
+/// The loop verdict's view of a valid envelope: 64-bit call and outcome keys of the
+/// tool and its input, the status and its result, with per-call ids normalized away
+/// (see [`keys`](crate::loop_verdict::keys)). [`step_hashes`] computes it together
+/// with [`step_digests`], from the same canonical text.
+pub fn verdict_keys(envelope: &Value, rules: &Normalization) -> StepKeys {
+    let action = &envelope["action"];
+    keys::step_keys(
+        action["tool_call"].as_str().unwrap_or_default(),
+        action["status"].as_str().unwrap_or_default(),
+        action.get("tool_input"),
+        action.get("result"),
+        rules,
+    )
+}
+
+/// Every hash of a step, for the step detector and the loop verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepHashes {
+    /// [`step_digests`]' approach.
+    pub approach: Digest,
+    /// [`step_digests`]' outcome (`None` without `action.result`).
+    pub outcome: Option<Digest>,
+    /// [`verdict_keys`].
+    pub verdict: StepKeys,
+}
+
+/// [`step_digests`] and [`verdict_keys`] in one pass: the canonical text of the input
+/// and of the result is written once and hashed twice, SHA-256 as it is and the 64-bit
+/// keys after normalization.
+pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
+    let action = &envelope["action"];
+    let tool = action["tool_call"].as_str().unwrap_or_default();
+    let status = action["status"].as_str().unwrap_or_default();
+    let input = stable_stringify(action.get("tool_input").unwrap_or(&Value::Null));
+    let result = action.get("result");
+    let result_text = result.map(stable_stringify);
+    let approach = hash_parts(&[tool.as_bytes(), input.as_bytes()]);
+    let outcome = result_text
+        .as_ref()
+        .map(|text| hash_parts(&[status.as_bytes(), text.as_bytes()]));
+    let verdict_result = result_text
+        .as_deref()
+        .filter(|_| !result.is_some_and(Value::is_null));
+    StepHashes {
+        approach,
+        outcome,
+        verdict: keys::keys_from_canonical(tool, status, &input, verdict_result, rules),
+    }
 }
 
 /// The code of a status string, or `None` when it is not in the fixed set.

@@ -23,6 +23,8 @@ pub enum Error {
     InvalidKillSwitchWindow,
     #[error("kill switch threshold must be a finite number above 0")]
     InvalidKillSwitchThreshold,
+    #[error("loop verdict thresholds need suspect >= 2, loop >= suspect, history 2..=64, max_period 1..=8")]
+    InvalidVerdictConfig,
     #[error("a chat-completions request must be a JSON object")]
     NotAnObject,
     #[error("a chat-completions response must be an object with a choices array")]

@@ -1,23 +1,28 @@
-//! A sharded, bounded map from session id to per-session state (`StepLoopDetector`s).
+//! A sharded, bounded map from session id to per-session state (`StepLoopDetector`s,
+//! loop-verdict states).
 //!
 //! Same shape as the entropy store, without its interning: N shards, each a mutex over
-//! a hash map, a coarse clock advanced by the owner, idle entries dropped by
+//! a hash table, a coarse clock advanced by the owner, idle entries dropped by
 //! [`KeyedStore::sweep`], and each shard capped at its share of `max_entries`
-//! (the least recently seen evicted first when full).
+//! (the least recently seen evicted first when full). A key is hashed once per call
+//! (keyed SipHash: keys come from clients), and the hash picks both the shard and the
+//! bucket; entries keep their hash, so growing a table never rehashes a key.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 struct Slot<T> {
+    key: Box<str>,
+    hash: u64,
     value: T,
     last_seen_ms: i64,
 }
 
-type Shard<T> = Mutex<HashMap<Box<str>, Slot<T>>>;
+type Shard<T> = Mutex<HashTable<Slot<T>>>;
 
 /// Per-key state, sharded by a keyed hash of the key. `Sync` when `T: Send`.
 pub struct KeyedStore<T> {
@@ -31,7 +36,7 @@ impl<T> KeyedStore<T> {
     pub fn new(shards: usize, max_entries: usize) -> Self {
         let shards = shards.max(1);
         Self {
-            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::new(),
             max_per_shard: max_entries.div_ceil(shards).max(1),
             now_ms: AtomicI64::new(0),
@@ -46,34 +51,39 @@ impl<T> KeyedStore<T> {
     /// Runs `f` on the key's state, creating it with `make` first if absent.
     pub fn update<R>(&self, key: &str, make: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> R {
         let now_ms = self.now_ms.load(Ordering::Relaxed);
-        let mut shard = self.shard(key).lock();
-        if !shard.contains_key(key) {
-            if shard.len() >= self.max_per_shard {
-                evict_oldest(&mut shard, (self.max_per_shard / 64).max(1));
-            }
-            shard.insert(
-                key.into(),
-                Slot {
-                    value: make(),
-                    last_seen_ms: now_ms,
-                },
-            );
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash).lock();
+        if let Some(slot) = shard.find_mut(hash, |s| &*s.key == key) {
+            slot.last_seen_ms = now_ms;
+            return f(&mut slot.value);
         }
-        let slot = shard.get_mut(key).expect("present or just inserted");
-        slot.last_seen_ms = now_ms;
-        f(&mut slot.value)
+        if shard.len() >= self.max_per_shard {
+            evict_oldest(&mut shard, (self.max_per_shard / 64).max(1));
+        }
+        let slot = Slot {
+            key: key.into(),
+            hash,
+            value: make(),
+            last_seen_ms: now_ms,
+        };
+        f(&mut shard.insert_unique(hash, slot, |s| s.hash).into_mut().value)
     }
 
     /// Runs `f` on the key's state if it exists.
     pub fn read<R>(&self, key: &str, f: impl FnOnce(&T) -> R) -> Option<R> {
-        self.shard(key).lock().get(key).map(|slot| f(&slot.value))
+        let hash = self.hasher.hash_one(key);
+        self.shard(hash)
+            .lock()
+            .find(hash, |s| &*s.key == key)
+            .map(|slot| f(&slot.value))
     }
 
     /// Runs `f` on the key's state if it exists, without marking it as seen.
     pub fn modify<R>(&self, key: &str, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        self.shard(key)
+        let hash = self.hasher.hash_one(key);
+        self.shard(hash)
             .lock()
-            .get_mut(key)
+            .find_mut(hash, |s| &*s.key == key)
             .map(|slot| f(&mut slot.value))
     }
 
@@ -81,12 +91,12 @@ impl<T> KeyedStore<T> {
     pub fn collect<R>(&self, limit: usize, mut f: impl FnMut(&T) -> Option<R>) -> Vec<(String, R)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            for (key, slot) in shard.lock().iter() {
+            for slot in shard.lock().iter() {
                 if out.len() >= limit {
                     return out;
                 }
                 if let Some(r) = f(&slot.value) {
-                    out.push((key.to_string(), r));
+                    out.push((slot.key.to_string(), r));
                 }
             }
         }
@@ -94,7 +104,14 @@ impl<T> KeyedStore<T> {
     }
 
     pub fn remove(&self, key: &str) -> bool {
-        self.shard(key).lock().remove(key).is_some()
+        let hash = self.hasher.hash_one(key);
+        match self.shard(hash).lock().find_entry(hash, |s| &*s.key == key) {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Advances the clock and drops entries idle for `ttl_ms` or longer.
@@ -106,7 +123,7 @@ impl<T> KeyedStore<T> {
             .map(|shard| {
                 let mut shard = shard.lock();
                 let before = shard.len();
-                shard.retain(|_, slot| now_ms.saturating_sub(slot.last_seen_ms) < ttl_ms);
+                shard.retain(|slot| now_ms.saturating_sub(slot.last_seen_ms) < ttl_ms);
                 before - shard.len()
             })
             .sum()
@@ -120,21 +137,20 @@ impl<T> KeyedStore<T> {
         self.len() == 0
     }
 
-    fn shard(&self, key: &str) -> &Shard<T> {
-        let index = (self.hasher.hash_one(key) >> 32) as usize % self.shards.len();
-        &self.shards[index]
+    fn shard(&self, hash: u64) -> &Shard<T> {
+        &self.shards[(hash >> 32) as usize % self.shards.len()]
     }
 }
 
-fn evict_oldest<T>(shard: &mut HashMap<Box<str>, Slot<T>>, count: usize) {
-    let mut seen: Vec<i64> = shard.values().map(|s| s.last_seen_ms).collect();
+fn evict_oldest<T>(shard: &mut HashTable<Slot<T>>, count: usize) {
+    let mut seen: Vec<i64> = shard.iter().map(|s| s.last_seen_ms).collect();
     let nth = count.min(seen.len()).saturating_sub(1);
     if seen.is_empty() {
         return;
     }
     let (_, &mut cutoff, _) = seen.select_nth_unstable(nth);
     let mut budget = count;
-    shard.retain(|_, slot| {
+    shard.retain(|slot| {
         if budget > 0 && slot.last_seen_ms <= cutoff {
             budget -= 1;
             false

@@ -10,13 +10,15 @@
 //! * [`keyed_store`] — a sharded, bounded per-session map (step detectors).
 //! * [`decision_log`] — DecisionLog envelope parsing and validation (design.md §3).
 //! * [`replay`] — a line of recorded steps: an envelope, or a flat record made into one.
-//! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003).
+//! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003),
+//!   and the per-call-id mode the loop verdict hashes with.
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
 //! * [`messages`] — the last user message and tool-call signatures of a chat request.
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
 //! * [`call_circuit_breaker`] — sliding-window limit on identical tool calls (seed 002, layer 2).
+//! * [`loop_verdict`] — progress / suspect / loop per step from calls, results and entropy (issue 8).
 
 pub mod call_circuit_breaker;
 pub mod decision_log;
@@ -24,6 +26,7 @@ pub mod error;
 pub mod interner;
 pub mod keyed_store;
 pub mod kill_switch;
+pub mod loop_verdict;
 pub mod messages;
 pub mod normalize;
 pub mod replay;

@@ -1,22 +1,34 @@
 //! NIFs behind `Observatory.Gateway.DecisionLog`: parse and validate an envelope.
 
-use observatory_core::decision_log::{self, Fields, Violation, ACTION_STATUSES};
-use rustler::{Binary, Encoder, Env, Term};
+use observatory_core::decision_log::{self, Fields, StepHashes, Violation, ACTION_STATUSES};
+use observatory_core::loop_verdict::keys::Normalization;
+use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
 use crate::atoms;
 use crate::json::{binary, value_to_term};
+use crate::loop_verdict::VerdictRules;
 
 /// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
-/// {approach_digest, outcome_digest | nil}}` or `{:error, [{path, reason}]}`.
+/// {approach_digest, outcome_digest | nil}, {call_key, outcome_key, has_result,
+/// failure}}` or `{:error, [{path, reason}]}`. The verdict keys are normalized with
+/// `rules` (nil: the defaults).
 #[rustler::nif]
-fn decision_log_parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    parse(env, body)
+fn decision_log_parse<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    rules: Option<ResourceArc<VerdictRules>>,
+) -> Term<'a> {
+    parse(env, body, rules)
 }
 
 /// The same, on a dirty scheduler: the Elixir side picks it for large bodies.
 #[rustler::nif(schedule = "DirtyCpu")]
-fn decision_log_parse_dirty<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    parse(env, body)
+fn decision_log_parse_dirty<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    rules: Option<ResourceArc<VerdictRules>>,
+) -> Term<'a> {
+    parse(env, body, rules)
 }
 
 /// The status set, in code order (pinned against the Elixir list by a test).
@@ -25,7 +37,7 @@ fn action_statuses() -> Vec<&'static str> {
     ACTION_STATUSES.to_vec()
 }
 
-fn parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRules>>) -> Term<'a> {
     let value = match decision_log::parse(body.as_slice()) {
         Ok(value) => value,
         Err(violation) => return violations(env, &[violation]),
@@ -39,7 +51,14 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
             tool_call,
             status,
         }) => {
-            let (approach, outcome) = decision_log::step_digests(&value);
+            let rules = rules
+                .as_ref()
+                .map_or(Normalization::shared_default(), |r| &r.0);
+            let StepHashes {
+                approach,
+                outcome,
+                verdict,
+            } = decision_log::step_hashes(&value, rules);
             (
                 atoms::ok(),
                 value_to_term(env, &value),
@@ -47,6 +66,12 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
                 (
                     binary(env, &approach),
                     outcome.map(|digest| binary(env, &digest)),
+                ),
+                (
+                    verdict.call,
+                    verdict.outcome,
+                    verdict.has_result,
+                    verdict.failure,
                 ),
             )
                 .encode(env)

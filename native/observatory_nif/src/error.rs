@@ -21,6 +21,7 @@ pub fn reason(error: CoreError) -> rustler::Atom {
         CoreError::InvalidBreakerConfig => atoms::invalid_breaker_config(),
         CoreError::InvalidKillSwitchWindow => atoms::invalid_kill_switch_window(),
         CoreError::InvalidKillSwitchThreshold => atoms::invalid_kill_switch_threshold(),
+        CoreError::InvalidVerdictConfig => atoms::invalid_verdict_config(),
         CoreError::NotAnObject => atoms::not_an_object(),
         CoreError::NotACompletion => atoms::not_a_completion(),
     }

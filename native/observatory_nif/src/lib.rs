@@ -6,6 +6,7 @@ mod entropy_tracker;
 mod error;
 mod json;
 mod kill_switch;
+mod loop_verdict;
 mod replay;
 mod step_detector;
 mod test_support;
@@ -31,6 +32,14 @@ mod atoms {
         // replay
         envelope,
         flat,
+        // loop verdict: levels and rules
+        progress,
+        suspect,
+        none,
+        repeat,
+        cycle,
+        same_failure,
+        entropy,
         // error reasons
         invalid_session_id,
         invalid_agent_id,
@@ -42,6 +51,7 @@ mod atoms {
         invalid_breaker_config,
         invalid_kill_switch_window,
         invalid_kill_switch_threshold,
+        invalid_verdict_config,
         not_an_object,
         not_a_completion,
         invalid_json,

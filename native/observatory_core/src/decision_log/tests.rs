@@ -173,3 +173,26 @@ fn step_digests_ignore_key_order_and_need_a_result() {
     let no_result = json!({"action": {"tool_call": "grep", "status": "failure"}});
     assert_eq!(step_digests(&no_result).1, None);
 }
+
+#[test]
+fn step_hashes_agree_with_step_digests_and_verdict_keys() {
+    use crate::loop_verdict::keys::Normalization;
+    let rules = Normalization::shared_default();
+    let mut no_result = valid();
+    no_result["action"]
+        .as_object_mut()
+        .unwrap()
+        .remove("result");
+    let mut null_result = valid();
+    null_result["action"]["result"] = Value::Null;
+    let mut no_input = valid();
+    no_input["action"]
+        .as_object_mut()
+        .unwrap()
+        .remove("tool_input");
+    for envelope in [valid(), no_result, null_result, no_input] {
+        let hashes = step_hashes(&envelope, rules);
+        assert_eq!((hashes.approach, hashes.outcome), step_digests(&envelope));
+        assert_eq!(hashes.verdict, verdict_keys(&envelope, rules));
+    }
+}

@@ -1,0 +1,371 @@
+defmodule Observatory.Gateway.LoopVerdict do
+  @moduledoc """
+  One verdict per step and session — `:progress`, `:suspect` or `:loop` — with the rule
+  that decided it, a reason in words and the step numbers that are its evidence
+  (issue 8). It catches the loops FRD-009's uniqueness ratio misses and explains away
+  the ones it invents.
+
+  The ratio looks at `{intent, tool_call, status}` only: reading eight different files,
+  polling a job that moves 10 % → 80 % or writing ten different files all look like a
+  pure loop to it, and an agent that alternates edit/build, cycles A → B → C or tries
+  `grep`, `rg`, `find` and `ack` for the same missing symbol never does. The verdict
+  also looks at each step's **call** (tool + `action.tool_input`) and **outcome**
+  (status + `action.result`), hashed by the DecisionLog parse from the canonical JSON
+  it already writes for the step detector, with per-call ids normalized away:
+  timestamps and Unix times, UUIDs, hex ids, and numbers after volatile words and keys
+  (`pid 4242`, `"elapsed_ms": 239`). Plain numbers are kept: `file3.txt` and `file4.txt`
+  are different calls, `progress: 10` and `progress: 80` different results.
+
+      {:ok, result} = Observatory.Gateway.SchemaInterceptor.ingest(json)
+      result.verdict
+      #=> %{verdict: :loop, previous: :suspect, rule: :repeat,
+      #     reason: "the same call returned the same result 3 times in a row",
+      #     evidence: [4, 5, 6], step_number: 6}
+
+  ## Rules
+
+  Each session keeps its last `history` steps. On every step, in this order:
+
+    * **repeat** (a) — the same call several times in a row: suspect when the last
+      `repeat_suspect` of them had the same outcome, loop at `repeat_loop`;
+      **progress** when the outcome changed (polling, a retry that worked);
+    * **cycle** (b) — a block of 2..`max_period` calls repeated (A B A B, A B C A B C):
+      suspect when its outcomes repeated for `cycle_suspect` blocks, loop at
+      `cycle_loop`; **progress** when an outcome in the block changed. The same call
+      whose answer flaps (X, Y, X, Y) is a cycle of outcomes, judged the same way;
+    * **same_failure** (c) — the step failed (`failure`, `error`, `timeout`) with a
+      result, and that same outcome ended `failure_suspect` / `failure_loop` different
+      calls in the history;
+    * **entropy** (d) — only when (a)–(c) say nothing, and only if `entropy_rule`: the
+      entropy severity is WARNING or LOOP. Explained (**progress**) when every
+      `(call, outcome)` pair in the entropy window differs, suspect otherwise — never
+      loop.
+
+  No rule: progress. Otherwise the strongest level wins, ties to the earlier rule.
+
+  ## Configuration
+
+      config :observatory, :loop_verdict,
+        history: 16,                      # steps remembered per session (2..64)
+        repeat_suspect: 2, repeat_loop: 3,
+        max_period: 5,                    # longest cycle looked for (1..8; 1: no cycles)
+        cycle_suspect: 2, cycle_loop: 3,  # repetitions of the whole cycle
+        failure_suspect: 3, failure_loop: 4,
+        entropy_rule: true,
+        # normalization, read at start and by reload_rules/0
+        volatile_keys: :default,          # or a list of words that replaces the default
+        extra_volatile_keys: [],          # added to them
+        hex_ids: true, epoch_timestamps: true,
+        normalize_input_numbers: false, normalize_result_numbers: false,
+        max_sessions: 100_000             # read at start
+
+  Thresholds are read on every step; an invalid set is logged once and replaced by the
+  defaults. The normalization is read when the verdict starts (or by `reload_rules/0`):
+  changing how steps hash in the middle of a session would make old and new steps
+  incomparable. Sessions idle for `:entropy_session_ttl_ms` are forgotten.
+
+  `config :observatory, :alert_source` (`:entropy`, the default, or `:verdict`) decides
+  which signal raises `EntropyAlertEvent`s and topology states: see
+  `Observatory.Gateway.AlertSource`.
+
+  ## Events
+
+  A change of verdict (progress → suspect, suspect → loop, loop → progress …) goes out
+  on `"gateway:loop_verdict"`:
+
+      %{event_type: "loop_verdict", session_id: "sess-1", agent_id: "agent-7",
+        step_id: "s-6", step_number: 6, verdict: :loop, previous: :suspect,
+        rule: :repeat, reason: "…", evidence: [4, 5, 6]}
+
+  ## Design
+
+  The rules run in Rust (`observatory_core::loop_verdict`): a `KeyedStore` of
+  per-session rings, owned by this GenServer, called from the caller's process like the
+  step detector; the GenServer only creates the store and sweeps idle sessions.
+  """
+
+  use GenServer
+  require Logger
+
+  alias Observatory.Gateway.{EntropyConfig, Events, IdleSweep}
+  alias Observatory.Native
+
+  @thresholds [
+    history: 16,
+    max_period: 5,
+    repeat_suspect: 2,
+    repeat_loop: 3,
+    cycle_suspect: 2,
+    cycle_loop: 3,
+    failure_suspect: 3,
+    failure_loop: 4,
+    entropy_rule: true
+  ]
+  @normalization [
+    volatile_keys: :default,
+    extra_volatile_keys: [],
+    hex_ids: true,
+    epoch_timestamps: true,
+    normalize_input_numbers: false,
+    normalize_result_numbers: false
+  ]
+  @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
+
+  @type level :: :progress | :suspect | :loop
+  @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
+  @typedoc "What the DecisionLog parse computes for the verdict: `{call, outcome, has_result, failure}`."
+  @type keys :: {non_neg_integer(), non_neg_integer(), boolean(), boolean()}
+  @type verdict :: %{
+          verdict: level(),
+          previous: level() | nil,
+          rule: rule(),
+          reason: String.t(),
+          evidence: [pos_integer()],
+          step_number: pos_integer()
+        }
+
+  def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+
+  @doc "The topic of verdict changes."
+  def topic, do: "gateway:loop_verdict"
+
+  @doc "Every setting and its default."
+  def defaults, do: @defaults
+
+  @doc "The settings in force (defaults merged with `config :observatory, :loop_verdict`)."
+  def settings do
+    case Application.get_env(:observatory, :loop_verdict, []) do
+      env when is_list(env) -> Keyword.merge(@defaults, env)
+      _other -> @defaults
+    end
+  end
+
+  @doc "The default volatile words (from the Rust core)."
+  @spec default_volatile_keys() :: [String.t()]
+  def default_volatile_keys, do: Native.verdict_default_volatile_words()
+
+  @doc """
+  Judges one step of a session: `keys` as `Observatory.Gateway.DecisionLog.parse/1`
+  gives them (`fields.verdict_keys`), `severity` the entropy tracker's for the same step
+  (nil: rule (d) is skipped).
+
+  A change of verdict is broadcast on `topic/0`; `:agent_id` and `:step_id` in `opts`
+  go into that event.
+  """
+  @spec observe(String.t(), keys(), :loop | :warning | :normal | nil, keyword()) ::
+          {:ok, verdict()} | {:error, atom()}
+  def observe(session_id, keys, severity, opts \\ []) when is_binary(session_id) do
+    with {:ok, store} <- store() do
+      entropy = if severity, do: {severity, EntropyConfig.window_size()}
+
+      case Native.verdict_observe(store, session_id, keys, entropy, config()) do
+        {level, previous, rule, reason, evidence, step} ->
+          verdict = %{
+            verdict: level,
+            previous: previous,
+            rule: rule,
+            reason: reason,
+            evidence: evidence,
+            step_number: step
+          }
+
+          if level != (previous || :progress), do: announce(session_id, verdict, opts)
+          {:ok, verdict}
+
+        {:error, reason} ->
+          {:error, reason}
+      end
+    end
+  rescue
+    e in [ArgumentError, ErlangError] ->
+      Logger.error("LoopVerdict NIF verdict_observe failed: #{Exception.message(e)}")
+      {:error, :internal_error}
+  end
+
+  @doc "The session's latest verdict (without `previous`), or nil."
+  @spec session(String.t()) :: map() | nil
+  def session(session_id) when is_binary(session_id) do
+    with {:ok, store} <- store(),
+         {level, rule, reason, evidence, step} <- Native.verdict_state(store, session_id) do
+      %{verdict: level, rule: rule, reason: reason, evidence: evidence, step_number: step}
+    else
+      _ -> nil
+    end
+  end
+
+  @doc "Sessions whose latest verdict is `:suspect` or `:loop` (for the dashboard)."
+  @spec flagged(non_neg_integer()) :: [map()]
+  def flagged(limit \\ 500) do
+    case store() do
+      {:ok, store} ->
+        for {id, level, rule, reason, evidence, step} <- Native.verdict_list(store, limit) do
+          %{
+            session_id: id,
+            verdict: level,
+            rule: rule,
+            reason: reason,
+            evidence: evidence,
+            step_number: step
+          }
+        end
+
+      _ ->
+        []
+    end
+  end
+
+  @doc "Forgets a session's history (its next step starts afresh, as step 1)."
+  @spec forget(String.t()) :: boolean()
+  def forget(session_id) do
+    case store() do
+      {:ok, store} -> Native.verdict_forget(store, session_id)
+      _ -> false
+    end
+  end
+
+  @doc "Whether the verdict is running (its store exists)."
+  @spec running?() :: boolean()
+  def running?, do: match?({:ok, _}, store())
+
+  @doc false
+  # The normalization rules the DecisionLog parse hashes with (nil: the defaults).
+  def rules, do: :persistent_term.get({__MODULE__, :rules}, nil)
+
+  @doc """
+  Rebuilds the normalization rules from the current configuration. Steps hashed
+  before and after compare as different calls: call it between sessions.
+  """
+  @spec reload_rules() :: :ok
+  def reload_rules, do: GenServer.call(__MODULE__, :reload_rules)
+
+  ## Per-step configuration
+
+  # The thresholds as the NIF takes them, rebuilt only when the application env changes:
+  # a step pays one env read and one comparison.
+  defp config do
+    env = Application.get_env(:observatory, :loop_verdict, [])
+
+    case :persistent_term.get({__MODULE__, :config}, nil) do
+      {^env, tuple} ->
+        tuple
+
+      _ ->
+        tuple = build_config(env)
+        :persistent_term.put({__MODULE__, :config}, {env, tuple})
+        tuple
+    end
+  end
+
+  defp build_config(env) do
+    tuple = to_tuple(if is_list(env), do: Keyword.merge(@defaults, env), else: @defaults)
+
+    if valid_config?(tuple) do
+      tuple
+    else
+      Logger.warning(
+        "invalid :loop_verdict thresholds #{inspect(env)}: each suspect threshold must be " <>
+          ">= 2 and <= its loop threshold, history 2..64, max_period 1..8; using the defaults"
+      )
+
+      to_tuple(@defaults)
+    end
+  end
+
+  defp to_tuple(s) do
+    {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop]},
+     {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], s[:failure_loop]},
+     s[:entropy_rule]}
+  end
+
+  defp valid_config?({history, period, {rs, rl}, {cs, cl}, {fs, fl}, entropy} = tuple) do
+    Enum.all?([history, period, rs, rl, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
+      is_boolean(entropy) and Native.verdict_config_check(tuple) == :ok
+  rescue
+    _ in [ArgumentError, ErlangError] -> false
+  end
+
+  defp build_rules do
+    s = settings()
+
+    words =
+      case s[:volatile_keys] do
+        list when is_list(list) ->
+          list
+
+        :default ->
+          default_volatile_keys()
+
+        other ->
+          Logger.warning(
+            "invalid :loop_verdict :volatile_keys #{inspect(other)}: expected :default " <>
+              "or a list of strings; using the default words"
+          )
+
+          default_volatile_keys()
+      end
+
+    Native.verdict_rules_new(
+      s[:hex_ids] == true,
+      s[:epoch_timestamps] == true,
+      s[:normalize_input_numbers] == true,
+      s[:normalize_result_numbers] == true,
+      Enum.filter(words ++ List.wrap(s[:extra_volatile_keys]), &is_binary/1)
+    )
+  end
+
+  defp announce(session_id, verdict, opts) do
+    Events.broadcast(
+      topic(),
+      Map.merge(verdict, %{
+        event_type: "loop_verdict",
+        session_id: session_id,
+        agent_id: Keyword.get(opts, :agent_id),
+        step_id: Keyword.get(opts, :step_id)
+      })
+    )
+  end
+
+  defp store do
+    case :persistent_term.get({__MODULE__, :store}, nil) do
+      nil -> {:error, :not_started}
+      store -> {:ok, store}
+    end
+  end
+
+  ## Server
+
+  @impl true
+  def init(_opts) do
+    max = settings()[:max_sessions]
+
+    unless is_integer(max) and max > 0 do
+      raise ArgumentError,
+            "expected :loop_verdict :max_sessions to be a positive integer, got: #{inspect(max)}"
+    end
+
+    shards = max |> div(1024) |> max(1) |> min(64)
+    :persistent_term.put({__MODULE__, :rules}, build_rules())
+    :persistent_term.put({__MODULE__, :store}, Native.verdict_store_new(shards, max))
+    IdleSweep.schedule()
+    {:ok, %{}}
+  end
+
+  @impl true
+  def handle_call(:reload_rules, _from, state) do
+    :persistent_term.put({__MODULE__, :rules}, build_rules())
+    {:reply, :ok, state}
+  end
+
+  @impl true
+  def handle_info(:sweep, state) do
+    {:ok, store} = store()
+    Native.verdict_sweep(store, System.monotonic_time(:millisecond), IdleSweep.ttl_ms())
+    IdleSweep.schedule()
+    {:noreply, state}
+  end
+
+  def handle_info(msg, state) do
+    Logger.debug("LoopVerdict ignored an unexpected message: #{inspect(msg)}")
+    {:noreply, state}
+  end
+end

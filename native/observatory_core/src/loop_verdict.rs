@@ -1,0 +1,542 @@
+//! The loop verdict: one judgement per step of a session — [`Level::Progress`],
+//! [`Level::Suspect`] or [`Level::Loop`] — with the rule that decided it, a reason in
+//! words and the step numbers that are its evidence.
+//!
+//! FRD-009's uniqueness ratio looks at `{intent, tool_call, status}` only: it cannot
+//! tell reading eight different files from reading one file eight times, and it never
+//! sees an agent that alternates edit/build or tries `grep`, `rg`, `find` and `ack` for
+//! the same missing symbol. The verdict looks at what the gateway also has: each
+//! step's **call** (the tool and its input) and its **outcome** (the status and the
+//! result), each reduced to a 64-bit hash of canonical JSON with per-call ids
+//! normalized away ([`keys`]).
+//!
+//! # Rules
+//!
+//! Each session keeps its last `history` steps (default 16): call hash, outcome hash,
+//! whether the step had a result, whether its status is a failure (`failure`, `error`,
+//! `timeout`) and its step number (1, 2, … per session). On every step:
+//!
+//! * **(a) repeat** — the newest steps are the same call, `n` times in a row. When the
+//!   last `repeat_suspect` (2) of them also have the same outcome: suspect; the last
+//!   `repeat_loop` (3): loop. When the outcome changed since the previous call:
+//!   **progress** — polling a job that moves 10 % → 80 % is work, not a loop.
+//! * **(b) cycle** — the newest calls are a block of `p` calls (2 ≤ p ≤ `max_period`,
+//!   default 5) repeated `r ≥ 2` times: A B A B, A B C A B C, edit/build/edit/build.
+//!   When the outcomes at every position of the block also repeat, over the last
+//!   `cycle_suspect` (2) blocks: suspect; `cycle_loop` (3) blocks: loop. When an outcome
+//!   in the cycle changed since the previous block (the build gets further each time):
+//!   **progress**. Rules (a) and (b) are one scan: the smallest period with two
+//!   repetitions wins, period 1 being rule (a). When its outcomes changed, a longer
+//!   period over which the outcomes repeat too is still a cycle: the same call
+//!   answered X, Y, X, Y (a flapping result) is going round in circles.
+//! * **(c) same failure** — the step failed with a result, and that same outcome ended
+//!   `failure_suspect` (3) / `failure_loop` (4) *different* calls among the last
+//!   `history` steps: suspect / loop. This is the agent that tries grep, rg, find and
+//!   ack for a symbol that does not exist. A failure without a result is not counted
+//!   (a bare "failed" says nothing about the cause).
+//! * **(d) entropy** — only when (a)–(c) say nothing: the entropy tracker's severity is
+//!   WARNING or LOOP. If every `(call, outcome)` pair in the entropy window is distinct,
+//!   the repetition the ratio saw is explained by different arguments or different
+//!   results: **progress**. Otherwise: suspect. The entropy window alone never makes a
+//!   loop — that is exactly its false-alarm case (eight different files, a moving
+//!   poll, ten different writes).
+//!
+//! No rule: progress. Otherwise the strongest rule wins (loop > suspect > progress);
+//! among equals, the first in the order above. The reason names the rule; the
+//! evidence is the step numbers involved (at most [`MAX_EVIDENCE`], the most recent).
+//!
+//! A step without `action.result` has the status as its only outcome, so (a) and (b)
+//! compare statuses for it.
+//!
+//! # Cost
+//!
+//! A session is a ring of 24-byte entries; a step is one push and scans of at most
+//! `history` entries per rule (the cycle scan compares at most `max_period × history`
+//! hashes). `benches/loop_verdict.rs` measures it with the hashing.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::severity::Severity;
+use crate::Error;
+
+pub mod keys;
+
+/// Longest history a session may keep.
+pub const MAX_HISTORY: usize = 64;
+/// Longest cycle period looked for.
+pub const MAX_PERIOD: usize = 8;
+/// Most step numbers returned as evidence (the most recent ones).
+pub const MAX_EVIDENCE: usize = 16;
+
+/// How a session is doing. Ordered from healthy to looping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    Progress,
+    Suspect,
+    Loop,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Progress => "progress",
+            Level::Suspect => "suspect",
+            Level::Loop => "loop",
+        }
+    }
+}
+
+/// The rule that decided a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// No rule had anything to say.
+    None,
+    /// (a) the same call in a row.
+    Repeat,
+    /// (b) a cycle of 2..=max_period calls.
+    Cycle,
+    /// (c) the same failure under different calls.
+    SameFailure,
+    /// (d) the entropy tracker's severity.
+    Entropy,
+}
+
+impl Rule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::None => "none",
+            Rule::Repeat => "repeat",
+            Rule::Cycle => "cycle",
+            Rule::SameFailure => "same_failure",
+            Rule::Entropy => "entropy",
+        }
+    }
+}
+
+/// Why: the rule's finding with its numbers. `Display` gives the sentence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Nothing repeats.
+    NoRepetition { steps: usize },
+    /// (a) the same call and the same outcome `times` times in a row.
+    Repeated { times: u32 },
+    /// (a) the same call `times` times in a row, the outcome changed.
+    Polling { times: u32 },
+    /// (b) a cycle of `period` calls, `blocks` times with the same outcomes.
+    Cycle { period: u32, blocks: u32 },
+    /// (b) a cycle of `period` calls, `blocks` times, an outcome changed.
+    CycleProgress { period: u32, blocks: u32 },
+    /// (c) `calls` different calls ended in the same failure.
+    SameFailure { calls: u32 },
+    /// (d) low entropy, but every call or outcome differs.
+    EntropyExplained { window: usize },
+    /// (d) low entropy and repeated `(call, outcome)` pairs.
+    EntropyRepeats { window: usize },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Reason::NoRepetition { steps: 1 } => {
+                write!(f, "the session's first step: nothing to compare yet")
+            }
+            Reason::NoRepetition { steps } => {
+                write!(f, "no repeated call pattern in the last {steps} steps")
+            }
+            Reason::Repeated { times } => {
+                write!(f, "the same call returned the same result {times} times in a row")
+            }
+            Reason::Polling { times } => write!(
+                f,
+                "the same call {times} times in a row, and its result changed: progress"
+            ),
+            Reason::Cycle { period, blocks } => write!(
+                f,
+                "a cycle of {period} calls repeated {blocks} times with the same results"
+            ),
+            Reason::CycleProgress { period, blocks } => write!(
+                f,
+                "a cycle of {period} calls repeated {blocks} times, but a result changed: progress"
+            ),
+            Reason::SameFailure { calls } => {
+                write!(f, "{calls} different calls failed with the same result")
+            }
+            Reason::EntropyExplained { window } => write!(
+                f,
+                "low entropy over the last {window} steps, but every call or result differs: progress"
+            ),
+            Reason::EntropyRepeats { window } => write!(
+                f,
+                "low entropy over the last {window} steps, with repeated call and result pairs"
+            ),
+        }
+    }
+}
+
+/// Step numbers, oldest first; at most [`MAX_EVIDENCE`] without allocating.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Evidence {
+    steps: [u32; MAX_EVIDENCE],
+    len: u8,
+}
+
+impl Evidence {
+    pub fn as_slice(&self) -> &[u32] {
+        &self.steps[..usize::from(self.len)]
+    }
+
+    /// Keeps the last `MAX_EVIDENCE` of `steps` (given oldest first).
+    fn from_iter(steps: impl DoubleEndedIterator<Item = u32>) -> Self {
+        let mut newest_first = [0u32; MAX_EVIDENCE];
+        let mut len = 0;
+        for step in steps.rev().take(MAX_EVIDENCE) {
+            newest_first[len] = step;
+            len += 1;
+        }
+        let mut out = Self::default();
+        for (i, step) in newest_first[..len].iter().rev().enumerate() {
+            out.steps[i] = *step;
+        }
+        out.len = len as u8;
+        out
+    }
+}
+
+impl fmt::Debug for Evidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+/// The verdict on one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub level: Level,
+    pub rule: Rule,
+    pub reason: Reason,
+    pub evidence: Evidence,
+    /// This step's number in the session (1-based).
+    pub step: u32,
+    /// The level after the session's previous step; `None` on its first.
+    pub previous: Option<Level>,
+}
+
+/// What the verdict knows of one step: see [`keys`] for how they are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StepKeys {
+    /// Tool name and normalized canonical input.
+    pub call: u64,
+    /// Status and normalized canonical result (the status alone without a result).
+    pub outcome: u64,
+    pub has_result: bool,
+    /// Status `failure`, `error` or `timeout`.
+    pub failure: bool,
+}
+
+/// The entropy tracker's view of the same step, for rule (d).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntropySignal {
+    pub severity: Severity,
+    /// Steps in the entropy window (its configured size, or fewer at a session's start).
+    pub window: usize,
+}
+
+/// Every threshold of the rules. Read by the caller on every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Steps remembered per session, 2..=[`MAX_HISTORY`].
+    pub history: usize,
+    /// (a) same call, same outcome this many times in a row: suspect / loop.
+    pub repeat_suspect: u32,
+    pub repeat_loop: u32,
+    /// (b) longest cycle looked for, 1..=[`MAX_PERIOD`] (1: cycles off, only repeats).
+    pub max_period: usize,
+    /// (b) blocks of a cycle with the same outcomes: suspect / loop.
+    pub cycle_suspect: u32,
+    pub cycle_loop: u32,
+    /// (c) different calls ending in the same failure: suspect / loop.
+    pub failure_suspect: u32,
+    pub failure_loop: u32,
+    /// (d) on or off.
+    pub entropy: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            history: 16,
+            repeat_suspect: 2,
+            repeat_loop: 3,
+            max_period: 5,
+            cycle_suspect: 2,
+            cycle_loop: 3,
+            failure_suspect: 3,
+            failure_loop: 4,
+            entropy: true,
+        }
+    }
+}
+
+impl Config {
+    /// Each suspect threshold at least 2 (once is not a repetition) and at most its
+    /// loop threshold (equal: no suspect stage); history and period in range.
+    pub fn validate(&self) -> Result<(), Error> {
+        let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
+        let ok = (2..=MAX_HISTORY).contains(&self.history)
+            && (1..=MAX_PERIOD).contains(&self.max_period)
+            && pair(self.repeat_suspect, self.repeat_loop)
+            && pair(self.cycle_suspect, self.cycle_loop)
+            && pair(self.failure_suspect, self.failure_loop);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidVerdictConfig)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    call: u64,
+    outcome: u64,
+    step: u32,
+    has_result: bool,
+    failure: bool,
+}
+
+/// A rule's finding.
+#[derive(Debug, Clone, Copy)]
+struct Finding {
+    level: Level,
+    rule: Rule,
+    reason: Reason,
+    evidence: Evidence,
+}
+
+/// One session's recent steps and its last verdict. The owner calls it with `&mut`.
+#[derive(Debug, Clone, Default)]
+pub struct VerdictState {
+    ring: VecDeque<Entry>,
+    steps: u32,
+    last: Option<Verdict>,
+}
+
+impl VerdictState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a step and judges the session. `config` should be valid
+    /// ([`Config::validate`]); out-of-range values are clamped.
+    pub fn observe(
+        &mut self,
+        keys: StepKeys,
+        entropy: Option<EntropySignal>,
+        config: &Config,
+    ) -> Verdict {
+        self.steps = self.steps.saturating_add(1);
+        let history = config.history.clamp(2, MAX_HISTORY);
+        while self.ring.len() >= history {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(Entry {
+            call: keys.call,
+            outcome: keys.outcome,
+            step: self.steps,
+            has_result: keys.has_result,
+            failure: keys.failure,
+        });
+
+        let specific = [self.repetition(config), self.same_failure(config)]
+            .into_iter()
+            .flatten()
+            .reduce(|best, next| if next.level > best.level { next } else { best });
+        let finding = specific
+            .or_else(|| self.entropy(entropy, config))
+            .unwrap_or(Finding {
+                level: Level::Progress,
+                rule: Rule::None,
+                reason: Reason::NoRepetition {
+                    steps: self.ring.len(),
+                },
+                evidence: Evidence::default(),
+            });
+
+        let verdict = Verdict {
+            level: finding.level,
+            rule: finding.rule,
+            reason: finding.reason,
+            evidence: finding.evidence,
+            step: self.steps,
+            previous: self.last.map(|v| v.level),
+        };
+        self.last = Some(verdict);
+        verdict
+    }
+
+    /// The verdict on the session's latest step.
+    pub fn last(&self) -> Option<&Verdict> {
+        self.last.as_ref()
+    }
+
+    /// Steps observed so far.
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// Forgets the history, the step count and the last verdict.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    fn at(&self, back: usize) -> &Entry {
+        &self.ring[self.ring.len() - 1 - back]
+    }
+
+    /// Rules (a) and (b): the smallest period whose block of calls repeats at least
+    /// twice at the end of the history, judged by its outcomes. When those changed
+    /// (progress), a longer period over which the outcomes repeat too still makes a
+    /// cycle: the same call answered X, Y, X, Y is going round in circles.
+    fn repetition(&self, config: &Config) -> Option<Finding> {
+        let n = self.ring.len();
+        let max_period = config.max_period.clamp(1, MAX_PERIOD).min(n / 2);
+        let mut primary: Option<Finding> = None;
+        for p in 1..=max_period {
+            // Calls equal to the call `p` steps earlier, counting back from the newest.
+            let calls = (0..n - p)
+                .take_while(|&k| self.at(k).call == self.at(k + p).call)
+                .count();
+            let blocks = ((calls + p) / p) as u32;
+            if blocks < 2 {
+                continue;
+            }
+            let outcomes = (0..calls)
+                .take_while(|&k| self.at(k).outcome == self.at(k + p).outcome)
+                .count();
+            let stable = ((outcomes + p) / p) as u32;
+            if primary.is_none() {
+                let finding = self.judge_repetition(p, blocks, stable, config);
+                if finding.level > Level::Progress {
+                    return Some(finding);
+                }
+                primary = Some(finding);
+            } else if p >= 2 && stable >= 2 {
+                let finding = self.judge_repetition(p, stable, stable, config);
+                if finding.level > Level::Progress {
+                    return Some(finding);
+                }
+            }
+        }
+        primary
+    }
+
+    /// The level of a block of `p` calls repeated `blocks` times, the last `stable` of
+    /// them with the same outcomes.
+    fn judge_repetition(&self, p: usize, blocks: u32, stable: u32, config: &Config) -> Finding {
+        let (suspect, lp) = if p == 1 {
+            (config.repeat_suspect, config.repeat_loop)
+        } else {
+            (config.cycle_suspect, config.cycle_loop)
+        };
+        let level = if stable >= lp {
+            Level::Loop
+        } else if stable >= suspect {
+            Level::Suspect
+        } else {
+            Level::Progress
+        };
+        let period = p as u32;
+        let (shown, reason) = match (p, level) {
+            (1, Level::Progress) => (blocks, Reason::Polling { times: blocks }),
+            (1, _) => (stable, Reason::Repeated { times: stable }),
+            (_, Level::Progress) => (blocks, Reason::CycleProgress { period, blocks }),
+            _ => (
+                stable,
+                Reason::Cycle {
+                    period,
+                    blocks: stable,
+                },
+            ),
+        };
+        Finding {
+            level,
+            rule: if p == 1 { Rule::Repeat } else { Rule::Cycle },
+            reason,
+            evidence: self.newest(shown as usize * p),
+        }
+    }
+
+    /// Rule (c): distinct calls among the recent steps that failed with this step's
+    /// outcome.
+    fn same_failure(&self, config: &Config) -> Option<Finding> {
+        let current = self.at(0);
+        if !(current.failure && current.has_result) {
+            return None;
+        }
+        // Newest first: the latest step of each distinct call is the evidence.
+        let mut calls = [0u64; MAX_HISTORY];
+        let mut steps = [0u32; MAX_HISTORY];
+        let mut count = 0;
+        for entry in self.ring.iter().rev() {
+            let same = entry.failure && entry.has_result && entry.outcome == current.outcome;
+            if same && !calls[..count].contains(&entry.call) {
+                calls[count] = entry.call;
+                steps[count] = entry.step;
+                count += 1;
+            }
+        }
+        let distinct = count as u32;
+        let level = if distinct >= config.failure_loop {
+            Level::Loop
+        } else if distinct >= config.failure_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::SameFailure,
+            reason: Reason::SameFailure { calls: distinct },
+            evidence: Evidence::from_iter(steps[..count].iter().rev().copied()),
+        })
+    }
+
+    /// Rule (d): the entropy severity, explained away when every `(call, outcome)` pair
+    /// in its window differs.
+    fn entropy(&self, signal: Option<EntropySignal>, config: &Config) -> Option<Finding> {
+        let signal = signal.filter(|s| config.entropy && s.severity != Severity::Normal)?;
+        let window = signal.window.clamp(1, self.ring.len());
+        let pair = |k: usize| (self.at(k).call, self.at(k).outcome);
+        let repeated = |k: usize| (0..window).any(|j| j != k && pair(j) == pair(k));
+        let evidence = Evidence::from_iter(
+            (0..window)
+                .rev()
+                .filter(|&k| repeated(k))
+                .map(|k| self.at(k).step),
+        );
+        let (level, reason) = if evidence.as_slice().is_empty() {
+            (Level::Progress, Reason::EntropyExplained { window })
+        } else {
+            (Level::Suspect, Reason::EntropyRepeats { window })
+        };
+        Some(Finding {
+            level,
+            rule: Rule::Entropy,
+            reason,
+            evidence,
+        })
+    }
+
+    /// The step numbers of the newest `count` steps, oldest first.
+    fn newest(&self, count: usize) -> Evidence {
+        let count = count.min(self.ring.len());
+        Evidence::from_iter((0..count).rev().map(|k| self.at(k).step))
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod scenarios;

@@ -1,0 +1,441 @@
+//! A step's call and outcome keys: 64-bit hashes of canonical JSON with per-call ids
+//! normalized away.
+//!
+//! * **call** = hash of `action.tool_call` and the normalized canonical
+//!   `action.tool_input` (missing = `null`);
+//! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
+//!   (missing or `null` = no result: the status alone).
+//!
+//! The canonical text is [`stable_stringify`]'s — the very text the step detector
+//! hashes with SHA-256, so the gateway writes it once per step
+//! ([`step_hashes`](crate::decision_log::step_hashes)) — run through
+//! [`normalize_json_ids_into`] with [`IdRules`] chosen per field:
+//!
+//! * timestamps → `<TS>` (ISO 8601, and 10- or 13-digit Unix times), UUIDs and hex ids
+//!   → `<ID>`;
+//! * a number after a volatile word or key (`pid 4242`, `"elapsed_ms":239`), and a
+//!   string value of a volatile key that holds a digit (`"request_id":"req-42"`) →
+//!   `<V>` (see [`DEFAULT_VOLATILE_WORDS`](crate::normalize::DEFAULT_VOLATILE_WORDS));
+//! * **plain numbers are kept**, in inputs (`write_file("file3.txt")` and
+//!   `"file4.txt"` are different calls) and in results (a poll answering `10%` then
+//!   `80%` is progress). [`IdRules::numbers`] turns that off per field.
+//!
+//! # Why 64 bits
+//!
+//! The verdict compares a step with the at most 64 steps its session remembers. With a
+//! 64-bit hash, the chance that two different calls of a session collide is about
+//! 2⁻⁵⁸ per session; a collision can only make two steps look alike (a false repeat),
+//! never hide one. An agent that crafts collisions only flags itself. The step detector
+//! keeps SHA-256, where a false repeat pushes a working agent towards a block.
+//!
+//! The hash is a folded-multiply hash in the style of wyhash (public domain): 16 bytes
+//! per 128-bit multiply, many times the speed of SHA-256 or SipHash on a KiB, so the
+//! whole verdict stays within its microsecond.
+
+use std::sync::LazyLock;
+
+use serde_json::Value;
+
+use super::StepKeys;
+use crate::normalize::{normalize_json_ids_into, IdRules};
+use crate::stable_json::stable_stringify;
+
+/// Ends the tool or status name in the hashed bytes (never part of UTF-8).
+const SEPARATOR: u8 = 0xFF;
+/// Stands for a missing result.
+const ABSENT: u8 = 0xFE;
+const CALL_SEED: u64 = 0x243f_6a88_85a3_08d3;
+const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
+
+/// How inputs and results are normalized before hashing (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Normalization {
+    pub input: IdRules,
+    pub result: IdRules,
+}
+
+impl Normalization {
+    /// The default rules, built once.
+    pub fn shared_default() -> &'static Normalization {
+        static DEFAULT: LazyLock<Normalization> = LazyLock::new(Normalization::default);
+        &DEFAULT
+    }
+}
+
+/// `failure`, `error` and `timeout` are failures for rule (c); `success`, `pending`,
+/// `skipped` and `cancelled` are not.
+pub fn is_failure(status: &str) -> bool {
+    matches!(status, "failure" | "error" | "timeout")
+}
+
+/// The keys of one step from its values (see the module docs). The gateway uses
+/// [`keys_from_canonical`] on the text it already wrote for the step detector.
+pub fn step_keys(
+    tool: &str,
+    status: &str,
+    input: Option<&Value>,
+    result: Option<&Value>,
+    rules: &Normalization,
+) -> StepKeys {
+    let input = stable_stringify(input.unwrap_or(&Value::Null));
+    let result = result.filter(|r| !r.is_null()).map(stable_stringify);
+    keys_from_canonical(tool, status, &input, result.as_deref(), rules)
+}
+
+/// The keys of one step from the canonical JSON text of its input and result
+/// (`None`: no result).
+pub fn keys_from_canonical(
+    tool: &str,
+    status: &str,
+    input: &str,
+    result: Option<&str>,
+    rules: &Normalization,
+) -> StepKeys {
+    BUFFER.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.extend_from_slice(tool.as_bytes());
+        buf.push(SEPARATOR);
+        normalize_json_ids_into(input, &rules.input, buf);
+        let call = hash64(buf, CALL_SEED);
+
+        buf.clear();
+        buf.extend_from_slice(status.as_bytes());
+        buf.push(SEPARATOR);
+        match result {
+            Some(result) => normalize_json_ids_into(result, &rules.result, buf),
+            None => buf.push(ABSENT),
+        }
+        let outcome = hash64(buf, OUTCOME_SEED);
+        if buf.capacity() > MAX_KEPT_BUFFER {
+            *buf = Vec::new();
+        }
+        StepKeys {
+            call,
+            outcome,
+            has_result: result.is_some(),
+            failure: is_failure(status),
+        }
+    })
+}
+
+/// A buffer per thread (per scheduler, in the NIF) for the normalized text, so a step
+/// allocates nothing; one that grew past this for a huge step is given back.
+const MAX_KEPT_BUFFER: usize = 64 * 1024;
+
+thread_local! {
+    static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The normalized canonical text of `value`, as hashed (for tests and debugging).
+pub fn normalized_text(value: &Value, rules: &IdRules) -> String {
+    let mut out = Vec::new();
+    normalize_json_ids_into(&stable_stringify(value), rules, &mut out);
+    String::from_utf8(out).expect("placeholders replace whole ASCII tokens")
+}
+
+const S0: u64 = 0x2d35_8dcc_aa6c_78a5;
+const S1: u64 = 0x8bb8_4b93_962e_acc9;
+const S2: u64 = 0x4b33_a62e_d433_d4a3;
+const S3: u64 = 0x4d5a_2da5_1de1_aa47;
+
+/// The 128-bit product of `a` and `b`, folded to 64 bits.
+fn mix(a: u64, b: u64) -> u64 {
+    let r = u128::from(a) * u128::from(b);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+fn r8(p: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(p[i..i + 8].try_into().expect("8 bytes"))
+}
+
+fn r4(p: &[u8], i: usize) -> u64 {
+    u64::from(u32::from_le_bytes(p[i..i + 4].try_into().expect("4 bytes")))
+}
+
+/// A 64-bit hash of `data` (wyhash's structure: three lanes of 16 bytes per round
+/// over long inputs, the first and last bytes for short ones). Fixed constants: the
+/// same bytes and seed give the same hash on every machine and run (a golden value in
+/// the tests pins it).
+pub fn hash64(data: &[u8], seed: u64) -> u64 {
+    let len = data.len();
+    let mut seed = seed ^ mix(seed ^ S0, S1);
+    let (a, b) = if len <= 16 {
+        if len >= 4 {
+            let q = (len >> 3) << 2;
+            (
+                (r4(data, 0) << 32) | r4(data, q),
+                (r4(data, len - 4) << 32) | r4(data, len - 4 - q),
+            )
+        } else if len > 0 {
+            let wide = (u64::from(data[0]) << 16)
+                | (u64::from(data[len >> 1]) << 8)
+                | u64::from(data[len - 1]);
+            (wide, 0)
+        } else {
+            (0, 0)
+        }
+    } else {
+        let mut p = data;
+        if p.len() > 48 {
+            let (mut s1, mut s2) = (seed, seed);
+            while p.len() > 48 {
+                seed = mix(r8(p, 0) ^ S1, r8(p, 8) ^ seed);
+                s1 = mix(r8(p, 16) ^ S2, r8(p, 24) ^ s1);
+                s2 = mix(r8(p, 32) ^ S3, r8(p, 40) ^ s2);
+                p = &p[48..];
+            }
+            seed ^= s1 ^ s2;
+        }
+        while p.len() > 16 {
+            seed = mix(r8(p, 0) ^ S1, r8(p, 8) ^ seed);
+            p = &p[16..];
+        }
+        (r8(data, len - 16), r8(data, len - 8))
+    };
+    let r = u128::from(a ^ S1) * u128::from(b ^ seed);
+    mix((r as u64) ^ S0 ^ len as u64, ((r >> 64) as u64) ^ S1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normalize::VolatileWords;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn keys(tool: &str, input: Value, status: &str, result: Option<Value>) -> StepKeys {
+        step_keys(
+            tool,
+            status,
+            Some(&input),
+            result.as_ref(),
+            Normalization::shared_default(),
+        )
+    }
+
+    fn text(value: Value, rules: &IdRules) -> String {
+        normalized_text(&value, rules)
+    }
+
+    #[test]
+    fn key_order_does_not_matter() {
+        let a = keys(
+            "t",
+            json!({"a": 1, "b": [1, 2]}),
+            "success",
+            Some(json!({"x": 1, "y": 2})),
+        );
+        let b = keys(
+            "t",
+            json!({"b": [1, 2], "a": 1.0}),
+            "success",
+            Some(json!({"y": 2, "x": 1})),
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn tool_input_status_and_result_all_count() {
+        let base = keys(
+            "read_file",
+            json!({"path": "a"}),
+            "success",
+            Some(json!("x")),
+        );
+        assert_ne!(
+            base.call,
+            keys(
+                "write_file",
+                json!({"path": "a"}),
+                "success",
+                Some(json!("x"))
+            )
+            .call
+        );
+        assert_ne!(
+            base.call,
+            keys(
+                "read_file",
+                json!({"path": "b"}),
+                "success",
+                Some(json!("x"))
+            )
+            .call
+        );
+        assert_ne!(
+            base.outcome,
+            keys(
+                "read_file",
+                json!({"path": "a"}),
+                "failure",
+                Some(json!("x"))
+            )
+            .outcome
+        );
+        assert_ne!(
+            base.outcome,
+            keys(
+                "read_file",
+                json!({"path": "a"}),
+                "success",
+                Some(json!("y"))
+            )
+            .outcome
+        );
+        // The outcome does not depend on the call: rule (c) needs that.
+        assert_eq!(
+            base.outcome,
+            keys("grep", json!(["-r", "x"]), "success", Some(json!("x"))).outcome
+        );
+    }
+
+    #[test]
+    fn plain_numbers_are_kept_in_inputs_and_results() {
+        let poll = |p: u32| {
+            keys(
+                "job_status",
+                json!({"job": "build-7"}),
+                "success",
+                Some(json!({"progress": p})),
+            )
+        };
+        assert_ne!(
+            poll(10).outcome,
+            poll(80).outcome,
+            "a moving poll is progress"
+        );
+        let write = |n: u32| {
+            keys(
+                "write_file",
+                json!({"path": format!("out/file{n}.txt")}),
+                "success",
+                Some(json!("ok")),
+            )
+        };
+        assert_ne!(
+            write(1).call,
+            write(2).call,
+            "different files are different calls"
+        );
+    }
+
+    #[test]
+    fn per_call_ids_are_normalized_away() {
+        let run = |pid: u32, at: &str, ms: u64, uuid: &str| {
+            keys(
+                "run_tests",
+                json!({"cmd": "mix test", "request_id": uuid}),
+                "failure",
+                Some(json!({
+                    "exit_code": 1,
+                    "pid": pid,
+                    "stderr": format!("[{at}] worker pid {pid} crashed: port 4000 in use (trace 9f86d0{pid}c7d65)"),
+                    "elapsed_ms": ms,
+                    "finished": 1_739_870_000_000u64 + ms,
+                })),
+            )
+        };
+        let a = run(
+            4242,
+            "2026-02-22T10:30:01Z",
+            312,
+            "550e8400-e29b-41d4-a716-446655440000",
+        );
+        let b = run(
+            5151,
+            "2026-02-22T10:31:17Z",
+            298,
+            "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
+        );
+        assert_eq!(a, b);
+        assert!(a.failure && a.has_result);
+    }
+
+    #[test]
+    fn canonical_normalized_text() {
+        let rules = IdRules::default();
+        assert_eq!(
+            text(
+                json!({"b": [1, 2.5, -3], "a": {"pid": 7, "path": "f3 at 2026-02-22T10:30:01Z"}, "c": null}),
+                &rules
+            ),
+            r#"{"a":{"path":"f3 at <TS>","pid":<V>},"b":[1,2.5,-3],"c":null}"#
+        );
+        assert_eq!(text(json!(1739870000123u64), &rules), "<TS>");
+        assert_eq!(
+            text(json!({"log": "ok\n2026-02-22T10:30:01Z done"}), &rules),
+            r#"{"log":"ok\n<TS> done"}"#
+        );
+        let every_number = IdRules {
+            numbers: true,
+            ..IdRules::default()
+        };
+        assert_eq!(
+            text(json!({"n": 4, "s": "4 files"}), &every_number),
+            r#"{"n":<NUM>,"s":"<NUM> files"}"#
+        );
+        let no_words = IdRules {
+            volatile: VolatileWords::new(Vec::<&str>::new()),
+            ..IdRules::default()
+        };
+        assert_eq!(text(json!({"pid": 7}), &no_words), r#"{"pid":7}"#);
+    }
+
+    #[test]
+    fn missing_and_null_results_are_no_result() {
+        let none = step_keys("t", "failure", None, None, Normalization::shared_default());
+        let null = step_keys(
+            "t",
+            "failure",
+            Some(&Value::Null),
+            Some(&Value::Null),
+            Normalization::shared_default(),
+        );
+        assert_eq!(none, null);
+        assert!(!none.has_result && none.failure);
+        let empty = keys("t", Value::Null, "failure", Some(json!("")));
+        assert!(empty.has_result);
+        assert_ne!(none.outcome, empty.outcome);
+    }
+
+    #[test]
+    fn failure_statuses() {
+        for s in ["failure", "error", "timeout"] {
+            assert!(is_failure(s));
+        }
+        for s in ["success", "pending", "skipped", "cancelled"] {
+            assert!(!is_failure(s));
+        }
+    }
+
+    #[test]
+    fn hash_golden_values() {
+        // Pinned: a change here changes every session's keys.
+        let golden = [hash64(b"", 0), hash64(b"abc", 0), hash64(&[7u8; 100], 1)];
+        assert_eq!(
+            golden,
+            [
+                0x9322_8a4d_e0ee_c5a2,
+                0x989b_4a20_9c10_11c9,
+                0x49c6_63fa_3748_1859
+            ]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn different_bytes_hash_differently(a in prop::collection::vec(any::<u8>(), 0..200), b in prop::collection::vec(any::<u8>(), 0..200)) {
+            prop_assume!(a != b);
+            prop_assert_ne!(hash64(&a, 0), hash64(&b, 0));
+        }
+
+        #[test]
+        fn one_flipped_bit_moves_about_half_the_bits(data in prop::collection::vec(any::<u8>(), 1..300), bit in 0usize..2400) {
+            let bit = bit % (data.len() * 8);
+            let mut other = data.clone();
+            other[bit / 8] ^= 1 << (bit % 8);
+            let distance = (hash64(&data, 0) ^ hash64(&other, 0)).count_ones();
+            prop_assert!((8..=56).contains(&distance), "{distance}");
+        }
+    }
+}

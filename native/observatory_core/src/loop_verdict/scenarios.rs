@@ -1,0 +1,343 @@
+//! The labelled scenario suite (issue 8): `test/fixtures/loop_verdict_scenarios.json`,
+//! one test per scenario, named after its label. Each step becomes a real DecisionLog
+//! envelope and goes the gateway's way: validation, call and outcome keys with the
+//! default normalization, the entropy store (FRD-009 defaults) and the verdict.
+//!
+//! Each test checks the verdict (final, highest, first step at LOOP) and, for the
+//! contrast, what the uniqueness ratio says (final severity, first step at LOOP). The
+//! same file runs through `SchemaInterceptor.ingest/1` in
+//! `test/observatory/gateway/loop_verdict_scenarios_test.exs`.
+
+use serde_json::{json, Value};
+
+use super::keys::Normalization;
+use super::*;
+use crate::decision_log::{validate, verdict_keys};
+use crate::normalize::{IdRules, VolatileWords};
+use crate::session_store::{Observation, Settings, Store};
+
+const FIXTURE: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../test/fixtures/loop_verdict_scenarios.json"
+));
+
+/// What one scenario did, step by step.
+#[derive(Debug)]
+struct Run {
+    verdicts: Vec<Verdict>,
+    severities: Vec<Severity>,
+}
+
+impl Run {
+    fn first_loop(&self) -> Option<u32> {
+        self.verdicts
+            .iter()
+            .find(|v| v.level == Level::Loop)
+            .map(|v| v.step)
+    }
+
+    fn entropy_first_loop(&self) -> Option<u32> {
+        self.severities
+            .iter()
+            .position(|&s| s == Severity::Loop)
+            .map(|i| i as u32 + 1)
+    }
+}
+
+fn scenario(name: &str) -> Value {
+    let fixture: Value = serde_json::from_str(FIXTURE).expect("the fixture is JSON");
+    fixture["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no scenario named {name:?}"))
+        .clone()
+}
+
+fn envelope(step: &Value, n: usize) -> Value {
+    let mut action = json!({
+        "tool_call": step["tool"],
+        "tool_input": step["input"],
+        "status": step["status"],
+    });
+    if let Some(result) = step.get("result") {
+        action["result"] = result.clone();
+    }
+    json!({
+        "meta": {
+            "step_id": format!("step-{n}"),
+            "session_id": "sess-scenario",
+            "agent_id": "agent-scenario",
+            "timestamp": "2026-02-22T10:30:00Z"
+        },
+        "cognition": {"intent": step["intent"]},
+        "action": action
+    })
+}
+
+fn run(scenario: &Value, rules: &Normalization) -> Run {
+    let store = Store::new(1, 16);
+    let config = Config::default();
+    let mut state = VerdictState::new();
+    let mut run = Run {
+        verdicts: vec![],
+        severities: vec![],
+    };
+    for (i, step) in scenario["steps"].as_array().unwrap().iter().enumerate() {
+        let envelope = envelope(step, i + 1);
+        let fields = validate(&envelope).expect("scenario steps are valid envelopes");
+        let obs = Observation {
+            session_id: fields.session_id.as_bytes(),
+            intent: fields.intent.as_bytes(),
+            tool_call: fields.tool_call.as_bytes(),
+            status: fields.status,
+            agent_id: Some(fields.agent_id.as_bytes()),
+        };
+        let (severity, window) = store
+            .record(&obs, &Settings::default(), |s| (s.severity, s.window_len))
+            .unwrap();
+        let keys = verdict_keys(&envelope, rules);
+        let signal = EntropySignal { severity, window };
+        run.verdicts
+            .push(state.observe(keys, Some(signal), &config));
+        run.severities.push(severity);
+    }
+    run
+}
+
+fn level(name: &str) -> Level {
+    match name {
+        "progress" => Level::Progress,
+        "suspect" => Level::Suspect,
+        "loop" => Level::Loop,
+        other => panic!("unknown level {other}"),
+    }
+}
+
+fn severity(name: &str) -> Severity {
+    match name {
+        "normal" => Severity::Normal,
+        "warning" => Severity::Warning,
+        "loop" => Severity::Loop,
+        other => panic!("unknown severity {other}"),
+    }
+}
+
+/// Runs the named scenario and checks every expectation of the fixture.
+fn check(name: &str, label: &str) -> Run {
+    let scenario = scenario(name);
+    assert_eq!(scenario["label"], label, "{name}: label");
+    let expect = &scenario["expect"];
+    let run = run(&scenario, Normalization::shared_default());
+    let trace: Vec<_> = run
+        .verdicts
+        .iter()
+        .zip(&run.severities)
+        .map(|(v, s)| format!("{}:{:?}/{:?} {}", v.step, v.level, s, v.reason))
+        .collect();
+    let last = run.verdicts.last().unwrap();
+    let max = run.verdicts.iter().map(|v| v.level).max().unwrap();
+    assert_eq!(
+        last.level,
+        level(expect["verdict"].as_str().unwrap()),
+        "{name}: final verdict\n{trace:#?}"
+    );
+    assert_eq!(
+        max,
+        level(expect["max_verdict"].as_str().unwrap()),
+        "{name}: highest verdict\n{trace:#?}"
+    );
+    assert_eq!(
+        run.first_loop(),
+        expect["verdict_first_loop"].as_u64().map(|n| n as u32),
+        "{name}: first loop\n{trace:#?}"
+    );
+    assert_eq!(
+        *run.severities.last().unwrap(),
+        severity(expect["entropy"].as_str().unwrap()),
+        "{name}: final entropy severity\n{trace:#?}"
+    );
+    assert_eq!(
+        run.entropy_first_loop(),
+        expect["entropy_first_loop"].as_u64().map(|n| n as u32),
+        "{name}: entropy's first loop\n{trace:#?}"
+    );
+    if label == "must-flag" {
+        assert!(
+            !last.evidence.as_slice().is_empty(),
+            "{name}: a loop names its evidence"
+        );
+        assert_ne!(last.rule, Rule::None);
+    }
+    run
+}
+
+#[test]
+fn every_scenario_in_the_fixture_has_a_test() {
+    let fixture: Value = serde_json::from_str(FIXTURE).unwrap();
+    let names: Vec<&str> = fixture["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    let tested = [
+        "reading eight different files",
+        "polling a job 10% → 80%",
+        "writing ten different files",
+        "a healthy varied session",
+        "retrying once, then succeeding",
+        "sleeping between polls of a moving job",
+        "the same tool, the same failure, repeated",
+        "edit/build alternation with the same failing build",
+        "an A → B → C cycle with the same outcomes",
+        "grep, rg, find and ack for the same missing symbol",
+        "the same call and result with a changing pid and timestamp",
+        "A/B ping-pong with the same results",
+        "a health check flapping between two answers",
+        "three different fixes, the same build failure",
+    ];
+    assert_eq!(names, tested);
+}
+
+#[test]
+fn must_not_flag_reading_eight_different_files() {
+    let run = check("reading eight different files", "must-not-flag");
+    assert_eq!(
+        run.verdicts.last().unwrap().rule,
+        Rule::Entropy,
+        "the ratio's alarm, explained"
+    );
+}
+
+#[test]
+fn must_not_flag_polling_a_job_10_to_80_percent() {
+    let run = check("polling a job 10% → 80%", "must-not-flag");
+    assert_eq!(
+        run.verdicts.last().unwrap().reason,
+        Reason::Polling { times: 8 }
+    );
+}
+
+#[test]
+fn must_not_flag_writing_ten_different_files() {
+    check("writing ten different files", "must-not-flag");
+}
+
+#[test]
+fn must_not_flag_a_healthy_varied_session() {
+    check("a healthy varied session", "must-not-flag");
+}
+
+#[test]
+fn must_not_flag_retrying_once_then_succeeding() {
+    check("retrying once, then succeeding", "must-not-flag");
+}
+
+#[test]
+fn must_not_flag_sleeping_between_polls_of_a_moving_job() {
+    let run = check("sleeping between polls of a moving job", "must-not-flag");
+    assert_eq!(run.verdicts.last().unwrap().rule, Rule::Cycle);
+}
+
+#[test]
+fn must_flag_the_same_tool_the_same_failure_repeated() {
+    let run = check("the same tool, the same failure, repeated", "must-flag");
+    assert_eq!(run.verdicts[2].rule, Rule::Repeat);
+    assert_eq!(run.verdicts[2].evidence.as_slice(), [1, 2, 3]);
+}
+
+#[test]
+fn must_flag_edit_build_alternation_with_the_same_failing_build() {
+    let run = check(
+        "edit/build alternation with the same failing build",
+        "must-flag",
+    );
+    let last = run.verdicts.last().unwrap();
+    assert_eq!(
+        last.reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
+}
+
+#[test]
+fn must_flag_an_a_b_c_cycle_with_the_same_outcomes() {
+    let run = check("an A → B → C cycle with the same outcomes", "must-flag");
+    let last = run.verdicts.last().unwrap();
+    assert_eq!(
+        last.reason,
+        Reason::Cycle {
+            period: 3,
+            blocks: 3
+        }
+    );
+    assert_eq!(last.evidence.as_slice(), (1..=9).collect::<Vec<_>>());
+}
+
+#[test]
+fn must_flag_grep_rg_find_ack_for_the_same_missing_symbol() {
+    let run = check(
+        "grep, rg, find and ack for the same missing symbol",
+        "must-flag",
+    );
+    let last = run.verdicts.last().unwrap();
+    assert_eq!(
+        (last.rule, last.reason),
+        (Rule::SameFailure, Reason::SameFailure { calls: 4 })
+    );
+    assert_eq!(last.evidence.as_slice(), [2, 3, 4, 5]);
+}
+
+#[test]
+fn must_flag_the_same_call_and_result_with_a_changing_pid_and_timestamp() {
+    let scenario = scenario("the same call and result with a changing pid and timestamp");
+    check(
+        "the same call and result with a changing pid and timestamp",
+        "must-flag",
+    );
+    // Without the normalizer every step would be new: the ids are what it removes.
+    let raw = Normalization {
+        input: IdRules {
+            hex_ids: false,
+            epoch_timestamps: false,
+            numbers: false,
+            volatile: VolatileWords::new(Vec::<&str>::new()),
+        },
+        result: IdRules {
+            hex_ids: false,
+            epoch_timestamps: false,
+            numbers: false,
+            volatile: VolatileWords::new(Vec::<&str>::new()),
+        },
+    };
+    let run = run(&scenario, &raw);
+    assert!(run.verdicts.iter().all(|v| v.level == Level::Progress));
+}
+
+#[test]
+fn must_flag_a_b_ping_pong_with_the_same_results() {
+    check("A/B ping-pong with the same results", "must-flag");
+}
+
+#[test]
+fn must_flag_a_health_check_flapping_between_two_answers() {
+    let run = check("a health check flapping between two answers", "must-flag");
+    let last = run.verdicts.last().unwrap();
+    assert_eq!(
+        last.reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
+}
+
+#[test]
+fn suspect_three_different_fixes_the_same_build_failure() {
+    let run = check("three different fixes, the same build failure", "suspect");
+    assert_eq!(run.verdicts.last().unwrap().rule, Rule::Entropy);
+}

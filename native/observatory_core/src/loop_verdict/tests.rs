@@ -1,0 +1,511 @@
+//! One test per rule and threshold, on hand-made keys. The labelled scenarios, on real
+//! envelopes, are in `scenarios.rs`.
+
+use super::*;
+use proptest::prelude::*;
+
+/// A step: call `c`, outcome `o`, with a result, failed or not.
+fn step(c: u64, o: u64, failure: bool) -> StepKeys {
+    StepKeys {
+        call: c,
+        outcome: o,
+        has_result: true,
+        failure,
+    }
+}
+
+fn ok(c: u64, o: u64) -> StepKeys {
+    step(c, o, false)
+}
+
+fn fail(c: u64, o: u64) -> StepKeys {
+    step(c, o, true)
+}
+
+/// Runs the steps with the default config and no entropy signal; all verdicts.
+fn run(steps: &[StepKeys]) -> Vec<Verdict> {
+    run_with(steps, &Config::default())
+}
+
+fn run_with(steps: &[StepKeys], config: &Config) -> Vec<Verdict> {
+    let mut state = VerdictState::new();
+    steps
+        .iter()
+        .map(|&s| state.observe(s, None, config))
+        .collect()
+}
+
+fn levels(verdicts: &[Verdict]) -> Vec<Level> {
+    verdicts.iter().map(|v| v.level).collect()
+}
+
+use Level::{Loop, Progress, Suspect};
+
+#[test]
+fn first_step_is_progress_with_no_rule() {
+    let v = run(&[ok(1, 1)]);
+    assert_eq!(
+        (v[0].level, v[0].rule, v[0].step, v[0].previous),
+        (Progress, Rule::None, 1, None)
+    );
+    assert_eq!(v[0].reason, Reason::NoRepetition { steps: 1 });
+    assert!(v[0].evidence.as_slice().is_empty());
+}
+
+#[test]
+fn a_same_call_same_outcome_is_suspect_at_2_and_loop_at_3() {
+    let v = run(&[ok(9, 9), fail(1, 5), fail(1, 5), fail(1, 5), fail(1, 5)]);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop]);
+    assert_eq!(v[3].rule, Rule::Repeat);
+    assert_eq!(v[3].reason, Reason::Repeated { times: 3 });
+    assert_eq!(v[3].evidence.as_slice(), [2, 3, 4]);
+    assert_eq!(v[4].evidence.as_slice(), [2, 3, 4, 5]);
+    assert_eq!((v[3].previous, v[4].previous), (Some(Suspect), Some(Loop)));
+}
+
+#[test]
+fn a_same_call_with_a_changing_outcome_is_progress() {
+    let v = run(&[ok(1, 10), ok(1, 20), ok(1, 40), ok(1, 80)]);
+    assert_eq!(levels(&v), [Progress; 4]);
+    assert_eq!(v[3].rule, Rule::Repeat);
+    assert_eq!(v[3].reason, Reason::Polling { times: 4 });
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn a_counts_only_the_latest_identical_outcomes() {
+    // A stalled poll (20, 20) is suspect; moving again (30) is progress.
+    let v = run(&[ok(1, 10), ok(1, 20), ok(1, 20), ok(1, 30)]);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Progress]);
+}
+
+#[test]
+fn a_thresholds_are_configurable() {
+    let config = Config {
+        repeat_suspect: 3,
+        repeat_loop: 5,
+        ..Config::default()
+    };
+    let v = run_with(&[fail(1, 1); 5], &config);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Suspect, Loop]);
+}
+
+#[test]
+fn b_alternation_with_the_same_outcomes_is_a_cycle() {
+    // edit → ok, build → the same failure, again and again.
+    let v = run(&[
+        ok(1, 1),
+        fail(2, 2),
+        ok(1, 1),
+        fail(2, 2),
+        ok(1, 1),
+        fail(2, 2),
+    ]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Suspect, Suspect, Loop]
+    );
+    assert_eq!(v[5].rule, Rule::Cycle);
+    assert_eq!(
+        v[5].reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
+    assert_eq!(v[5].evidence.as_slice(), [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn b_a_three_call_cycle_loops_on_its_third_round() {
+    let round = [ok(1, 1), ok(2, 2), fail(3, 3)];
+    let steps: Vec<_> = round.iter().cycle().take(9).copied().collect();
+    let v = run(&steps);
+    assert_eq!(levels(&v)[..5], [Progress; 5]);
+    assert_eq!(levels(&v)[5..], [Suspect, Suspect, Suspect, Loop]);
+    assert_eq!(
+        v[8].reason,
+        Reason::Cycle {
+            period: 3,
+            blocks: 3
+        }
+    );
+}
+
+#[test]
+fn b_cycles_up_to_max_period_only() {
+    let round: Vec<_> = (1..=6).map(|c| ok(c, c)).collect();
+    let steps: Vec<_> = round.iter().cycle().take(18).copied().collect();
+    assert!(levels(&run(&steps)).iter().all(|&l| l == Progress));
+    let config = Config {
+        max_period: 6,
+        history: 18,
+        ..Config::default()
+    };
+    assert_eq!(*levels(&run_with(&steps, &config)).last().unwrap(), Loop);
+}
+
+#[test]
+fn b_a_cycle_whose_outcomes_change_is_progress() {
+    // sleep → ok, poll → 10 %, 40 %, 80 %: the poll moves.
+    let v = run(&[
+        ok(1, 1),
+        ok(2, 10),
+        ok(1, 1),
+        ok(2, 40),
+        ok(1, 1),
+        ok(2, 80),
+    ]);
+    assert_eq!(levels(&v), [Progress; 6]);
+    assert_eq!(
+        v[5].reason,
+        Reason::CycleProgress {
+            period: 2,
+            blocks: 3
+        }
+    );
+    // The build gets further each round: progress even on the edit steps.
+    let v = run(&[ok(1, 1), fail(2, 21), ok(1, 1), fail(2, 22), ok(1, 1)]);
+    assert_eq!(levels(&v), [Progress; 5]);
+}
+
+#[test]
+fn b_a_flapping_result_is_a_cycle_of_outcomes() {
+    // The same call answered X, Y, X, Y: the call repeats (period 1, results change),
+    // the call and its results repeat with period 2.
+    let v = run(&[
+        ok(1, 10),
+        ok(1, 20),
+        ok(1, 10),
+        ok(1, 20),
+        ok(1, 10),
+        ok(1, 20),
+    ]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Suspect, Suspect, Loop]
+    );
+    assert_eq!(
+        v[5].reason,
+        Reason::Cycle {
+            period: 2,
+            blocks: 3
+        }
+    );
+    // Once the answer moves on, progress again.
+    let mut steps = vec![ok(1, 10), ok(1, 20), ok(1, 10), ok(1, 20)];
+    steps.push(ok(1, 30));
+    assert_eq!(run(&steps)[4].level, Progress);
+}
+
+#[test]
+fn b_the_smallest_period_wins() {
+    let v = run(&[ok(1, 1); 4]);
+    assert_eq!(v[3].rule, Rule::Repeat);
+    // A A B A A B: period 3.
+    let v = run(&[ok(1, 1), ok(1, 1), ok(2, 2), ok(1, 1), ok(1, 1), ok(2, 2)]);
+    assert_eq!(
+        v[5].reason,
+        Reason::Cycle {
+            period: 3,
+            blocks: 2
+        }
+    );
+}
+
+#[test]
+fn c_the_same_failure_under_different_calls() {
+    // grep, rg, find, ack: the same "not found".
+    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)]);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
+    assert_eq!(v[3].rule, Rule::SameFailure);
+    assert_eq!(v[3].reason, Reason::SameFailure { calls: 4 });
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn c_counts_distinct_calls_within_the_history_and_ignores_successes() {
+    // The same failing call twice counts once; a success in between does not reset it.
+    let v = run(&[
+        fail(1, 7),
+        fail(1, 7),
+        ok(9, 9),
+        fail(2, 7),
+        ok(8, 8),
+        fail(3, 7),
+    ]);
+    assert_eq!(v[5].level, Suspect);
+    assert_eq!(v[5].evidence.as_slice(), [2, 4, 6]);
+    // Identical *successes* under different calls (ten different writes → "ok") are not failures.
+    let writes: Vec<_> = (1..=10).map(|c| ok(c, 1)).collect();
+    assert!(levels(&run(&writes)).iter().all(|&l| l == Progress));
+    // Out of the history, out of the count.
+    let config = Config {
+        history: 3,
+        ..Config::default()
+    };
+    let v = run_with(
+        &[fail(1, 7), fail(2, 7), ok(9, 9), fail(3, 7), fail(4, 7)],
+        &config,
+    );
+    assert_eq!(v[4].level, Progress);
+}
+
+#[test]
+fn c_needs_a_result() {
+    let no_result = |c| StepKeys {
+        call: c,
+        outcome: 7,
+        has_result: false,
+        failure: true,
+    };
+    let v = run(&[no_result(1), no_result(2), no_result(3), no_result(4)]);
+    assert!(levels(&v).iter().all(|&l| l == Progress));
+}
+
+#[test]
+fn strongest_rule_wins() {
+    // The poll moves (a: progress), but four different calls fail the same way (c: loop).
+    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 3), fail(4, 7)]);
+    assert_eq!(v[4].level, Loop);
+    assert_eq!(v[4].rule, Rule::SameFailure);
+}
+
+fn entropy(severity: Severity, window: usize) -> Option<EntropySignal> {
+    Some(EntropySignal { severity, window })
+}
+
+#[test]
+fn d_low_entropy_explained_by_different_calls_or_results_is_progress() {
+    let mut state = VerdictState::new();
+    let config = Config::default();
+    let mut last = None;
+    for c in 1..=8 {
+        last = Some(state.observe(ok(c, 100 + c), entropy(Severity::Loop, 5), &config));
+    }
+    let v = last.unwrap();
+    assert_eq!((v.level, v.rule), (Progress, Rule::Entropy));
+    assert_eq!(v.reason, Reason::EntropyExplained { window: 5 });
+}
+
+#[test]
+fn d_low_entropy_with_repeated_pairs_is_suspect_never_loop() {
+    // A B A C A: no run, no cycle, no failure, but A → 1 three times.
+    let mut state = VerdictState::new();
+    let config = Config::default();
+    let steps = [ok(1, 1), ok(2, 2), ok(1, 1), ok(3, 3), ok(1, 1)];
+    let v: Vec<_> = steps
+        .iter()
+        .map(|&s| state.observe(s, entropy(Severity::Loop, 5), &config))
+        .collect();
+    assert_eq!((v[4].level, v[4].rule), (Suspect, Rule::Entropy));
+    assert_eq!(v[4].evidence.as_slice(), [1, 3, 5]);
+}
+
+#[test]
+fn d_is_silent_when_normal_off_or_overruled() {
+    let config = Config::default();
+    let mut state = VerdictState::new();
+    let v = state.observe(ok(1, 1), entropy(Severity::Normal, 1), &config);
+    assert_eq!(v.rule, Rule::None);
+    let off = Config {
+        entropy: false,
+        ..Config::default()
+    };
+    let mut state = VerdictState::new();
+    state.observe(ok(1, 1), None, &off);
+    state.observe(ok(2, 2), None, &off);
+    let v = state.observe(ok(1, 1), entropy(Severity::Loop, 3), &off);
+    assert_eq!(v.rule, Rule::None);
+    // A moving poll under entropy LOOP: rule (a)'s progress stands, (d) is not asked.
+    let mut state = VerdictState::new();
+    let v = (0..5)
+        .map(|i| state.observe(ok(1, i), entropy(Severity::Loop, 5), &config))
+        .last()
+        .unwrap();
+    assert_eq!((v.level, v.rule), (Progress, Rule::Repeat));
+}
+
+#[test]
+fn history_is_bounded_and_can_shrink_at_run_time() {
+    let mut state = VerdictState::new();
+    let config = Config::default();
+    for c in 0..100 {
+        state.observe(ok(c, c), None, &config);
+    }
+    assert_eq!(state.ring.len(), 16);
+    assert_eq!(state.steps(), 100);
+    let small = Config {
+        history: 4,
+        ..Config::default()
+    };
+    state.observe(ok(1000, 1), None, &small);
+    assert_eq!(state.ring.len(), 4);
+    // A loop longer than the history is still seen as a run that fits in it.
+    let v = (0..6)
+        .map(|_| state.observe(fail(5, 5), None, &small))
+        .last()
+        .unwrap();
+    assert_eq!(
+        (v.level, v.evidence.as_slice()),
+        (Loop, &[104, 105, 106, 107][..])
+    );
+}
+
+#[test]
+fn evidence_keeps_the_most_recent_steps() {
+    let config = Config {
+        history: 40,
+        ..Config::default()
+    };
+    let v = run_with(&[fail(1, 1); 30], &config);
+    assert_eq!(v[29].evidence.as_slice(), (15..=30).collect::<Vec<_>>());
+}
+
+#[test]
+fn last_and_reset() {
+    let mut state = VerdictState::new();
+    let config = Config::default();
+    for _ in 0..3 {
+        state.observe(fail(1, 1), None, &config);
+    }
+    assert_eq!(state.last().unwrap().level, Loop);
+    state.reset();
+    assert!(state.last().is_none());
+    assert_eq!(state.observe(fail(1, 1), None, &config).level, Progress);
+}
+
+#[test]
+fn reasons_read_as_sentences() {
+    let cases = [
+        (
+            Reason::NoRepetition { steps: 4 },
+            "no repeated call pattern in the last 4 steps",
+        ),
+        (
+            Reason::Repeated { times: 3 },
+            "the same call returned the same result 3 times in a row",
+        ),
+        (
+            Reason::Cycle {
+                period: 2,
+                blocks: 3,
+            },
+            "a cycle of 2 calls repeated 3 times with the same results",
+        ),
+        (
+            Reason::SameFailure { calls: 4 },
+            "4 different calls failed with the same result",
+        ),
+    ];
+    for (reason, text) in cases {
+        assert_eq!(reason.to_string(), text);
+    }
+    assert_eq!(Level::Suspect.as_str(), "suspect");
+    assert_eq!(Rule::SameFailure.as_str(), "same_failure");
+}
+
+#[test]
+fn invalid_configs_are_refused() {
+    let ok = Config::default();
+    assert_eq!(ok.validate(), Ok(()));
+    let bad = [
+        Config { history: 1, ..ok },
+        Config {
+            history: MAX_HISTORY + 1,
+            ..ok
+        },
+        Config {
+            max_period: 0,
+            ..ok
+        },
+        Config {
+            max_period: MAX_PERIOD + 1,
+            ..ok
+        },
+        Config {
+            repeat_suspect: 1,
+            ..ok
+        },
+        Config {
+            repeat_loop: 1,
+            ..ok
+        },
+        Config {
+            cycle_suspect: 4,
+            ..ok
+        },
+        Config {
+            failure_suspect: 5,
+            ..ok
+        },
+    ];
+    for config in bad {
+        assert_eq!(
+            config.validate(),
+            Err(Error::InvalidVerdictConfig),
+            "{config:?}"
+        );
+    }
+    // suspect == loop: no suspect stage.
+    let v = run_with(
+        &[fail(1, 1); 3],
+        &Config {
+            repeat_suspect: 3,
+            ..ok
+        },
+    );
+    assert_eq!(levels(&v), [Progress, Progress, Loop]);
+}
+
+proptest! {
+    /// A session of all-distinct calls with all-distinct results is never a loop, and
+    /// never even suspect, whatever the entropy tracker says.
+    #[test]
+    fn distinct_calls_with_distinct_results_are_never_flagged(
+        n in 1usize..80,
+        failures in prop::collection::vec(any::<bool>(), 80),
+        severities in prop::collection::vec(0u8..3, 80),
+    ) {
+        let mut state = VerdictState::new();
+        let config = Config::default();
+        for i in 0..n {
+            let severity = [Severity::Normal, Severity::Warning, Severity::Loop][usize::from(severities[i])];
+            let v = state.observe(step(i as u64, 1000 + i as u64, failures[i]), entropy(severity, 5), &config);
+            prop_assert_eq!(v.level, Progress);
+        }
+    }
+
+    /// Any session's verdicts: evidence is sorted, within the steps seen, at most
+    /// MAX_EVIDENCE; `previous` is the previous step's level; step numbers count up.
+    #[test]
+    fn verdicts_are_well_formed(
+        steps in prop::collection::vec((0u64..4, 0u64..4, any::<bool>(), any::<bool>()), 1..60),
+        history in 2usize..20,
+        max_period in 1usize..6,
+    ) {
+        let config = Config { history, max_period, ..Config::default() };
+        let mut state = VerdictState::new();
+        let mut previous = None;
+        for (i, &(c, o, has_result, failure)) in steps.iter().enumerate() {
+            let v = state.observe(StepKeys { call: c, outcome: o, has_result, failure }, entropy(Severity::Warning, 5), &config);
+            prop_assert_eq!(v.step as usize, i + 1);
+            prop_assert_eq!(v.previous, previous);
+            let ev = v.evidence.as_slice();
+            prop_assert!(ev.len() <= MAX_EVIDENCE);
+            prop_assert!(ev.windows(2).all(|w| w[0] < w[1]));
+            prop_assert!(ev.iter().all(|&s| s >= 1 && s as usize <= i + 1));
+            prop_assert!(ev.iter().all(|&s| (i + 1) - (s as usize) < history));
+            prop_assert_eq!(v.level == Progress, v.level < Suspect);
+            if v.level > Progress { prop_assert!(!ev.is_empty()); }
+            previous = Some(v.level);
+        }
+    }
+
+    /// The same call with the same outcome forever ends as a loop.
+    #[test]
+    fn a_pure_repeat_always_ends_as_a_loop(n in 3usize..30, c in any::<u64>(), o in any::<u64>(), failure in any::<bool>()) {
+        let v = run(&vec![step(c, o, failure); n]);
+        prop_assert_eq!(v.last().unwrap().level, Loop);
+    }
+}

@@ -1,0 +1,212 @@
+//! NIFs behind `Observatory.Gateway.LoopVerdict`: the per-session verdict store and the
+//! normalization rules the DecisionLog parse hashes with.
+
+use observatory_core::keyed_store::KeyedStore;
+use observatory_core::loop_verdict::keys::Normalization;
+use observatory_core::loop_verdict::{
+    Config, EntropySignal, Level, Rule, StepKeys, Verdict, VerdictState,
+};
+use observatory_core::normalize::{IdRules, VolatileWords, DEFAULT_VOLATILE_WORDS};
+use observatory_core::severity::Severity;
+use rustler::{Atom, Encoder, Env, NifResult, ResourceArc, Term};
+
+use crate::atoms;
+use crate::error::to_nif;
+
+/// One `VerdictState` per session.
+pub struct VerdictStore(KeyedStore<VerdictState>);
+
+#[rustler::resource_impl]
+impl rustler::Resource for VerdictStore {}
+
+/// How tool inputs and results are normalized before hashing; read by the parse.
+pub struct VerdictRules(pub Normalization);
+
+#[rustler::resource_impl]
+impl rustler::Resource for VerdictRules {}
+
+/// `{history, max_period, {repeat_suspect, repeat_loop}, {cycle_suspect, cycle_loop},
+/// {failure_suspect, failure_loop}, entropy_rule}`.
+type ConfigTuple = (usize, usize, (u32, u32), (u32, u32), (u32, u32), bool);
+
+#[rustler::nif]
+fn verdict_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'_> {
+    ResourceArc::new(VerdictStore(KeyedStore::new(shards, max_sessions))).encode(env)
+}
+
+/// Normalization rules: `hex_ids`, `epoch_timestamps`, whether plain numbers are
+/// replaced in inputs and in results, and the volatile words.
+#[rustler::nif]
+fn verdict_rules_new(
+    env: Env<'_>,
+    hex_ids: bool,
+    epoch_timestamps: bool,
+    input_numbers: bool,
+    result_numbers: bool,
+    volatile: Vec<String>,
+) -> Term<'_> {
+    let words = VolatileWords::new(&volatile);
+    let rules = |numbers| IdRules {
+        hex_ids,
+        epoch_timestamps,
+        numbers,
+        volatile: words.clone(),
+    };
+    let normalization = Normalization {
+        input: rules(input_numbers),
+        result: rules(result_numbers),
+    };
+    ResourceArc::new(VerdictRules(normalization)).encode(env)
+}
+
+/// The default volatile words (`observatory_core::normalize::DEFAULT_VOLATILE_WORDS`).
+#[rustler::nif]
+fn verdict_default_volatile_words() -> Vec<&'static str> {
+    DEFAULT_VOLATILE_WORDS.to_vec()
+}
+
+/// `:ok` when the thresholds are valid, `{:error, :invalid_verdict_config}` otherwise.
+#[rustler::nif]
+fn verdict_config_check(config: ConfigTuple) -> NifResult<Atom> {
+    to_config(config).map(|_| atoms::ok())
+}
+
+/// Records one step: `keys` as the parse returned them, `entropy` the tracker's
+/// `{severity, window_len}` or nil. Returns
+/// `{level, previous | nil, rule, reason, evidence, step}`.
+#[rustler::nif]
+fn verdict_observe<'a>(
+    env: Env<'a>,
+    store: ResourceArc<VerdictStore>,
+    session_id: &str,
+    keys: (u64, u64, bool, bool),
+    entropy: Option<(Atom, usize)>,
+    config: ConfigTuple,
+) -> NifResult<Term<'a>> {
+    let config = to_config(config)?;
+    let keys = StepKeys {
+        call: keys.0,
+        outcome: keys.1,
+        has_result: keys.2,
+        failure: keys.3,
+    };
+    let signal = entropy.and_then(|(severity, window)| {
+        severity_of(severity).map(|severity| EntropySignal { severity, window })
+    });
+    let verdict = store.0.update(session_id, VerdictState::new, |state| {
+        state.observe(keys, signal, &config)
+    });
+    Ok((
+        level_atom(verdict.level),
+        verdict.previous.map(level_atom),
+        rule_atom(verdict.rule),
+        verdict.reason.to_string(),
+        verdict.evidence.as_slice(),
+        verdict.step,
+    )
+        .encode(env))
+}
+
+/// The session's latest verdict, `{level, rule, reason, evidence, step}`, or nil.
+#[rustler::nif]
+fn verdict_state<'a>(env: Env<'a>, store: ResourceArc<VerdictStore>, session_id: &str) -> Term<'a> {
+    match store
+        .0
+        .read(session_id, |state| state.last().copied())
+        .flatten()
+    {
+        Some(v) => verdict_term(env, &v),
+        None => rustler::types::atom::nil().encode(env),
+    }
+}
+
+/// Sessions whose latest verdict is not progress: `[{session_id, level, rule, reason,
+/// evidence, step}]`, at most `limit`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn verdict_list<'a>(env: Env<'a>, store: ResourceArc<VerdictStore>, limit: usize) -> Term<'a> {
+    let flagged = store.0.collect(limit, |state| {
+        state.last().filter(|v| v.level != Level::Progress).copied()
+    });
+    flagged
+        .iter()
+        .map(|(id, v)| {
+            (
+                id.as_str(),
+                level_atom(v.level),
+                rule_atom(v.rule),
+                v.reason.to_string(),
+                v.evidence.as_slice(),
+                v.step,
+            )
+        })
+        .collect::<Vec<_>>()
+        .encode(env)
+}
+
+#[rustler::nif]
+fn verdict_forget(store: ResourceArc<VerdictStore>, session_id: &str) -> bool {
+    store.0.remove(session_id)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn verdict_sweep(store: ResourceArc<VerdictStore>, now_ms: i64, ttl_ms: u64) -> usize {
+    store.0.sweep(now_ms, ttl_ms)
+}
+
+fn to_config(t: ConfigTuple) -> NifResult<Config> {
+    let (history, max_period, repeat, cycle, failure, entropy) = t;
+    let config = Config {
+        history,
+        max_period,
+        repeat_suspect: repeat.0,
+        repeat_loop: repeat.1,
+        cycle_suspect: cycle.0,
+        cycle_loop: cycle.1,
+        failure_suspect: failure.0,
+        failure_loop: failure.1,
+        entropy,
+    };
+    config.validate().map_err(to_nif)?;
+    Ok(config)
+}
+
+fn verdict_term<'a>(env: Env<'a>, v: &Verdict) -> Term<'a> {
+    (
+        level_atom(v.level),
+        rule_atom(v.rule),
+        v.reason.to_string(),
+        v.evidence.as_slice(),
+        v.step,
+    )
+        .encode(env)
+}
+
+fn severity_of(atom: Atom) -> Option<Severity> {
+    if atom == atoms::loop_() {
+        Some(Severity::Loop)
+    } else if atom == atoms::warning() {
+        Some(Severity::Warning)
+    } else if atom == atoms::normal() {
+        Some(Severity::Normal)
+    } else {
+        None
+    }
+}
+
+fn level_atom(level: Level) -> Atom {
+    match level {
+        Level::Progress => atoms::progress(),
+        Level::Suspect => atoms::suspect(),
+        Level::Loop => atoms::loop_(),
+    }
+}
+
+fn rule_atom(rule: Rule) -> Atom {
+    match rule {
+        Rule::None => atoms::none(),
+        Rule::Repeat => atoms::repeat(),
+        Rule::Cycle => atoms::cycle(),
+        Rule::SameFailure => atoms::same_failure(),
+        Rule::Entropy => atoms::entropy(),
+    }
+}

@@ -1,0 +1,166 @@
+defmodule Observatory.Gateway.AlertSourceTest do
+  use Observatory.TrackerCase, async: false
+
+  import ExUnit.CaptureLog
+
+  alias Observatory.Gateway.{AlertSource, EntropyAlertEvent, SchemaInterceptor}
+  alias Observatory.Test.HTTP
+
+  setup do
+    saved = Application.get_env(:observatory, :alert_source)
+    on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+    subscribe_gateway_topics()
+    %{sid: unique_session("sess-source")}
+  end
+
+  defp ingest(sid, intent, tool, input, status, result) do
+    {:ok, r} =
+      SchemaInterceptor.ingest(
+        HTTP.envelope(%{
+          "meta" => %{"session_id" => sid},
+          "cognition" => %{"intent" => intent},
+          "action" => %{
+            "tool_call" => tool,
+            "tool_input" => input,
+            "status" => status,
+            "result" => result
+          }
+        })
+      )
+
+    r
+  end
+
+  # Eight different files: the ratio's false alarm.
+  defp read_files(sid) do
+    for n <- 1..8,
+        do: ingest(sid, "read", "read_file", %{"path" => "f#{n}.ex"}, "success", "text #{n}")
+  end
+
+  # list → read → test, three identical rounds: the ratio's miss (3 of 5 is Normal).
+  defp abc_cycle(sid) do
+    for _ <- 1..3 do
+      [
+        ingest(sid, "explore", "list_dir", %{"path" => "src"}, "success", ["a.py"]),
+        ingest(sid, "read", "read_file", %{"path" => "src/a.py"}, "success", "x = 1"),
+        ingest(sid, "verify", "run_tests", %{}, "failure", %{"failed" => 1})
+      ]
+    end
+    |> List.flatten()
+  end
+
+  describe ":entropy (the FRD-009 default)" do
+    test "is the default" do
+      Application.delete_env(:observatory, :alert_source)
+      assert AlertSource.current() == :entropy
+    end
+
+    test "the ratio raises the alarm on eight different files; the verdict says progress",
+         %{sid: sid} do
+      Application.put_env(:observatory, :alert_source, :entropy)
+      results = read_files(sid)
+      assert List.last(results).severity == :loop
+      assert List.last(results).verdict.verdict == :progress
+      assert_receive %{event_type: "entropy_alert", session_id: ^sid} = event
+      refute Map.has_key?(event, :alert_source), "FRD-009's event, unchanged"
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
+    end
+
+    test "the ratio misses an A → B → C cycle", %{sid: sid} do
+      Application.put_env(:observatory, :alert_source, :entropy)
+      assert List.last(abc_cycle(sid)).verdict.verdict == :loop
+      refute_receive %{event_type: "entropy_alert", session_id: ^sid}, 50
+    end
+  end
+
+  describe ":verdict" do
+    setup do
+      Application.put_env(:observatory, :alert_source, :verdict)
+    end
+
+    test "no alarm for eight different files", %{sid: sid} do
+      assert List.last(read_files(sid)).severity == :loop
+      refute_receive %{event_type: "entropy_alert", session_id: ^sid}, 50
+      refute_receive %{event_type: "topology_update", session_id: ^sid}, 10
+    end
+
+    test "an A → B → C cycle raises an EntropyAlertEvent with every FR-9.7 field", %{sid: sid} do
+      results = abc_cycle(sid)
+      assert Enum.map(results, & &1.verdict.verdict) |> Enum.count(&(&1 == :loop)) == 1
+
+      assert_receive %{event_type: "entropy_alert", session_id: ^sid} = event
+      assert {:ok, _} = EntropyAlertEvent.validate(event)
+
+      assert %{
+               agent_id: "agent-http",
+               entropy_score: 0.6,
+               window_size: 5,
+               occurrence_count: 2,
+               repeated_pattern: %{
+                 intent: "verify",
+                 tool_call: "run_tests",
+                 action_status: "failure"
+               },
+               alert_source: "verdict",
+               rule: :cycle,
+               evidence: [1, 2, 3, 4, 5, 6, 7, 8, 9]
+             } = event
+
+      assert event.reason =~ "cycle of 3 calls"
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "blocked"}
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
+    end
+
+    test "a tracker error leaves no gateway score: the loop alert is not sent", %{sid: sid} do
+      env =
+        HTTP.envelope(%{
+          "meta" => %{"session_id" => sid},
+          "action" => %{"tool_input" => %{"path" => "x"}, "result" => "ENOENT"}
+        })
+
+      log =
+        capture_log(fn ->
+          for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(env, tracker: :no_such_tracker)
+        end)
+
+      assert log =~ "alert not sent"
+      refute_receive %{event_type: "entropy_alert", session_id: ^sid}, 50
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
+    end
+
+    test "suspect is amber, and progress after it brings the node back to active", %{sid: sid} do
+      fail = fn -> ingest(sid, "read", "read_file", %{"path" => "x"}, "failure", "ENOENT") end
+      fail.()
+      assert %{verdict: %{verdict: :suspect}} = fail.()
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "blocked"}
+
+      assert %{verdict: %{verdict: :progress}} =
+               ingest(sid, "read", "read_file", %{"path" => "x"}, "success", "found it")
+
+      assert_receive %{event_type: "topology_update", session_id: ^sid, state: "active"}
+    end
+  end
+
+  test "alert?/2 says which results alarm under each source, from one pass", %{sid: sid} do
+    Application.put_env(:observatory, :alert_source, :entropy)
+    files = read_files(sid)
+    cycle = abc_cycle(unique_session("sess-source-abc"))
+    assert Enum.any?(files, &AlertSource.alert?(&1, :entropy))
+    refute Enum.any?(files, &AlertSource.alert?(&1, :verdict))
+    refute Enum.any?(cycle, &AlertSource.alert?(&1, :entropy))
+    assert Enum.count(cycle, &AlertSource.alert?(&1, :verdict)) == 1
+    refute AlertSource.alert?(%{severity: nil, verdict: nil}, :verdict)
+  end
+
+  test "an unknown value is logged once and read as :entropy" do
+    Application.put_env(:observatory, :alert_source, :both)
+
+    log =
+      capture_log(fn ->
+        assert AlertSource.current() == :entropy
+        assert AlertSource.current() == :entropy
+      end)
+
+    assert length(String.split(log, ":alert_source is :both")) == 2
+  end
+end

@@ -1,0 +1,177 @@
+defmodule Observatory.Gateway.LoopVerdictTest do
+  use Observatory.TrackerCase, async: false
+
+  import ExUnit.CaptureLog
+
+  alias Observatory.Gateway.{DecisionLog, Events, LoopVerdict, SchemaInterceptor}
+  alias Observatory.Test.HTTP
+
+  setup do
+    saved = Application.get_env(:observatory, :loop_verdict)
+
+    on_exit(fn ->
+      Application.put_env(:observatory, :loop_verdict, saved)
+      LoopVerdict.reload_rules()
+    end)
+
+    :ok = Events.subscribe(LoopVerdict.topic())
+    %{sid: unique_session("sess-verdict")}
+  end
+
+  defp envelope(sid, action) do
+    HTTP.envelope(%{
+      "meta" => %{"session_id" => sid},
+      "action" => Map.merge(%{"tool_call" => "read_file", "status" => "failure"}, action)
+    })
+  end
+
+  defp keys(action), do: elem(DecisionLog.from_map(envelope("sess-keys", action)), 2).verdict_keys
+
+  defp ingest(sid, action) do
+    {:ok, result} = SchemaInterceptor.ingest(envelope(sid, action))
+    result.verdict
+  end
+
+  defp put_config(overrides) do
+    Application.put_env(
+      :observatory,
+      :loop_verdict,
+      Keyword.merge(LoopVerdict.defaults(), overrides)
+    )
+  end
+
+  @fail %{
+    "tool_input" => %{"path" => "config/prod.secret.exs"},
+    "result" => %{"error" => "ENOENT"}
+  }
+
+  describe "the verdict on each step" do
+    test "the same call and result: progress, suspect, loop, with the rule, reason and evidence",
+         %{sid: sid} do
+      assert %{verdict: :progress, previous: nil, rule: :none, step_number: 1} =
+               ingest(sid, @fail)
+
+      assert %{verdict: :suspect, previous: :progress, rule: :repeat} = ingest(sid, @fail)
+
+      assert %{verdict: :loop, rule: :repeat, evidence: [1, 2, 3], reason: reason} =
+               ingest(sid, @fail)
+
+      assert reason == "the same call returned the same result 3 times in a row"
+      assert %{verdict: :loop, step_number: 3} = LoopVerdict.session(sid)
+      assert Enum.any?(LoopVerdict.flagged(), &(&1.session_id == sid and &1.verdict == :loop))
+    end
+
+    test "changes are broadcast on gateway:loop_verdict, once each", %{sid: sid} do
+      for _ <- 1..4, do: ingest(sid, @fail)
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, verdict: :suspect}
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, verdict: :loop} = event
+
+      assert %{agent_id: "agent-http", previous: :suspect, rule: :repeat, evidence: [1, 2, 3]} =
+               event
+
+      refute_receive %{event_type: "loop_verdict", session_id: ^sid}, 50
+
+      # A new call ends the run, but the entropy window still holds the four repeats.
+      ingest(sid, %{"tool_call" => "write_file", "status" => "success"})
+
+      assert_receive %{
+        event_type: "loop_verdict",
+        session_id: ^sid,
+        verdict: :suspect,
+        previous: :loop,
+        rule: :entropy
+      }
+    end
+
+    test "a step without a result is judged on its status", %{sid: sid} do
+      for _ <- 1..2, do: ingest(sid, %{})
+      assert %{verdict: :loop} = ingest(sid, %{})
+    end
+
+    test "forget starts the session over", %{sid: sid} do
+      for _ <- 1..3, do: ingest(sid, @fail)
+      assert LoopVerdict.forget(sid)
+      assert %{verdict: :progress, step_number: 1} = ingest(sid, @fail)
+      refute LoopVerdict.forget("nope-#{sid}")
+      assert LoopVerdict.session("nope-#{sid}") == nil
+    end
+  end
+
+  describe "thresholds are read on every step" do
+    test "a raised loop threshold takes effect on the next step", %{sid: sid} do
+      put_config(repeat_loop: 5)
+      for _ <- 1..3, do: ingest(sid, @fail)
+      assert %{verdict: :suspect} = LoopVerdict.session(sid)
+      ingest(sid, @fail)
+      assert %{verdict: :loop} = ingest(sid, @fail)
+    end
+
+    test "entropy_rule: false leaves the ratio out", %{sid: sid} do
+      read = fn n ->
+        %{"tool_input" => %{"path" => "f#{n}"}, "status" => "success", "result" => "#{n}"}
+      end
+
+      for n <- 1..5, do: ingest(sid, read.(n))
+      assert %{rule: :entropy, verdict: :progress} = LoopVerdict.session(sid)
+      put_config(entropy_rule: false)
+      assert %{rule: :none, verdict: :progress} = ingest(sid, read.(6))
+    end
+
+    test "an invalid set is logged once and replaced by the defaults", %{sid: sid} do
+      log =
+        capture_log(fn ->
+          put_config(repeat_suspect: 4, repeat_loop: 3)
+          for _ <- 1..3, do: ingest(sid, @fail)
+        end)
+
+      assert %{verdict: :loop} = LoopVerdict.session(sid)
+      assert length(String.split(log, "invalid :loop_verdict thresholds")) == 2
+    end
+  end
+
+  describe "normalization (the parse computes the keys)" do
+    test "per-call ids go, plain numbers stay" do
+      run = fn pid, at, ms ->
+        keys(%{
+          "tool_call" => "run_server",
+          "tool_input" => %{"cmd" => "npm start", "request_id" => "req-#{pid}"},
+          "result" => %{
+            "pid" => pid,
+            "elapsed_ms" => ms,
+            "stderr" => "[#{at}] pid #{pid}: EADDRINUSE"
+          }
+        })
+      end
+
+      assert run.(4242, "2026-02-22T10:30:01Z", 812) == run.(5151, "2026-02-23T08:00:00Z", 790)
+
+      poll = fn p -> keys(%{"result" => %{"progress" => p}}) end
+      assert elem(poll.(10), 1) != elem(poll.(80), 1)
+      file = fn n -> keys(%{"tool_input" => %{"path" => "file#{n}.txt"}}) end
+      assert elem(file.(1), 0) != elem(file.(2), 0)
+    end
+
+    test "the keys are two 64-bit integers and two flags" do
+      assert {call, outcome, true, true} = keys(@fail)
+      assert call in 0..0xFFFF_FFFF_FFFF_FFFF and outcome in 0..0xFFFF_FFFF_FFFF_FFFF
+      assert {_, _, false, false} = keys(%{"status" => "success"})
+    end
+
+    test "reload_rules/0 applies new volatile keys and number rules" do
+      token = fn t -> keys(%{"tool_input" => %{"job_token" => "tok-#{t}"}}) end
+      assert token.(1) != token.(2)
+      poll = fn p -> keys(%{"result" => %{"progress" => p}}) end
+
+      put_config(extra_volatile_keys: ["job_token"], normalize_result_numbers: true)
+      :ok = LoopVerdict.reload_rules()
+      assert token.(1) == token.(2)
+      assert poll.(10) == poll.(80)
+    end
+
+    test "the default volatile words come from the core" do
+      words = LoopVerdict.default_volatile_keys()
+      assert "pid" in words and "request_id" in words and "elapsed_ms" in words
+      refute "id" in words
+    end
+  end
+end
