@@ -444,7 +444,11 @@ defmodule Observatory.Replay do
       step_warnings: 0,
       step_blocks: 0,
       first_step_warning: nil,
-      first_step_block: nil
+      first_step_block: nil,
+      first_suspect: nil,
+      first_verdict_loop: nil,
+      verdict_loops: 0,
+      verdict_rule: nil
     }
   end
 
@@ -454,6 +458,7 @@ defmodule Observatory.Replay do
     severity = result.severity
     score = result.entropy_score
     action = if result.step, do: result.step.action
+    verdict = if result.verdict, do: result.verdict.verdict
     mark = {n, result, name, line_no}
 
     lower? = severity != nil and (session.lowest_score == nil or score < session.lowest_score)
@@ -473,9 +478,17 @@ defmodule Observatory.Replay do
         step_warnings: session.step_warnings + if(action == :warn, do: 1, else: 0),
         first_step_warning: first(session.first_step_warning, action == :warn, mark),
         step_blocks: session.step_blocks + if(action == :block, do: 1, else: 0),
-        first_step_block: first(session.first_step_block, action == :block, mark)
+        first_step_block: first(session.first_step_block, action == :block, mark),
+        first_suspect: first(session.first_suspect, verdict == :suspect, mark),
+        first_verdict_loop: first(session.first_verdict_loop, verdict == :loop, mark),
+        verdict_loops: session.verdict_loops + if(verdict == :loop, do: 1, else: 0),
+        verdict_rule: loop_rule(session.verdict_rule, result.verdict)
     }
   end
+
+  # The rule behind the session's first verdict LOOP.
+  defp loop_rule(nil, %{verdict: :loop, rule: rule}), do: rule
+  defp loop_rule(rule, _verdict), do: rule
 
   # The first step something happened at, once it has.
   defp first(nil, true, {n, result, name, line_no}) do
@@ -540,6 +553,9 @@ defmodule Observatory.Replay do
         alerts: sessions |> Enum.map(& &1.alerts) |> Enum.sum(),
         sessions_step_warning: Enum.count(sessions, & &1.first_step_warning),
         sessions_step_block: Enum.count(sessions, & &1.first_step_block),
+        sessions_verdict_suspect: Enum.count(sessions, & &1.first_suspect),
+        sessions_verdict_loop: Enum.count(sessions, & &1.first_verdict_loop),
+        verdict_loops: sessions |> Enum.map(& &1.verdict_loops) |> Enum.sum(),
         bad_lines: bad_count
       },
       elapsed_us: elapsed_us

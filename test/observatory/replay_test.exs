@@ -96,6 +96,35 @@ defmodule Observatory.ReplayTest do
       assert report.steps == 5 and report.lines == 5 and report.bad_lines == 0
     end
 
+    test "issue 8: the loop verdict is in the report beside the entropy figures", %{sid: sid} do
+      other = sid <> "-files"
+
+      files =
+        for i <- 1..8 do
+          flat(other, %{
+            "tool_call" => "read_file",
+            "status" => "success",
+            "tool_input" => %{"path" => "lib/file_#{i}.ex"},
+            "result" => %{"content" => "module #{i}"}
+          })
+        end
+
+      report = run_lines(List.duplicate(flat(sid), 5) ++ files)
+      looping = session(report, sid)
+      assert %{step: 3} = looping.first_verdict_loop
+      assert looping.verdict_rule == :repeat
+      assert looping.verdict_loops == 3
+
+      reading = session(report, other)
+      assert reading.first_loop != nil, "entropy alarms on eight reads of different files"
+      assert reading.first_verdict_loop == nil, "the verdict sees different work"
+      assert report.summary.sessions_verdict_loop == 1
+
+      text = IO.iodata_to_binary(Observatory.Replay.Report.text(report, []))
+      assert text =~ "loop at 3 (repeat)"
+      assert text =~ ~r/verdict LOOP\s+1/
+    end
+
     test "every LOOP step is one alert: 8 identical steps give 4", %{sid: sid} do
       s = session(run_lines(List.duplicate(flat(sid), 8)), sid)
       assert s.alerts == 4
@@ -410,6 +439,9 @@ defmodule Observatory.ReplayTest do
                alerts: 45,
                sessions_step_warning: 10,
                sessions_step_block: 10,
+               sessions_verdict_suspect: 10,
+               sessions_verdict_loop: 10,
+               verdict_loops: 78,
                bad_lines: 5
              }
     end
@@ -493,6 +525,8 @@ defmodule Observatory.ReplayTest do
         |> Map.update!(:first_loop, strip)
         |> Map.update!(:first_step_warning, strip)
         |> Map.update!(:first_step_block, strip)
+        |> Map.update!(:first_suspect, strip)
+        |> Map.update!(:first_verdict_loop, strip)
       end
 
     {sessions, report.summary, Enum.map(report.bad, &Map.drop(&1, [:reason]))}

@@ -85,7 +85,9 @@ defmodule Observatory.Replay.Report do
   end
 
   defp flagged?(s),
-    do: s.first_warning || s.first_loop || s.first_step_warning || s.first_step_block
+    do:
+      s.first_warning || s.first_loop || s.first_step_warning || s.first_step_block ||
+        s.first_suspect || s.first_verdict_loop
 
   @headers [
     "session",
@@ -95,10 +97,11 @@ defmodule Observatory.Replay.Report do
     "1st LOOP",
     "alerts",
     "lowest",
-    "step detector"
+    "step detector",
+    "verdict"
   ]
   # Right-aligned columns.
-  @right [false, false, true, true, true, true, true, false]
+  @right [false, false, true, true, true, true, true, false, false]
 
   defp table([], 0), do: "No steps were accepted.\n\n"
   defp table([], _all), do: "No session was flagged.\n\n"
@@ -131,9 +134,16 @@ defmodule Observatory.Replay.Report do
       step(s.first_loop),
       Integer.to_string(s.alerts),
       score(s.lowest_score),
-      step_detector(s)
+      step_detector(s),
+      verdict(s)
     ]
   end
+
+  defp verdict(%{first_verdict_loop: %{step: n}, verdict_rule: rule}),
+    do: "loop at #{n} (#{rule})"
+
+  defp verdict(%{first_suspect: %{step: n}}), do: "suspect at #{n}"
+  defp verdict(_session), do: "-"
 
   defp step(nil), do: "-"
   defp step(%{step: n}), do: Integer.to_string(n)
@@ -192,6 +202,8 @@ defmodule Observatory.Replay.Report do
       line("alerts (LOOP steps)", s.alerts),
       line("step detector warned", s.sessions_step_warning),
       line("step detector blocked", s.sessions_step_block),
+      line("verdict SUSPECT", s.sessions_verdict_suspect),
+      line("verdict LOOP", s.sessions_verdict_loop),
       line("bad lines", s.bad_lines),
       "  #{String.pad_trailing("time", 24)}#{:erlang.float_to_binary(seconds, decimals: 2)} s (#{delimit(rate)} steps/s)\n"
     ]
