@@ -14,11 +14,10 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { chromium } from "playwright-core";
-import { Gateway, OPERATOR_TOKEN, ROOT, freePort, healthy } from "./gateway.mjs";
+import { Gateway, OPERATOR_TOKEN, ROOT, freePort, healthy, openBrowser } from "./gateway.mjs";
 import { startUpstream } from "./upstream.mjs";
 
 const ARTIFACTS = path.join(ROOT, "test/browser/artifacts");
-const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 mkdirSync(ARTIFACTS, { recursive: true });
 
 const HOSTILE = "<img src=x onerror=alert(1)>";
@@ -74,24 +73,7 @@ describe("Agent Detail and the kill switch in chromium", { timeout: 300_000 }, (
       OBSERVATORY_DATA_DIR: dataDir,
     });
     await gateway.start();
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-      ],
-    });
-    context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
-    page = await context.newPage();
-    page.on("dialog", async (dialog) => {
-      dialogs.push(dialog.message());
-      await dialog.dismiss();
-    });
+    ({ browser, context, page } = await openBrowser(chromium, { width: 1366, height: 900 }, dialogs));
   });
 
   after(async () => {

@@ -10,10 +10,9 @@ import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import path from "node:path";
 import { chromium } from "playwright-core";
-import { Gateway, OPERATOR_TOKEN, ROOT, freePort, healthy, loop } from "./gateway.mjs";
+import { Gateway, OPERATOR_TOKEN, ROOT, freePort, healthy, loop, openBrowser } from "./gateway.mjs";
 
 const ARTIFACTS = path.join(ROOT, "test/browser/artifacts");
-const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 mkdirSync(ARTIFACTS, { recursive: true });
 
 // Two steps alternating (edit, failing build): WARNING, never LOOP.
@@ -49,24 +48,7 @@ describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
   before(async () => {
     gateway = new Gateway(await freePort(), path.join(ARTIFACTS, "gateway.log"));
     await gateway.start();
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-      ],
-    });
-    context = await browser.newContext({ viewport: { width: 1440, height: 900 } });
-    page = await context.newPage();
-    page.on("dialog", async (dialog) => {
-      dialogs.push(dialog.message());
-      await dialog.dismiss();
-    });
+    ({ browser, context, page } = await openBrowser(chromium, { width: 1440, height: 900 }, dialogs));
   });
 
   after(async () => {

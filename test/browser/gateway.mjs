@@ -141,3 +141,29 @@ export const LOOP_STEP = ["search", "read_file", "failure"];
 export const loop = (n) => Array.from({ length: n }, () => LOOP_STEP);
 export const healthy = (n) =>
   Array.from({ length: n }, (_, i) => [`plan-${i}`, `tool-${i}`, "success"]);
+
+// Debian's chromium, headless, with the flags a closed network needs; dialogs are
+// dismissed and recorded so a test can assert that none was opened.
+const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+
+export async function openBrowser(chromium, viewport, dialogs) {
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  const context = await browser.newContext({ viewport });
+  const page = await context.newPage();
+  page.on("dialog", async (dialog) => {
+    dialogs.push(dialog.message());
+    await dialog.dismiss();
+  });
+  return { browser, context, page };
+}

@@ -14,18 +14,7 @@ defmodule Observatory.ReplayTest do
   doctest Observatory.Replay.Report
 
   setup do
-    saved =
-      for key <- [:step_detection, :session_log_size],
-          do: {key, Application.fetch_env(:observatory, key)}
-
-    on_exit(fn ->
-      for {key, value} <- saved do
-        case value do
-          {:ok, v} -> Application.put_env(:observatory, key, v)
-          :error -> Application.delete_env(:observatory, key)
-        end
-      end
-    end)
+    restore_env_on_exit([:step_detection, :session_log_size])
 
     %{sid: unique_session("replay")}
   end

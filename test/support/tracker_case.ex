@@ -12,7 +12,17 @@ defmodule Observatory.TrackerCase do
   end
 
   setup do
-    keys = [:entropy_window_size, :entropy_loop_threshold, :entropy_warning_threshold]
+    restore_env_on_exit([
+      :entropy_window_size,
+      :entropy_loop_threshold,
+      :entropy_warning_threshold
+    ])
+
+    :ok
+  end
+
+  @doc "Puts these `:observatory` settings back as they are now when the test exits."
+  def restore_env_on_exit(keys) do
     saved = for key <- keys, do: {key, Application.fetch_env(:observatory, key)}
 
     on_exit(fn ->
@@ -23,8 +33,6 @@ defmodule Observatory.TrackerCase do
         end
       end
     end)
-
-    :ok
   end
 
   def unique_session(prefix \\ "sess"),

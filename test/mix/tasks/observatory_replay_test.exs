@@ -9,16 +9,7 @@ defmodule Mix.Tasks.Observatory.ReplayTest do
   @keys [:step_detection, :session_log_size, :demo, ObservatoryWeb.Endpoint]
 
   setup do
-    saved = for key <- @keys, do: {key, Application.fetch_env(:observatory, key)}
-
-    on_exit(fn ->
-      for {key, value} <- saved do
-        case value do
-          {:ok, v} -> Application.put_env(:observatory, key, v)
-          :error -> Application.delete_env(:observatory, key)
-        end
-      end
-    end)
+    restore_env_on_exit(@keys)
 
     dir =
       Path.join(
