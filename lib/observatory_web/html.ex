@@ -15,6 +15,27 @@ defmodule ObservatoryWeb.HTML do
   """
 
   @doc """
+  The status line of a dashboard page: `notice` is `nil` or `{kind, text}` (escaped).
+
+      iex> ObservatoryWeb.HTML.notice("scm-notice", {:info, "Paused <now>"}) |> IO.iodata_to_binary()
+      ~s(<div id="scm-notice" class="notice notice-info" role="status">Paused &lt;now&gt;</div>)
+  """
+  @spec notice(String.t(), nil | {atom() | String.t(), String.t()}) :: iodata()
+  def notice(id, nil), do: [~s(<div id="), id, ~s(" class="notice" role="status"></div>)]
+
+  def notice(id, {kind, text}) do
+    [
+      ~s(<div id="),
+      id,
+      ~s(" class="notice notice-),
+      escape(kind),
+      ~s(" role="status">),
+      escape(text),
+      "</div>"
+    ]
+  end
+
+  @doc """
   Escapes `&`, `<`, `>`, `"` and `'`. Accepts a string, an atom, a number or `nil`
   (rendered as the empty string).
   """

@@ -63,17 +63,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
 
   ## Notice and header
 
-  defp notice(nil), do: ~s(<div id="ad-notice" class="notice" role="status"></div>)
-
-  defp notice({kind, text}) do
-    [
-      ~s(<div id="ad-notice" class="notice notice-),
-      escape(kind),
-      ~s(" role="status">),
-      escape(text),
-      "</div>"
-    ]
-  end
+  defp notice(notice), do: ObservatoryWeb.HTML.notice("ad-notice", notice)
 
   defp header(assigns) do
     [

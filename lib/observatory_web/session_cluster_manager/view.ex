@@ -57,17 +57,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Notice
 
-  defp notice(nil), do: ~s(<div id="scm-notice" class="notice" role="status"></div>)
-
-  defp notice({kind, text}) do
-    [
-      ~s(<div id="scm-notice" class="notice notice-),
-      escape(kind),
-      ~s(" role="status">),
-      escape(text),
-      "</div>"
-    ]
-  end
+  defp notice(notice), do: ObservatoryWeb.HTML.notice("scm-notice", notice)
 
   ## Summary
 
