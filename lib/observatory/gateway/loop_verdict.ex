@@ -19,7 +19,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       {:ok, result} = Observatory.Gateway.SchemaInterceptor.ingest(json)
       result.verdict
       #=> %{verdict: :loop, previous: :suspect, rule: :repeat,
-      #     reason: "the same call returned the same result 3 times in a row",
+      #     reason: "the same call 3 times in a row, its result saying nothing new",
       #     evidence: [4, 5, 6], step_number: 6}
 
   ## Rules
@@ -95,6 +95,7 @@ defmodule Observatory.Gateway.LoopVerdict do
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,
+    blank_repeat_loop: 4,
     cycle_suspect: 2,
     cycle_loop: 3,
     failure_suspect: 3,
@@ -113,8 +114,14 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   @type level :: :progress | :suspect | :loop
   @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
-  @typedoc "What the DecisionLog parse computes for the verdict: `{call, outcome, has_result, failure}`."
-  @type keys :: {non_neg_integer(), non_neg_integer(), boolean(), boolean()}
+  @typedoc """
+  What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
+  lines, flags}` (64-bit hashes, a 128-byte line sketch, and flag bits: has a result,
+  failed, blank, long). Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
+  """
+  @type keys ::
+          {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
+           non_neg_integer()}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -264,7 +271,8 @@ defmodule Observatory.Gateway.LoopVerdict do
     else
       Logger.warning(
         "invalid :loop_verdict thresholds #{inspect(env)}: each suspect threshold must be " <>
-          ">= 2 and <= its loop threshold, history 2..64, max_period 1..8; using the defaults"
+          ">= 2 and <= its loop threshold, blank_repeat_loop >= 2, history 2..64, max_period " <>
+          "1..8; using the defaults"
       )
 
       to_tuple(@defaults)
@@ -272,13 +280,13 @@ defmodule Observatory.Gateway.LoopVerdict do
   end
 
   defp to_tuple(s) do
-    {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop]},
+    {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop], s[:blank_repeat_loop]},
      {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], s[:failure_loop]},
      s[:entropy_rule]}
   end
 
-  defp valid_config?({history, period, {rs, rl}, {cs, cl}, {fs, fl}, entropy} = tuple) do
-    Enum.all?([history, period, rs, rl, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
+  defp valid_config?({history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy} = tuple) do
+    Enum.all?([history, period, rs, rl, rb, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
       is_boolean(entropy) and Native.verdict_config_check(tuple) == :ok
   rescue
     _ in [ArgumentError, ErlangError] -> false

@@ -61,6 +61,9 @@ use crate::severity::Severity;
 use crate::Error;
 
 pub mod keys;
+pub mod shape;
+
+use shape::LineSketch;
 
 /// Longest history a session may keep.
 pub const MAX_HISTORY: usize = 64;
@@ -119,9 +122,10 @@ impl Rule {
 pub enum Reason {
     /// Nothing repeats.
     NoRepetition { steps: usize },
-    /// (a) the same call and the same outcome `times` times in a row.
-    Repeated { times: u32 },
-    /// (a) the same call `times` times in a row, the outcome changed.
+    /// (a) the same call `times` times in a row, its result saying nothing new (each
+    /// time blank: `blank`).
+    Repeated { times: u32, blank: bool },
+    /// (a) the same call `times` times in a row, the result saying something new.
     Polling { times: u32 },
     /// (b) a cycle of `period` calls, `blocks` times with the same outcomes.
     Cycle { period: u32, blocks: u32 },
@@ -144,12 +148,20 @@ impl fmt::Display for Reason {
             Reason::NoRepetition { steps } => {
                 write!(f, "no repeated call pattern in the last {steps} steps")
             }
-            Reason::Repeated { times } => {
-                write!(f, "the same call returned the same result {times} times in a row")
-            }
+            Reason::Repeated {
+                times,
+                blank: false,
+            } => write!(
+                f,
+                "the same call {times} times in a row, its result saying nothing new"
+            ),
+            Reason::Repeated { times, blank: true } => write!(
+                f,
+                "the same call {times} times in a row, each time with an empty result"
+            ),
             Reason::Polling { times } => write!(
                 f,
-                "the same call {times} times in a row, and its result changed: progress"
+                "the same call {times} times in a row, and its result showed something new: progress"
             ),
             Reason::Cycle { period, blocks } => write!(
                 f,
@@ -222,16 +234,49 @@ pub struct Verdict {
     pub previous: Option<Level>,
 }
 
-/// What the verdict knows of one step: see [`keys`] for how they are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What the verdict knows of one step: see [`keys`] and [`shape`] for how they are
+/// computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepKeys {
-    /// Tool name and normalized canonical input.
+    /// Tool name and normalized canonical input, whitespace in strings collapsed.
     pub call: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
+    /// Status and the set of the result's lines, digits masked ([`shape`]).
+    pub gist: u64,
+    /// Status and the result's text, digits masked, in order ([`shape`]).
+    pub skeleton: u64,
+    /// The result's lines, for "did this say anything new?".
+    pub lines: LineSketch,
     pub has_result: bool,
     /// Status `failure`, `error` or `timeout`.
     pub failure: bool,
+    /// No result, or one whose strings hold only whitespace.
+    pub blank: bool,
+    /// A result of at least [`shape::LONG_RESULT`] bytes.
+    pub long: bool,
+}
+
+impl StepKeys {
+    /// Keys from a call and an outcome hash alone, as if the result were one line:
+    /// every view of the outcome is the outcome itself.
+    pub fn exact(call: u64, outcome: u64, has_result: bool, failure: bool) -> Self {
+        Self {
+            call,
+            outcome,
+            gist: outcome,
+            skeleton: outcome,
+            lines: if has_result {
+                LineSketch::single(outcome)
+            } else {
+                LineSketch::default()
+            },
+            has_result,
+            failure,
+            blank: !has_result,
+            long: false,
+        }
+    }
 }
 
 /// The entropy tracker's view of the same step, for rule (d).
@@ -250,6 +295,10 @@ pub struct Config {
     /// (a) same call, same outcome this many times in a row: suspect / loop.
     pub repeat_suspect: u32,
     pub repeat_loop: u32,
+    /// (a) the same, when every one of those results is blank (`cd ..`, `sleep 5`):
+    /// a blank result can show neither progress nor its absence. Never below
+    /// `repeat_loop`.
+    pub blank_repeat_loop: u32,
     /// (b) longest cycle looked for, 1..=[`MAX_PERIOD`] (1: cycles off, only repeats).
     pub max_period: usize,
     /// (b) blocks of a cycle with the same outcomes: suspect / loop.
@@ -268,6 +317,7 @@ impl Default for Config {
             history: 16,
             repeat_suspect: 2,
             repeat_loop: 3,
+            blank_repeat_loop: 4,
             max_period: 5,
             cycle_suspect: 2,
             cycle_loop: 3,
@@ -280,12 +330,14 @@ impl Default for Config {
 
 impl Config {
     /// Each suspect threshold at least 2 (once is not a repetition) and at most its
-    /// loop threshold (equal: no suspect stage); history and period in range.
+    /// loop threshold (equal: no suspect stage), the blank repeat threshold at least 2
+    /// (below `repeat_loop` it has no effect); history and period in range.
     pub fn validate(&self) -> Result<(), Error> {
         let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
         let ok = (2..=MAX_HISTORY).contains(&self.history)
             && (1..=MAX_PERIOD).contains(&self.max_period)
             && pair(self.repeat_suspect, self.repeat_loop)
+            && self.blank_repeat_loop >= 2
             && pair(self.cycle_suspect, self.cycle_loop)
             && pair(self.failure_suspect, self.failure_loop);
         if ok {
@@ -300,9 +352,16 @@ impl Config {
 struct Entry {
     call: u64,
     outcome: u64,
+    /// What cycles compare: the gist, but the exact outcome for a short successful
+    /// result, where a changed number is the answer (a poll at 40 %, then 60 %).
+    fuzzy: u64,
+    skeleton: u64,
     step: u32,
     has_result: bool,
     failure: bool,
+    blank: bool,
+    /// The same call as the step before, and its result said nothing new.
+    stale: bool,
 }
 
 /// A rule's finding.
@@ -320,6 +379,8 @@ pub struct VerdictState {
     ring: VecDeque<Entry>,
     steps: u32,
     last: Option<Verdict>,
+    /// The lines every result of the current run of the same call has shown.
+    run_lines: LineSketch,
 }
 
 impl VerdictState {
@@ -340,18 +401,37 @@ impl VerdictState {
         while self.ring.len() >= history {
             self.ring.pop_front();
         }
+        let stale = self.ring.back().is_some_and(|prev| prev.call == keys.call)
+            && self.says_nothing_new(&keys);
+        if self.ring.back().is_some_and(|prev| prev.call == keys.call) {
+            self.run_lines.union_with(&keys.lines);
+        } else {
+            self.run_lines = keys.lines;
+        }
         self.ring.push_back(Entry {
             call: keys.call,
             outcome: keys.outcome,
+            fuzzy: if keys.failure || keys.long {
+                keys.gist
+            } else {
+                keys.outcome
+            },
+            skeleton: keys.skeleton,
             step: self.steps,
             has_result: keys.has_result,
             failure: keys.failure,
+            blank: keys.blank,
+            stale,
         });
 
-        let specific = [self.repetition(config), self.same_failure(config)]
-            .into_iter()
-            .flatten()
-            .reduce(|best, next| if next.level > best.level { next } else { best });
+        let specific = [
+            self.repeat(config),
+            self.cycle(config),
+            self.same_failure(config),
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(|best, next| if next.level > best.level { next } else { best });
         let finding = specific
             .or_else(|| self.entropy(entropy, config))
             .unwrap_or(Finding {
@@ -394,84 +474,121 @@ impl VerdictState {
         &self.ring[self.ring.len() - 1 - back]
     }
 
-    /// Rules (a) and (b): the smallest period whose block of calls repeats at least
-    /// twice at the end of the history, judged by its outcomes. When those changed
-    /// (progress), a longer period over which the outcomes repeat too still makes a
-    /// cycle: the same call answered X, Y, X, Y is going round in circles.
-    fn repetition(&self, config: &Config) -> Option<Finding> {
+    /// Whether `keys`, the same call as the newest step, says nothing the run of that
+    /// call has not said: the same result; or no new line (a new line is progress when
+    /// it is at least a tenth of the result's lines) and either a failure (numbers in
+    /// an error are counters: `line 12`, `line 13`), the same lines in another order
+    /// or number, or a long result whose numbers changed (a timing, a speed). A short
+    /// successful result whose numbers changed is the answer moving: progress.
+    fn says_nothing_new(&self, keys: &StepKeys) -> bool {
+        let prev = self.ring.back().expect("the newest step");
+        if keys.outcome == prev.outcome {
+            return true;
+        }
+        let new = keys.lines.new_against(&self.run_lines);
+        if new > 0 && new * 10 >= keys.lines.len() {
+            return false;
+        }
+        keys.failure || keys.skeleton != prev.skeleton || keys.long
+    }
+
+    /// Rule (a): the same call several times in a row, the last of them saying
+    /// nothing new.
+    fn repeat(&self, config: &Config) -> Option<Finding> {
+        let run = self
+            .ring
+            .iter()
+            .rev()
+            .take_while(|e| e.call == self.at(0).call)
+            .count();
+        if run < 2 {
+            return None;
+        }
+        let stale = self
+            .ring
+            .iter()
+            .rev()
+            .take_while(|e| e.stale)
+            .count()
+            .min(run - 1);
+        let times = (stale + 1) as u32;
+        let blank = (0..=stale).all(|k| self.at(k).blank);
+        let loop_at = if blank {
+            config.blank_repeat_loop.max(config.repeat_loop)
+        } else {
+            config.repeat_loop
+        };
+        let (level, reason, shown) = if stale == 0 {
+            let times = run as u32;
+            (Level::Progress, Reason::Polling { times }, run)
+        } else if times >= loop_at {
+            (Level::Loop, Reason::Repeated { times, blank }, stale + 1)
+        } else if times >= config.repeat_suspect {
+            (Level::Suspect, Reason::Repeated { times, blank }, stale + 1)
+        } else {
+            (Level::Progress, Reason::Polling { times: run as u32 }, run)
+        };
+        Some(Finding {
+            level,
+            rule: Rule::Repeat,
+            reason,
+            evidence: self.newest(shown),
+        })
+    }
+
+    /// Rule (b): the smallest period of 2..=max_period whose block of calls repeats at
+    /// least twice at the end of the history, judged by its outcomes (compared as
+    /// `fuzzy`: see [`Entry`]).
+    fn cycle(&self, config: &Config) -> Option<Finding> {
         let n = self.ring.len();
         let max_period = config.max_period.clamp(1, MAX_PERIOD).min(n / 2);
-        let mut primary: Option<Finding> = None;
-        for p in 1..=max_period {
-            // Calls equal to the call `p` steps earlier, counting back from the newest.
+        for p in 2..=max_period {
             let calls = (0..n - p)
                 .take_while(|&k| self.at(k).call == self.at(k + p).call)
                 .count();
             let blocks = ((calls + p) / p) as u32;
-            if blocks < 2 {
+            // A block of one call repeated is rule (a)'s.
+            if blocks < 2 || (0..p).all(|k| self.at(k).call == self.at(0).call) {
                 continue;
             }
             let outcomes = (0..calls)
-                .take_while(|&k| self.at(k).outcome == self.at(k + p).outcome)
+                .take_while(|&k| self.at(k).fuzzy == self.at(k + p).fuzzy)
                 .count();
             let stable = ((outcomes + p) / p) as u32;
-            if primary.is_none() {
-                let finding = self.judge_repetition(p, blocks, stable, config);
-                if finding.level > Level::Progress {
-                    return Some(finding);
-                }
-                primary = Some(finding);
-            } else if p >= 2 && stable >= 2 {
-                let finding = self.judge_repetition(p, stable, stable, config);
-                if finding.level > Level::Progress {
-                    return Some(finding);
-                }
-            }
+            let level = if stable >= config.cycle_loop {
+                Level::Loop
+            } else if stable >= config.cycle_suspect {
+                Level::Suspect
+            } else {
+                Level::Progress
+            };
+            let period = p as u32;
+            let (shown, reason) = if level == Level::Progress {
+                (blocks, Reason::CycleProgress { period, blocks })
+            } else {
+                (
+                    stable,
+                    Reason::Cycle {
+                        period,
+                        blocks: stable,
+                    },
+                )
+            };
+            return Some(Finding {
+                level,
+                rule: Rule::Cycle,
+                reason,
+                evidence: self.newest(shown as usize * p),
+            });
         }
-        primary
-    }
-
-    /// The level of a block of `p` calls repeated `blocks` times, the last `stable` of
-    /// them with the same outcomes.
-    fn judge_repetition(&self, p: usize, blocks: u32, stable: u32, config: &Config) -> Finding {
-        let (suspect, lp) = if p == 1 {
-            (config.repeat_suspect, config.repeat_loop)
-        } else {
-            (config.cycle_suspect, config.cycle_loop)
-        };
-        let level = if stable >= lp {
-            Level::Loop
-        } else if stable >= suspect {
-            Level::Suspect
-        } else {
-            Level::Progress
-        };
-        let period = p as u32;
-        let (shown, reason) = match (p, level) {
-            (1, Level::Progress) => (blocks, Reason::Polling { times: blocks }),
-            (1, _) => (stable, Reason::Repeated { times: stable }),
-            (_, Level::Progress) => (blocks, Reason::CycleProgress { period, blocks }),
-            _ => (
-                stable,
-                Reason::Cycle {
-                    period,
-                    blocks: stable,
-                },
-            ),
-        };
-        Finding {
-            level,
-            rule: if p == 1 { Rule::Repeat } else { Rule::Cycle },
-            reason,
-            evidence: self.newest(shown as usize * p),
-        }
+        None
     }
 
     /// Rule (c): distinct calls among the recent steps that failed with this step's
     /// outcome.
     fn same_failure(&self, config: &Config) -> Option<Finding> {
         let current = self.at(0);
-        if !(current.failure && current.has_result) {
+        if !(current.failure && current.has_result) || current.blank {
             return None;
         }
         // Newest first: the latest step of each distinct call is the evidence.
@@ -479,7 +596,7 @@ impl VerdictState {
         let mut steps = [0u32; MAX_HISTORY];
         let mut count = 0;
         for entry in self.ring.iter().rev() {
-            let same = entry.failure && entry.has_result && entry.outcome == current.outcome;
+            let same = entry.failure && entry.outcome == current.outcome;
             if same && !calls[..count].contains(&entry.call) {
                 calls[count] = entry.call;
                 steps[count] = entry.step;

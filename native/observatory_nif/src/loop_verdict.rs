@@ -3,12 +3,13 @@
 
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::Normalization;
+use observatory_core::loop_verdict::shape::LineSketch;
 use observatory_core::loop_verdict::{
     Config, EntropySignal, Level, Rule, StepKeys, Verdict, VerdictState,
 };
 use observatory_core::normalize::{IdRules, VolatileWords, DEFAULT_VOLATILE_WORDS};
 use observatory_core::severity::Severity;
-use rustler::{Atom, Encoder, Env, NifResult, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 
 use crate::atoms;
 use crate::error::to_nif;
@@ -25,9 +26,57 @@ pub struct VerdictRules(pub Normalization);
 #[rustler::resource_impl]
 impl rustler::Resource for VerdictRules {}
 
-/// `{history, max_period, {repeat_suspect, repeat_loop}, {cycle_suspect, cycle_loop},
-/// {failure_suspect, failure_loop}, entropy_rule}`.
-type ConfigTuple = (usize, usize, (u32, u32), (u32, u32), (u32, u32), bool);
+/// `{history, max_period, {repeat_suspect, repeat_loop, blank_repeat_loop},
+/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop}, entropy_rule}`.
+type ConfigTuple = (usize, usize, (u32, u32, u32), (u32, u32), (u32, u32), bool);
+
+/// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, lines,
+/// flags}`, `lines` the 128-byte line sketch, `flags` has_result (1), failure (2),
+/// blank (4), long (8).
+type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8);
+
+const HAS_RESULT: u8 = 1;
+const FAILURE: u8 = 2;
+const BLANK: u8 = 4;
+const LONG: u8 = 8;
+
+/// The keys of a step as the DecisionLog parse returns them (see [`KeysTuple`]).
+pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
+    let flags = [
+        (keys.has_result, HAS_RESULT),
+        (keys.failure, FAILURE),
+        (keys.blank, BLANK),
+        (keys.long, LONG),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0u8, |acc, (_, bit)| acc | bit);
+    (
+        keys.call,
+        keys.outcome,
+        keys.gist,
+        keys.skeleton,
+        crate::json::binary(env, &keys.lines.to_bytes()),
+        flags,
+    )
+        .encode(env)
+}
+
+fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
+    let (call, outcome, gist, skeleton, lines, flags) = t;
+    let lines = LineSketch::from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
+    Ok(StepKeys {
+        call,
+        outcome,
+        gist,
+        skeleton,
+        lines,
+        has_result: flags & HAS_RESULT != 0,
+        failure: flags & FAILURE != 0,
+        blank: flags & BLANK != 0,
+        long: flags & LONG != 0,
+    })
+}
 
 #[rustler::nif]
 fn verdict_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'_> {
@@ -79,17 +128,12 @@ fn verdict_observe<'a>(
     env: Env<'a>,
     store: ResourceArc<VerdictStore>,
     session_id: &str,
-    keys: (u64, u64, bool, bool),
+    keys: KeysTuple<'a>,
     entropy: Option<(Atom, usize)>,
     config: ConfigTuple,
 ) -> NifResult<Term<'a>> {
     let config = to_config(config)?;
-    let keys = StepKeys {
-        call: keys.0,
-        outcome: keys.1,
-        has_result: keys.2,
-        failure: keys.3,
-    };
+    let keys = keys_from_term(keys)?;
     let signal = entropy.and_then(|(severity, window)| {
         severity_of(severity).map(|severity| EntropySignal { severity, window })
     });
@@ -160,6 +204,7 @@ fn to_config(t: ConfigTuple) -> NifResult<Config> {
         max_period,
         repeat_suspect: repeat.0,
         repeat_loop: repeat.1,
+        blank_repeat_loop: repeat.2,
         cycle_suspect: cycle.0,
         cycle_loop: cycle.1,
         failure_suspect: failure.0,

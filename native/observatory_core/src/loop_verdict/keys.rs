@@ -36,6 +36,7 @@ use std::sync::LazyLock;
 
 use serde_json::Value;
 
+use super::shape::{collapse_whitespace, shape};
 use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
 use crate::stable_json::stable_stringify;
@@ -91,29 +92,47 @@ pub fn keys_from_canonical(
     result: Option<&str>,
     rules: &Normalization,
 ) -> StepKeys {
-    BUFFER.with_borrow_mut(|buf| {
+    BUFFER.with_borrow_mut(|(buf, text, lines)| {
         buf.clear();
         buf.extend_from_slice(tool.as_bytes());
         buf.push(SEPARATOR);
-        normalize_json_ids_into(input, &rules.input, buf);
+        text.clear();
+        normalize_json_ids_into(input, &rules.input, text);
+        collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
         buf.push(SEPARATOR);
-        match result {
-            Some(result) => normalize_json_ids_into(result, &rules.result, buf),
-            None => buf.push(ABSENT),
-        }
+        let result_shape = match result {
+            Some(result) => {
+                text.clear();
+                normalize_json_ids_into(result, &rules.result, text);
+                buf.extend_from_slice(text);
+                Some(shape(status, text, lines))
+            }
+            None => {
+                buf.push(ABSENT);
+                None
+            }
+        };
         let outcome = hash64(buf, OUTCOME_SEED);
-        if buf.capacity() > MAX_KEPT_BUFFER {
-            *buf = Vec::new();
+        for kept in [&mut *buf, &mut *text] {
+            if kept.capacity() > MAX_KEPT_BUFFER {
+                *kept = Vec::new();
+            }
         }
         StepKeys {
             call,
             outcome,
+            // Without a result, the status is all there is: every view is the outcome.
+            gist: result_shape.map_or(outcome, |s| s.gist),
+            skeleton: result_shape.map_or(outcome, |s| s.skeleton),
+            lines: result_shape.map(|s| s.lines).unwrap_or_default(),
             has_result: result.is_some(),
             failure: is_failure(status),
+            blank: result_shape.is_none_or(|s| s.blank),
+            long: result_shape.is_some_and(|s| s.long),
         }
     })
 }
@@ -123,7 +142,9 @@ pub fn keys_from_canonical(
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The hashed bytes, the normalized text, the line hashes of a result.
+    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Vec<u64>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// The normalized canonical text of `value`, as hashed (for tests and debugging).

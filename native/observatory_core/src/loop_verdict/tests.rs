@@ -6,12 +6,7 @@ use proptest::prelude::*;
 
 /// A step: call `c`, outcome `o`, with a result, failed or not.
 fn step(c: u64, o: u64, failure: bool) -> StepKeys {
-    StepKeys {
-        call: c,
-        outcome: o,
-        has_result: true,
-        failure,
-    }
+    StepKeys::exact(c, o, true, failure)
 }
 
 fn ok(c: u64, o: u64) -> StepKeys {
@@ -57,7 +52,13 @@ fn a_same_call_same_outcome_is_suspect_at_2_and_loop_at_3() {
     let v = run(&[ok(9, 9), fail(1, 5), fail(1, 5), fail(1, 5), fail(1, 5)]);
     assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop]);
     assert_eq!(v[3].rule, Rule::Repeat);
-    assert_eq!(v[3].reason, Reason::Repeated { times: 3 });
+    assert_eq!(
+        v[3].reason,
+        Reason::Repeated {
+            times: 3,
+            blank: false
+        }
+    );
     assert_eq!(v[3].evidence.as_slice(), [2, 3, 4]);
     assert_eq!(v[4].evidence.as_slice(), [2, 3, 4, 5]);
     assert_eq!((v[3].previous, v[4].previous), (Some(Suspect), Some(Loop)));
@@ -170,9 +171,9 @@ fn b_a_cycle_whose_outcomes_change_is_progress() {
 }
 
 #[test]
-fn b_a_flapping_result_is_a_cycle_of_outcomes() {
-    // The same call answered X, Y, X, Y: the call repeats (period 1, results change),
-    // the call and its results repeat with period 2.
+fn a_a_flapping_result_says_nothing_new() {
+    // The same call answered X, Y, X, Y: from the third answer on, nothing that call
+    // had not already said.
     let v = run(&[
         ok(1, 10),
         ok(1, 20),
@@ -181,21 +182,66 @@ fn b_a_flapping_result_is_a_cycle_of_outcomes() {
         ok(1, 10),
         ok(1, 20),
     ]);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop, Loop]);
     assert_eq!(
-        levels(&v),
-        [Progress, Progress, Progress, Suspect, Suspect, Loop]
-    );
-    assert_eq!(
-        v[5].reason,
-        Reason::Cycle {
-            period: 2,
-            blocks: 3
+        v[3].reason,
+        Reason::Repeated {
+            times: 3,
+            blank: false
         }
     );
     // Once the answer moves on, progress again.
     let mut steps = vec![ok(1, 10), ok(1, 20), ok(1, 10), ok(1, 20)];
     steps.push(ok(1, 30));
     assert_eq!(run(&steps)[4].level, Progress);
+}
+
+#[test]
+fn a_blank_results_need_more_repeats() {
+    // `cd ..` three times says nothing either way: suspect, not yet a loop.
+    let blank = |c| StepKeys::exact(c, 5, false, false);
+    let v = run(&[blank(1), blank(1), blank(1), blank(1)]);
+    assert_eq!(levels(&v), [Progress, Suspect, Suspect, Loop]);
+    assert_eq!(
+        v[3].reason,
+        Reason::Repeated {
+            times: 4,
+            blank: true
+        }
+    );
+    // With an informative result, the third call is already a loop.
+    assert_eq!(run(&[ok(1, 5); 3])[2].level, Loop);
+}
+
+#[test]
+fn a_a_failure_whose_lines_are_all_known_is_stale() {
+    // The same failing call, its result another mix of lines already seen (stderr and
+    // stdout interleaved differently): not progress.
+    let mut a = fail(1, 100);
+    let mut b = fail(1, 200);
+    let mut c = fail(1, 300);
+    let mut lines = shape::LineSketch::single(1);
+    lines.union_with(&shape::LineSketch::single(2));
+    for k in [&mut a, &mut b, &mut c] {
+        k.lines = lines;
+    }
+    assert_eq!(levels(&run(&[a, b, c])), [Progress, Suspect, Loop]);
+    // A successful short result whose numbers changed (same skeleton) is progress.
+    let poll = |o| StepKeys {
+        skeleton: 9,
+        lines: lines,
+        ..ok(1, o)
+    };
+    assert_eq!(levels(&run(&[poll(1), poll(2), poll(3)])), [Progress; 3]);
+    // The same, long: a changed timing or size in a long output is a detail.
+    let long = |o| StepKeys {
+        long: true,
+        ..poll(o)
+    };
+    assert_eq!(
+        levels(&run(&[long(1), long(2), long(3)])),
+        [Progress, Suspect, Loop]
+    );
 }
 
 #[test]
@@ -253,12 +299,7 @@ fn c_counts_distinct_calls_within_the_history_and_ignores_successes() {
 
 #[test]
 fn c_needs_a_result() {
-    let no_result = |c| StepKeys {
-        call: c,
-        outcome: 7,
-        has_result: false,
-        failure: true,
-    };
+    let no_result = |c| StepKeys::exact(c, 7, false, true);
     let v = run(&[no_result(1), no_result(2), no_result(3), no_result(4)]);
     assert!(levels(&v).iter().all(|&l| l == Progress));
 }
@@ -383,8 +424,18 @@ fn reasons_read_as_sentences() {
             "no repeated call pattern in the last 4 steps",
         ),
         (
-            Reason::Repeated { times: 3 },
-            "the same call returned the same result 3 times in a row",
+            Reason::Repeated {
+                times: 3,
+                blank: false,
+            },
+            "the same call 3 times in a row, its result saying nothing new",
+        ),
+        (
+            Reason::Repeated {
+                times: 4,
+                blank: true,
+            },
+            "the same call 4 times in a row, each time with an empty result",
         ),
         (
             Reason::Cycle {
@@ -488,7 +539,7 @@ proptest! {
         let mut state = VerdictState::new();
         let mut previous = None;
         for (i, &(c, o, has_result, failure)) in steps.iter().enumerate() {
-            let v = state.observe(StepKeys { call: c, outcome: o, has_result, failure }, entropy(Severity::Warning, 5), &config);
+            let v = state.observe(StepKeys::exact(c, o, has_result, failure), entropy(Severity::Warning, 5), &config);
             prop_assert_eq!(v.step as usize, i + 1);
             prop_assert_eq!(v.previous, previous);
             let ev = v.evidence.as_slice();
