@@ -380,6 +380,9 @@ else
   end
 
   if list? do
-    for {title, _sessions, figures} <- results, do: IO.write(RealRuns.lists(title, figures))
+    # "dev corpus: all" would repeat the per-source lists.
+    for {title, _sessions, figures} <- results, title != "dev corpus: all" do
+      IO.write(RealRuns.lists(title, figures))
+    end
   end
 end
