@@ -99,7 +99,7 @@ defmodule Observatory.Gateway.LoopVerdict do
     cycle_suspect: 2,
     cycle_loop: 3,
     failure_suspect: 3,
-    failure_loop: 4,
+    failure_loop: :never,
     entropy_rule: true
   ]
   @normalization [
@@ -111,6 +111,8 @@ defmodule Observatory.Gateway.LoopVerdict do
     normalize_result_numbers: false
   ]
   @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
+  @rules_text "each suspect threshold must be >= 2 and <= its loop threshold (or :never " <>
+                "for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"
 
   @type level :: :progress | :suspect | :loop
   @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
@@ -145,6 +147,26 @@ defmodule Observatory.Gateway.LoopVerdict do
       env when is_list(env) -> Keyword.merge(@defaults, env)
       _other -> @defaults
     end
+  end
+
+  @doc "The names of the per-step thresholds (`:history`, `:repeat_loop`, …)."
+  @spec threshold_keys() :: [atom()]
+  def threshold_keys, do: Keyword.keys(@thresholds)
+
+  @doc """
+  Checks thresholds (merged over the settings in force) the way every step does:
+  `:ok`, or `{:error, message}` naming what is wrong.
+
+      iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_loop: 3)
+      :ok
+      iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_suspect: 4, repeat_loop: 3)
+      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"}
+  """
+  @spec check_thresholds(keyword()) :: :ok | {:error, String.t()}
+  def check_thresholds(thresholds) when is_list(thresholds) do
+    if valid_config?(to_tuple(Keyword.merge(settings(), thresholds))),
+      do: :ok,
+      else: {:error, "invalid :loop_verdict thresholds: " <> @rules_text}
   end
 
   @doc "The default volatile words (from the Rust core)."
@@ -270,9 +292,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       tuple
     else
       Logger.warning(
-        "invalid :loop_verdict thresholds #{inspect(env)}: each suspect threshold must be " <>
-          ">= 2 and <= its loop threshold, blank_repeat_loop >= 2, history 2..64, max_period " <>
-          "1..8; using the defaults"
+        "invalid :loop_verdict thresholds #{inspect(env)}: #{@rules_text}; using the defaults"
       )
 
       to_tuple(@defaults)
@@ -281,9 +301,14 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   defp to_tuple(s) do
     {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop], s[:blank_repeat_loop]},
-     {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], s[:failure_loop]},
+     {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], never_as_zero(s[:failure_loop])},
      s[:entropy_rule]}
   end
+
+  # The NIF takes 0 for "never".
+  defp never_as_zero(:never), do: 0
+  defp never_as_zero(0), do: -1
+  defp never_as_zero(n), do: n
 
   defp valid_config?({history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy} = tuple) do
     Enum.all?([history, period, rs, rl, rb, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and

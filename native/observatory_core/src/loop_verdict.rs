@@ -63,7 +63,7 @@ use crate::Error;
 pub mod keys;
 pub mod shape;
 
-use shape::LineSketch;
+use shape::{LineSketch, NumberSketch};
 
 /// Longest history a session may keep.
 pub const MAX_HISTORY: usize = 64;
@@ -253,8 +253,8 @@ pub struct StepKeys {
     pub failure: bool,
     /// No result, or one whose strings hold only whitespace.
     pub blank: bool,
-    /// A result of at least [`shape::LONG_RESULT`] bytes.
-    pub long: bool,
+    /// The result's numbers, for "did most of them change?".
+    pub numbers: NumberSketch,
 }
 
 impl StepKeys {
@@ -274,7 +274,7 @@ impl StepKeys {
             has_result,
             failure,
             blank: !has_result,
-            long: false,
+            numbers: NumberSketch::default(),
         }
     }
 }
@@ -306,7 +306,10 @@ pub struct Config {
     pub cycle_loop: u32,
     /// (c) different calls ending in the same failure: suspect / loop.
     pub failure_suspect: u32,
-    pub failure_loop: u32,
+    /// `None`: a same failure is never more than suspect (the default: an agent
+    /// trying different calls that fail alike is struggling, and on real runs
+    /// it raised more false alarms than loops caught).
+    pub failure_loop: Option<u32>,
     /// (d) on or off.
     pub entropy: bool,
 }
@@ -322,7 +325,7 @@ impl Default for Config {
             cycle_suspect: 2,
             cycle_loop: 3,
             failure_suspect: 3,
-            failure_loop: 4,
+            failure_loop: None,
             entropy: true,
         }
     }
@@ -339,7 +342,8 @@ impl Config {
             && pair(self.repeat_suspect, self.repeat_loop)
             && self.blank_repeat_loop >= 2
             && pair(self.cycle_suspect, self.cycle_loop)
-            && pair(self.failure_suspect, self.failure_loop);
+            && self.failure_suspect >= 2
+            && self.failure_loop.is_none_or(|l| l >= self.failure_suspect);
         if ok {
             Ok(())
         } else {
@@ -352,8 +356,8 @@ impl Config {
 struct Entry {
     call: u64,
     outcome: u64,
-    /// What cycles compare: the gist, but the exact outcome for a short successful
-    /// result, where a changed number is the answer (a poll at 40 %, then 60 %).
+    /// What cycles compare: the gist of a failure (its numbers are counters), the exact
+    /// outcome of a success.
     fuzzy: u64,
     skeleton: u64,
     step: u32,
@@ -381,6 +385,8 @@ pub struct VerdictState {
     last: Option<Verdict>,
     /// The lines every result of the current run of the same call has shown.
     run_lines: LineSketch,
+    /// The numbers of the newest step's result.
+    newest_numbers: NumberSketch,
 }
 
 impl VerdictState {
@@ -408,10 +414,11 @@ impl VerdictState {
         } else {
             self.run_lines = keys.lines;
         }
+        self.newest_numbers = keys.numbers;
         self.ring.push_back(Entry {
             call: keys.call,
             outcome: keys.outcome,
-            fuzzy: if keys.failure || keys.long {
+            fuzzy: if keys.failure {
                 keys.gist
             } else {
                 keys.outcome
@@ -478,8 +485,9 @@ impl VerdictState {
     /// call has not said: the same result; or no new line (a new line is progress when
     /// it is at least a tenth of the result's lines) and either a failure (numbers in
     /// an error are counters: `line 12`, `line 13`), the same lines in another order
-    /// or number, or a long result whose numbers changed (a timing, a speed). A short
-    /// successful result whose numbers changed is the answer moving: progress.
+    /// or number, or the same text with at most a third of its numbers changed (a
+    /// timing, a speed, a size in a long log). A successful result whose numbers
+    /// mostly changed (`{"progress": 40}`, then 60) is the answer moving: progress.
     fn says_nothing_new(&self, keys: &StepKeys) -> bool {
         let prev = self.ring.back().expect("the newest step");
         if keys.outcome == prev.outcome {
@@ -489,7 +497,9 @@ impl VerdictState {
         if new > 0 && new * 10 >= keys.lines.len() {
             return false;
         }
-        keys.failure || keys.skeleton != prev.skeleton || keys.long
+        keys.failure
+            || keys.skeleton != prev.skeleton
+            || keys.numbers.mostly_same_as(&self.newest_numbers)
     }
 
     /// Rule (a): the same call several times in a row, the last of them saying
@@ -604,7 +614,7 @@ impl VerdictState {
             }
         }
         let distinct = count as u32;
-        let level = if distinct >= config.failure_loop {
+        let level = if config.failure_loop.is_some_and(|l| distinct >= l) {
             Level::Loop
         } else if distinct >= config.failure_suspect {
             Level::Suspect

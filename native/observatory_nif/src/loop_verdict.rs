@@ -3,7 +3,7 @@
 
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::Normalization;
-use observatory_core::loop_verdict::shape::LineSketch;
+use observatory_core::loop_verdict::shape::{LineSketch, NumberSketch, SKETCH_BITS};
 use observatory_core::loop_verdict::{
     Config, EntropySignal, Level, Rule, StepKeys, Verdict, VerdictState,
 };
@@ -27,18 +27,17 @@ pub struct VerdictRules(pub Normalization);
 impl rustler::Resource for VerdictRules {}
 
 /// `{history, max_period, {repeat_suspect, repeat_loop, blank_repeat_loop},
-/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop}, entropy_rule}`.
+/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop (0: never)}, entropy_rule}`.
 type ConfigTuple = (usize, usize, (u32, u32, u32), (u32, u32), (u32, u32), bool);
 
-/// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, lines,
-/// flags}`, `lines` the 128-byte line sketch, `flags` has_result (1), failure (2),
-/// blank (4), long (8).
+/// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
+/// flags}`, `sketches` the line and number sketches (see [`sketches_to_bytes`]),
+/// `flags` has_result (1), failure (2), blank (4).
 type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8);
 
 const HAS_RESULT: u8 = 1;
 const FAILURE: u8 = 2;
 const BLANK: u8 = 4;
-const LONG: u8 = 8;
 
 /// The keys of a step as the DecisionLog parse returns them (see [`KeysTuple`]).
 pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
@@ -46,7 +45,6 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         (keys.has_result, HAS_RESULT),
         (keys.failure, FAILURE),
         (keys.blank, BLANK),
-        (keys.long, LONG),
     ]
     .iter()
     .filter(|(on, _)| *on)
@@ -56,7 +54,7 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         keys.outcome,
         keys.gist,
         keys.skeleton,
-        crate::json::binary(env, &keys.lines.to_bytes()),
+        crate::json::binary(env, &sketches_to_bytes(keys)),
         flags,
     )
         .encode(env)
@@ -64,7 +62,7 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
 
 fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
     let (call, outcome, gist, skeleton, lines, flags) = t;
-    let lines = LineSketch::from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
+    let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
         outcome,
@@ -74,8 +72,33 @@ fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
         has_result: flags & HAS_RESULT != 0,
         failure: flags & FAILURE != 0,
         blank: flags & BLANK != 0,
-        long: flags & LONG != 0,
+        numbers,
     })
+}
+
+const LINE_BYTES: usize = SKETCH_BITS / 8;
+
+/// The line sketch, the number sketch's 4 words and its count, little-endian.
+fn sketches_to_bytes(keys: &StepKeys) -> Vec<u8> {
+    let mut out = keys.lines.to_bytes().to_vec();
+    for word in keys.numbers.bits {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out.extend_from_slice(&keys.numbers.count.to_le_bytes());
+    out
+}
+
+fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch)> {
+    if bytes.len() != LINE_BYTES + 36 {
+        return None;
+    }
+    let (lines, rest) = bytes.split_at(LINE_BYTES);
+    let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let numbers = NumberSketch {
+        bits: [word(0), word(1), word(2), word(3)],
+        count: u32::from_le_bytes(rest[32..36].try_into().expect("4 bytes")),
+    };
+    Some((LineSketch::from_bytes(lines)?, numbers))
 }
 
 #[rustler::nif]
@@ -208,7 +231,8 @@ fn to_config(t: ConfigTuple) -> NifResult<Config> {
         cycle_suspect: cycle.0,
         cycle_loop: cycle.1,
         failure_suspect: failure.0,
-        failure_loop: failure.1,
+        // 0: never (`failure_loop: :never` in Elixir).
+        failure_loop: (failure.1 > 0).then_some(failure.1),
         entropy,
     };
     config.validate().map_err(to_nif)?;

@@ -154,14 +154,15 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, a 128-byte line sketch and flags" do
-      assert {call, outcome, gist, skeleton, lines, flags} = keys(@fail)
+    test "the keys are four 64-bit hashes, the line and number sketches and flags" do
+      assert {call, outcome, gist, skeleton, sketches, flags} = keys(@fail)
 
       for hash <- [call, outcome, gist, skeleton],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
-      assert byte_size(lines) == 128
-      # has a result (1) and failed (2); neither blank (4) nor long (8)
+      # 1024 bits of lines, 256 bits and a count of numbers
+      assert byte_size(sketches) == 128 + 32 + 4
+      # has a result (1) and failed (2), not blank (4)
       assert flags == 3
       assert {_, _, _, _, _, 4} = keys(%{"status" => "success"})
     end

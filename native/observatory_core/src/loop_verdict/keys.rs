@@ -132,7 +132,7 @@ pub fn keys_from_canonical(
             has_result: result.is_some(),
             failure: is_failure(status),
             blank: result_shape.is_none_or(|s| s.blank),
-            long: result_shape.is_some_and(|s| s.long),
+            numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
         }
     })
 }

@@ -22,21 +22,24 @@
 //!   whether a result says anything the same call had not already said;
 //! * `blank`: no string value holds anything but whitespace (`{"exit_code":1,
 //!   "stdout":""}`, `""`): the result says nothing either way;
-//! * `long`: the masked text is at least [`LONG_RESULT`] bytes: a changed number in
-//!   it is a detail, where in a short result (`{"progress": 40}`) it is the answer.
+//! * `numbers`: a sketch of its first [`MAX_NUMBERS`] runs of digits with their
+//!   positions, so that two results with the same skeleton can tell how many of their
+//!   numbers differ: one of many (a timing, a speed, a size in a long log) is a detail,
+//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving.
 
 use super::keys::hash64;
 
 /// Bits in a line sketch.
 pub const SKETCH_BITS: usize = 1024;
-/// A result at least this long (masked, collapsed) is long.
-pub const LONG_RESULT: usize = 160;
+/// Runs of digits of a result put in its number sketch (the first ones).
+pub const MAX_NUMBERS: u32 = 64;
 /// Lines of a result looked at for its gist and sketch (the first ones).
 pub const MAX_LINES: usize = 512;
 
 const LINE_SEED: u64 = 0x0801_f2e2_8a3c_1d55;
 const GIST_SEED: u64 = 0xa409_3822_299f_31d0;
 const SKELETON_SEED: u64 = 0x082e_fa98_ec4e_6c89;
+const NUMBER_SEED: u64 = 0x4528_21e6_38d0_1377;
 
 /// A set of line hashes, one bit each (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
@@ -107,14 +110,48 @@ impl std::fmt::Debug for LineSketch {
     }
 }
 
+/// The numbers of a result, each hashed with its position (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct NumberSketch {
+    pub bits: [u64; 4],
+    /// Runs of digits in the sketch (at most [`MAX_NUMBERS`]).
+    pub count: u32,
+}
+
+impl NumberSketch {
+    fn insert(&mut self, position: u32, number_hash: u64) {
+        let bit = (number_hash ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15)) % 256;
+        self.bits[(bit / 64) as usize] |= 1 << (bit % 64);
+        self.count += 1;
+    }
+
+    /// About how many numbers differ from `other`'s at the same positions: a changed
+    /// number clears one bit and sets another.
+    pub fn changed_against(&self, other: &NumberSketch) -> u32 {
+        let flipped: u32 = self
+            .bits
+            .iter()
+            .zip(other.bits.iter())
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum();
+        flipped.div_ceil(2) + self.count.abs_diff(other.count)
+    }
+
+    /// Whether, compared with `other`, at most a third of the numbers changed: a
+    /// detail, not the answer.
+    pub fn mostly_same_as(&self, other: &NumberSketch) -> bool {
+        self.changed_against(other) * 3 <= self.count.max(other.count)
+    }
+}
+
 /// A result's fuzzy views (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub skeleton: u64,
     pub gist: u64,
     pub lines: LineSketch,
+    pub numbers: NumberSketch,
     pub blank: bool,
-    pub long: bool,
 }
 
 /// JSON text `src` with runs of whitespace inside its strings (spaces and the `\n`,
@@ -177,9 +214,9 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Vec<u64>) -> Shape {
         skeleton: Hasher::new(SKELETON_SEED),
         line: Hasher::new(LINE_SEED),
         line_len: 0,
-        masked_len: 0,
         pending_space: false,
-        in_digits: false,
+        number: None,
+        numbers: NumberSketch::default(),
         hashes: scratch,
     };
     reader.hashes.clear();
@@ -187,7 +224,6 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Vec<u64>) -> Shape {
     reader.skeleton.write(&[0xFF]);
     let blank = reader.read(text);
     reader.end_line();
-    let long = reader.masked_len >= LONG_RESULT;
     let skeleton = reader.skeleton.finish();
     let hashes = reader.hashes;
     hashes.sort_unstable();
@@ -204,8 +240,8 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Vec<u64>) -> Shape {
         skeleton,
         gist: gist.finish(),
         lines,
+        numbers: reader.numbers,
         blank,
-        long,
     }
 }
 
@@ -213,9 +249,10 @@ struct Reader<'a> {
     skeleton: Hasher,
     line: Hasher,
     line_len: usize,
-    masked_len: usize,
     pending_space: bool,
-    in_digits: bool,
+    /// The run of digits being read.
+    number: Option<Hasher>,
+    numbers: NumberSketch,
     hashes: &'a mut Vec<u64>,
 }
 
@@ -268,6 +305,7 @@ impl Reader<'_> {
             } else if token == 2 && matches!(text[i + 1], b'n' | b'r') {
                 self.end_line();
             } else if whitespace {
+                self.end_number();
                 self.pending_space = true;
             } else {
                 if !is_key {
@@ -285,37 +323,47 @@ impl Reader<'_> {
     /// One byte of content: digits masked, whitespace collapsed.
     fn byte(&mut self, b: u8) {
         if b.is_ascii_digit() {
-            if self.in_digits {
-                return;
+            match &mut self.number {
+                Some(number) => number.write(&[b]),
+                None => {
+                    let mut number = Hasher::new(NUMBER_SEED);
+                    number.write(&[b]);
+                    self.number = Some(number);
+                    self.emit(b'#');
+                }
             }
-            self.in_digits = true;
-            self.emit(b'#');
             return;
         }
-        self.in_digits = false;
+        self.end_number();
         self.emit(b);
+    }
+
+    fn end_number(&mut self) {
+        if let Some(number) = self.number.take() {
+            if self.numbers.count < MAX_NUMBERS {
+                self.numbers.insert(self.numbers.count, number.finish());
+            }
+        }
     }
 
     fn emit(&mut self, b: u8) {
         if self.pending_space && self.line_len > 0 {
             self.line.write(b" ");
             self.skeleton.write(b" ");
-            self.masked_len += 1;
         }
         self.pending_space = false;
         self.line.write(&[b]);
         self.skeleton.write(&[b]);
         self.line_len += 1;
-        self.masked_len += 1;
     }
 
     fn end_line(&mut self) {
+        self.end_number();
         if self.line_len > 0 && self.hashes.len() < MAX_LINES {
             self.hashes.push(self.line.finish());
         }
         self.line = Hasher::new(LINE_SEED);
         self.line_len = 0;
-        self.in_digits = false;
         // A line break separates like whitespace in the skeleton.
         self.pending_space = true;
     }
@@ -458,11 +506,23 @@ mod tests {
     }
 
     #[test]
-    fn long_results() {
-        assert!(!shaped("success", json!({"state": "running", "progress": 40})).long);
-        assert!(shaped("success", json!("x".repeat(LONG_RESULT))).long);
-        // Digit runs count as one byte each.
-        assert!(!shaped("success", json!("1".repeat(LONG_RESULT))).long);
+    fn numbers_changed_few_or_most() {
+        let poll = |p: u32| shaped("success", json!({"state": "running", "progress": p}));
+        assert_eq!(poll(40).skeleton, poll(60).skeleton);
+        assert_eq!(poll(40).numbers.count, 1);
+        assert!(!poll(60).numbers.mostly_same_as(&poll(40).numbers));
+        assert!(poll(40).numbers.mostly_same_as(&poll(40).numbers));
+        let curl = |speed: u32| {
+            shaped(
+                "success",
+                json!(format!(
+                    "  % Total  % Received\n100  1256  100  1256    0     0  {speed}      0 --:--:-- {speed}\n"
+                )),
+            )
+        };
+        assert_eq!(curl(40740).skeleton, curl(46577).skeleton);
+        assert_eq!(curl(40740).numbers.count, 9);
+        assert!(curl(46577).numbers.mostly_same_as(&curl(40740).numbers));
     }
 
     #[test]

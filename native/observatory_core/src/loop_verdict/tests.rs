@@ -226,16 +226,18 @@ fn a_a_failure_whose_lines_are_all_known_is_stale() {
         k.lines = lines;
     }
     assert_eq!(levels(&run(&[a, b, c])), [Progress, Suspect, Loop]);
-    // A successful short result whose numbers changed (same skeleton) is progress.
-    let poll = |o| StepKeys {
+    // A successful result whose numbers all changed (same skeleton) is progress.
+    let numbers = |text: String| shape::shape("success", text.as_bytes(), &mut Vec::new()).numbers;
+    let poll = |o: u64| StepKeys {
         skeleton: 9,
-        lines: lines,
+        lines,
+        numbers: numbers(format!("\"{o}\"")),
         ..ok(1, o)
     };
     assert_eq!(levels(&run(&[poll(1), poll(2), poll(3)])), [Progress; 3]);
-    // The same, long: a changed timing or size in a long output is a detail.
-    let long = |o| StepKeys {
-        long: true,
+    // One number of eight changed (a timing in a long log) is a detail.
+    let long = |o: u64| StepKeys {
+        numbers: numbers(format!("\"1 2 3 4 5 6 7 {o}\"")),
         ..poll(o)
     };
     assert_eq!(
@@ -259,14 +261,26 @@ fn b_the_smallest_period_wins() {
     );
 }
 
+/// The same-failure rule with a loop threshold (off by default).
+fn failure_loop_at(n: u32) -> Config {
+    Config {
+        failure_loop: Some(n),
+        ..Config::default()
+    }
+}
+
 #[test]
 fn c_the_same_failure_under_different_calls() {
-    // grep, rg, find, ack: the same "not found".
-    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)]);
-    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
+    // Four different calls, the same "permission denied": suspect by default.
+    let steps = [fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)];
+    let v = run(&steps);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Suspect]);
     assert_eq!(v[3].rule, Rule::SameFailure);
     assert_eq!(v[3].reason, Reason::SameFailure { calls: 4 });
     assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    // With a loop threshold, a loop.
+    let v = run_with(&steps, &failure_loop_at(4));
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
 }
 
 #[test]
@@ -307,7 +321,10 @@ fn c_needs_a_result() {
 #[test]
 fn strongest_rule_wins() {
     // The poll moves (a: progress), but four different calls fail the same way (c: loop).
-    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 3), fail(4, 7)]);
+    let v = run_with(
+        &[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 3), fail(4, 7)],
+        &failure_loop_at(4),
+    );
     assert_eq!(v[4].level, Loop);
     assert_eq!(v[4].rule, Rule::SameFailure);
 }
@@ -488,6 +505,15 @@ fn invalid_configs_are_refused() {
         },
         Config {
             failure_suspect: 5,
+            failure_loop: Some(4),
+            ..ok
+        },
+        Config {
+            failure_suspect: 1,
+            ..ok
+        },
+        Config {
+            blank_repeat_loop: 1,
             ..ok
         },
     ];
