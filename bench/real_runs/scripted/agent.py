@@ -487,8 +487,8 @@ class Session:
 
 # --------------------------------------------------------------------------- ordinary steps
 def ordinary_steps(s, rng, n):
-    """n varied, unremarkable steps a real agent takes around the interesting part. None of
-    these commands is used inside a scenario body, so they never make an accidental repeat."""
+    """n varied, unremarkable steps a real agent takes before the interesting part. No scenario
+    body starts with one of these commands, so they never make an accidental repeat."""
     p = s.p
     pool = [
         lambda: s.bash("ls"),
