@@ -433,6 +433,10 @@ defmodule Observatory.ReplayTest do
                # loops by default, issue 11)
                sessions_verdict_loop: 8,
                verdict_loops: 64,
+               # under the default alert source (entropy): LOOP steps
+               alert_source: :entropy,
+               sessions_alarmed: 8,
+               alarms: 45,
                bad_lines: 5
              }
     end
