@@ -4,36 +4,43 @@
 //!
 //! FRD-009's uniqueness ratio looks at `{intent, tool_call, status}` only: it cannot
 //! tell reading eight different files from reading one file eight times, and it never
-//! sees an agent that alternates edit/build or tries `grep`, `rg`, `find` and `ack` for
-//! the same missing symbol. The verdict looks at what the gateway also has: each
-//! step's **call** (the tool and its input) and its **outcome** (the status and the
-//! result), each reduced to a 64-bit hash of canonical JSON with per-call ids
-//! normalized away ([`keys`]).
+//! sees an agent that alternates edit/build. The verdict looks at what the gateway also
+//! has: each step's **call** (the tool and its input, whitespace in strings collapsed)
+//! and its **outcome** (the status and the result), hashed from canonical JSON with
+//! per-call ids normalized away ([`keys`]), and read loosely ([`shape`]): the result's
+//! lines with digits masked, as a set and as a sketch, and its numbers.
+//!
+//! Real agents repeat themselves with incidental differences (issue 11): an error line
+//! that counts up (`bash: line 12`, `line 13`), stderr and stdout interleaved in
+//! another order, a file echo that grows by the same lines, a long log whose timing
+//! or size changed. The rules below treat those as the same answer.
 //!
 //! # Rules
 //!
-//! Each session keeps its last `history` steps (default 16): call hash, outcome hash,
-//! whether the step had a result, whether its status is a failure (`failure`, `error`,
-//! `timeout`) and its step number (1, 2, … per session). On every step:
+//! Each session keeps its last `history` steps (default 16). On every step:
 //!
-//! * **(a) repeat** — the newest steps are the same call, `n` times in a row. When the
-//!   last `repeat_suspect` (2) of them also have the same outcome: suspect; the last
-//!   `repeat_loop` (3): loop. When the outcome changed since the previous call:
-//!   **progress** — polling a job that moves 10 % → 80 % is work, not a loop.
-//! * **(b) cycle** — the newest calls are a block of `p` calls (2 ≤ p ≤ `max_period`,
-//!   default 5) repeated `r ≥ 2` times: A B A B, A B C A B C, edit/build/edit/build.
-//!   When the outcomes at every position of the block also repeat, over the last
-//!   `cycle_suspect` (2) blocks: suspect; `cycle_loop` (3) blocks: loop. When an outcome
-//!   in the cycle changed since the previous block (the build gets further each time):
-//!   **progress**. Rules (a) and (b) are one scan: the smallest period with two
-//!   repetitions wins, period 1 being rule (a). When its outcomes changed, a longer
-//!   period over which the outcomes repeat too is still a cycle: the same call
-//!   answered X, Y, X, Y (a flapping result) is going round in circles.
-//! * **(c) same failure** — the step failed with a result, and that same outcome ended
-//!   `failure_suspect` (3) / `failure_loop` (4) *different* calls among the last
-//!   `history` steps: suspect / loop. This is the agent that tries grep, rg, find and
-//!   ack for a symbol that does not exist. A failure without a result is not counted
-//!   (a bare "failed" says nothing about the cause).
+//! * **(a) repeat** — the newest steps are the same call, `n` times in a row. A repeat
+//!   *says nothing new* when its result is the previous one, or when it holds no line
+//!   the run of that call has not shown (a new line counts when it is at least a tenth
+//!   of the result's lines) and it failed (numbers in an error are counters), or its
+//!   lines came in another order or number, or only a third or less of its numbers
+//!   changed (a timing, a speed, a size). When the last `repeat_suspect` (2) calls in a
+//!   row said nothing new: suspect; `repeat_loop` (3): loop — or `blank_repeat_loop`
+//!   (4) when every one of those results was blank (`cd ..`, an empty `grep`: an empty
+//!   result can show neither progress nor its absence). When the newest call said
+//!   something new: **progress** — polling a job that moves 10 % → 80 % is work.
+//! * **(b) cycle** — the newest calls are a block of `p` different calls
+//!   (2 ≤ p ≤ `max_period`, default 5) repeated: A B A B, A B C A B C, edit/build.
+//!   When the outcomes at every position of the block also repeat (a failure compared
+//!   by its masked lines, a success exactly), over the last `cycle_suspect` (2) blocks:
+//!   suspect; `cycle_loop` (3) blocks: loop. When an outcome in the cycle changed since
+//!   the previous block (the build gets further each time): **progress**.
+//! * **(c) same failure** — the step failed with a non-blank result, and that same
+//!   outcome ended `failure_suspect` (3) *different* calls among the last `history`
+//!   steps: suspect; loop only with a `failure_loop` threshold (none by default: an
+//!   agent trying different calls that fail alike is struggling, and on real runs the
+//!   rule raised more false alarms than it caught loops). A blank failure (a `grep`
+//!   that found nothing) is an answer, not a cause: not counted.
 //! * **(d) entropy** — only when (a)–(c) say nothing: the entropy tracker's severity is
 //!   WARNING or LOOP. If every `(call, outcome)` pair in the entropy window is distinct,
 //!   the repetition the ratio saw is explained by different arguments or different
@@ -45,12 +52,12 @@
 //! among equals, the first in the order above. The reason names the rule; the
 //! evidence is the step numbers involved (at most [`MAX_EVIDENCE`], the most recent).
 //!
-//! A step without `action.result` has the status as its only outcome, so (a) and (b)
-//! compare statuses for it.
+//! A step without `action.result` has the status as its only outcome: it is blank.
 //!
 //! # Cost
 //!
-//! A session is a ring of 24-byte entries; a step is one push and scans of at most
+//! A session is a ring of 40-byte entries plus two sketches (the run's lines, the
+//! newest result's numbers: 160 bytes); a step is one push and scans of at most
 //! `history` entries per rule (the cycle scan compares at most `max_period × history`
 //! hashes). `benches/loop_verdict.rs` measures it with the hashing.
 

@@ -1,10 +1,12 @@
 //! A step's call and outcome keys: 64-bit hashes of canonical JSON with per-call ids
-//! normalized away.
+//! normalized away, and the outcome's loose views ([`shape`](super::shape)).
 //!
 //! * **call** = hash of `action.tool_call` and the normalized canonical
-//!   `action.tool_input` (missing = `null`);
+//!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
+//!   (`python  run.py ` is `python run.py`);
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
-//!   (missing or `null` = no result: the status alone).
+//!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
+//!   number sketches and blankness come from the same normalized text.
 //!
 //! The canonical text is [`stable_stringify`]'s — the very text the step detector
 //! hashes with SHA-256, so the gateway writes it once per step
@@ -36,7 +38,7 @@ use std::sync::LazyLock;
 
 use serde_json::Value;
 
-use super::shape::{collapse_whitespace, shape};
+use super::shape::{collapse_whitespace, shape, Scratch};
 use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
 use crate::stable_json::stable_stringify;
@@ -122,6 +124,9 @@ pub fn keys_from_canonical(
                 *kept = Vec::new();
             }
         }
+        if lines.capacity() > MAX_KEPT_BUFFER {
+            *lines = Scratch::default();
+        }
         StepKeys {
             call,
             outcome,
@@ -142,9 +147,9 @@ pub fn keys_from_canonical(
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    /// The hashed bytes, the normalized text, the line hashes of a result.
-    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Vec<u64>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// The hashed bytes, the normalized text, the result's shape buffers.
+    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch)> =
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default()));
 }
 
 /// The normalized canonical text of `value`, as hashed (for tests and debugging).

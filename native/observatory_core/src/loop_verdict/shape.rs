@@ -159,101 +159,125 @@ pub struct Shape {
 /// appended to `out`. Text outside strings is copied as it is (canonical JSON has no
 /// whitespace there).
 pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
-    let mut in_string = false;
-    let mut pending_space = false;
-    let mut at_string_start = false;
     let mut i = 0;
     while i < src.len() {
-        let b = src[i];
-        if !in_string {
-            out.push(b);
-            if b == b'"' {
-                in_string = true;
-                at_string_start = true;
+        // Outside a string: up to and with its opening quote.
+        let Some(quote) = src[i..].iter().position(|&b| b == b'"') else {
+            out.extend_from_slice(&src[i..]);
+            return;
+        };
+        out.extend_from_slice(&src[i..=i + quote]);
+        i += quote + 1;
+        // Inside: words copied, whitespace runs become one space between words.
+        let mut pending_space = false;
+        let mut at_start = true;
+        while i < src.len() && src[i] != b'"' {
+            let (end, whitespace) = string_token(src, i);
+            if whitespace {
+                pending_space = true;
+            } else {
+                if pending_space && !at_start {
+                    out.push(b' ');
+                }
                 pending_space = false;
+                at_start = false;
+                out.extend_from_slice(&src[i..end]);
             }
-            i += 1;
-            continue;
+            i = end;
         }
-        let (token, whitespace) = string_token(src, i);
-        if b == b'"' {
+        if i < src.len() {
             out.push(b'"');
-            in_string = false;
-        } else if whitespace {
-            pending_space = true;
-        } else {
-            if pending_space && !at_string_start {
-                out.push(b' ');
-            }
-            pending_space = false;
-            at_string_start = false;
-            out.extend_from_slice(&src[i..i + token]);
+            i += 1;
         }
-        i += token;
     }
 }
 
-/// The length of the token at `i` inside a JSON string (an escape is one token) and
-/// whether it is whitespace.
+/// Where the token at `i` inside a JSON string ends, and whether it is whitespace: an
+/// escape (`\n`, `\r`, `\t` are whitespace), a run of spaces, or a run of words with
+/// single spaces between them (copied as they are: the common case, in one piece).
+/// A run stops before a digit, which the shape masks.
 fn string_token(src: &[u8], i: usize) -> (usize, bool) {
     match src[i] {
         b'\\' if i + 1 < src.len() => match src[i + 1] {
-            b'n' | b'r' | b't' => (2, true),
-            b'u' => (6.min(src.len() - i), false),
-            _ => (2, false),
+            b'n' | b'r' | b't' => (i + 2, true),
+            b'u' => ((i + 6).min(src.len()), false),
+            _ => (i + 2, false),
         },
-        b' ' => (1, true),
-        _ => (1, false),
+        b' ' => (i + 1, true),
+        _ => (word_run(src, i + 1), false),
     }
 }
 
-/// Reads normalized canonical JSON text (see the module docs). `scratch` holds the
-/// line hashes; it is cleared first.
-pub fn shape(status: &str, text: &[u8], scratch: &mut Vec<u64>) -> Shape {
+fn word_run(src: &[u8], mut j: usize) -> usize {
+    let stop = |b: u8| matches!(b, b'"' | b' ' | b'\\') || b.is_ascii_digit();
+    loop {
+        while j < src.len() && !stop(src[j]) {
+            j += 1;
+        }
+        // One space between two words stays inside the run.
+        if j + 1 < src.len() && src[j] == b' ' && !stop(src[j + 1]) {
+            j += 2;
+            continue;
+        }
+        return j;
+    }
+}
+
+/// Buffers [`shape`] reuses from step to step.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    masked: Vec<u8>,
+    lines: Vec<u64>,
+}
+
+impl Scratch {
+    /// Bytes held, for giving back a buffer that grew for a huge step.
+    pub fn capacity(&self) -> usize {
+        self.masked.capacity() + self.lines.capacity() * 8
+    }
+}
+
+/// Reads normalized canonical JSON text (see the module docs).
+pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
+    scratch.masked.clear();
+    scratch.lines.clear();
     let mut reader = Reader {
-        skeleton: Hasher::new(SKELETON_SEED),
-        line: Hasher::new(LINE_SEED),
-        line_len: 0,
+        masked: &mut scratch.masked,
+        lines: &mut scratch.lines,
+        line_start: 0,
         pending_space: false,
-        number: None,
         numbers: NumberSketch::default(),
-        hashes: scratch,
     };
-    reader.hashes.clear();
-    reader.skeleton.write(status.as_bytes());
-    reader.skeleton.write(&[0xFF]);
     let blank = reader.read(text);
     reader.end_line();
-    let skeleton = reader.skeleton.finish();
-    let hashes = reader.hashes;
+    let numbers = reader.numbers;
+    let skeleton = hash64(&scratch.masked, hash64(status.as_bytes(), SKELETON_SEED));
+    let hashes = &mut scratch.lines;
     hashes.sort_unstable();
     hashes.dedup();
     let mut lines = LineSketch::default();
-    let mut gist = Hasher::new(GIST_SEED);
-    gist.write(status.as_bytes());
-    gist.write(&[0xFF]);
-    for h in hashes.iter() {
-        lines.insert(*h);
-        gist.write(&h.to_le_bytes());
+    let mut gist = hash64(status.as_bytes(), GIST_SEED);
+    for &h in hashes.iter() {
+        lines.insert(h);
+        gist = hash64(&h.to_le_bytes(), gist);
     }
     Shape {
         skeleton,
-        gist: gist.finish(),
+        gist,
         lines,
-        numbers: reader.numbers,
+        numbers,
         blank,
     }
 }
 
+/// Writes the masked text (digit runs as `#`, whitespace collapsed, a `\n` between
+/// lines) and the hash of each line.
 struct Reader<'a> {
-    skeleton: Hasher,
-    line: Hasher,
-    line_len: usize,
+    masked: &'a mut Vec<u8>,
+    lines: &'a mut Vec<u64>,
+    line_start: usize,
     pending_space: bool,
-    /// The run of digits being read.
-    number: Option<Hasher>,
     numbers: NumberSketch,
-    hashes: &'a mut Vec<u64>,
 }
 
 impl Reader<'_> {
@@ -263,144 +287,102 @@ impl Reader<'_> {
         // Whether the next string is an object key: after `{` or `,` in an object.
         let mut objects: Vec<bool> = Vec::new();
         let mut expect_key = false;
-        let mut in_string = false;
-        let mut is_key = false;
         let mut i = 0;
         while i < text.len() {
             let b = text[i];
-            if !in_string {
-                match b {
-                    b'"' => {
-                        // A string is a line of its own (its quotes are not content).
-                        in_string = true;
-                        is_key = expect_key;
-                        self.end_line();
-                        i += 1;
-                        continue;
-                    }
-                    b'{' => {
-                        objects.push(true);
-                        expect_key = true;
-                    }
-                    b'[' => {
-                        objects.push(false);
-                        expect_key = false;
-                    }
-                    b'}' | b']' => {
-                        objects.pop();
-                        expect_key = false;
-                    }
-                    b',' => expect_key = objects.last() == Some(&true),
-                    b':' => expect_key = false,
-                    _ => {}
-                }
-                self.byte(b);
-                i += 1;
+            if b.is_ascii_digit() {
+                i = self.number(text, i);
                 continue;
             }
-            let (token, whitespace) = string_token(text, i);
-            if b == b'"' {
-                in_string = false;
-                self.end_line();
-            } else if token == 2 && matches!(text[i + 1], b'n' | b'r') {
-                self.end_line();
-            } else if whitespace {
-                self.end_number();
-                self.pending_space = true;
-            } else {
-                if !is_key {
-                    blank = false;
+            match b {
+                b'"' => {
+                    // A string is a line of its own (its quotes are not content).
+                    self.end_line();
+                    let is_key = expect_key;
+                    i += 1;
+                    while i < text.len() && text[i] != b'"' {
+                        if text[i].is_ascii_digit() {
+                            blank &= is_key;
+                            i = self.number(text, i);
+                            continue;
+                        }
+                        let (end, whitespace) = string_token(text, i);
+                        if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
+                            self.end_line();
+                        } else if whitespace {
+                            self.pending_space = true;
+                        } else {
+                            blank &= is_key;
+                            self.content(&text[i..end]);
+                        }
+                        i = end;
+                    }
+                    self.end_line();
                 }
-                for &c in &text[i..i + token] {
-                    self.byte(c);
+                b'{' => {
+                    objects.push(true);
+                    expect_key = true;
+                    self.content(&[b]);
                 }
+                b'[' => {
+                    objects.push(false);
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                b'}' | b']' => {
+                    objects.pop();
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                b',' => {
+                    expect_key = objects.last() == Some(&true);
+                    self.content(&[b]);
+                }
+                b':' => {
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                _ => self.content(&[b]),
             }
-            i += token;
+            i += 1;
         }
         blank
     }
 
-    /// One byte of content: digits masked, whitespace collapsed.
-    fn byte(&mut self, b: u8) {
-        if b.is_ascii_digit() {
-            match &mut self.number {
-                Some(number) => number.write(&[b]),
-                None => {
-                    let mut number = Hasher::new(NUMBER_SEED);
-                    number.write(&[b]);
-                    self.number = Some(number);
-                    self.emit(b'#');
-                }
-            }
-            return;
+    /// The run of digits at `i`: `#` in the text, its value in the number sketch.
+    /// Returns where it ends.
+    fn number(&mut self, text: &[u8], i: usize) -> usize {
+        let end = text[i..]
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .map_or(text.len(), |p| i + p);
+        if self.numbers.count < MAX_NUMBERS {
+            let position = self.numbers.count;
+            self.numbers
+                .insert(position, hash64(&text[i..end], NUMBER_SEED));
         }
-        self.end_number();
-        self.emit(b);
+        self.content(b"#");
+        end
     }
 
-    fn end_number(&mut self) {
-        if let Some(number) = self.number.take() {
-            if self.numbers.count < MAX_NUMBERS {
-                self.numbers.insert(self.numbers.count, number.finish());
-            }
-        }
-    }
-
-    fn emit(&mut self, b: u8) {
-        if self.pending_space && self.line_len > 0 {
-            self.line.write(b" ");
-            self.skeleton.write(b" ");
+    fn content(&mut self, bytes: &[u8]) {
+        if self.pending_space && self.masked.len() > self.line_start {
+            self.masked.push(b' ');
         }
         self.pending_space = false;
-        self.line.write(&[b]);
-        self.skeleton.write(&[b]);
-        self.line_len += 1;
+        self.masked.extend_from_slice(bytes);
     }
 
     fn end_line(&mut self) {
-        self.end_number();
-        if self.line_len > 0 && self.hashes.len() < MAX_LINES {
-            self.hashes.push(self.line.finish());
-        }
-        self.line = Hasher::new(LINE_SEED);
-        self.line_len = 0;
-        // A line break separates like whitespace in the skeleton.
-        self.pending_space = true;
-    }
-}
-
-/// Streams bytes into [`hash64`] through a small buffer: exact for short input (the
-/// common line), chained for long input.
-struct Hasher {
-    seed: u64,
-    buf: [u8; 64],
-    len: usize,
-}
-
-impl Hasher {
-    fn new(seed: u64) -> Self {
-        Self {
-            seed,
-            buf: [0; 64],
-            len: 0,
-        }
-    }
-
-    fn write(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.len == self.buf.len() {
-                self.seed = hash64(&self.buf, self.seed);
-                self.len = 0;
+        if self.masked.len() > self.line_start {
+            if self.lines.len() < MAX_LINES {
+                self.lines
+                    .push(hash64(&self.masked[self.line_start..], LINE_SEED));
             }
-            let n = bytes.len().min(self.buf.len() - self.len);
-            self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
-            self.len += n;
-            bytes = &bytes[n..];
+            self.masked.push(b'\n');
+            self.line_start = self.masked.len();
         }
-    }
-
-    fn finish(&self) -> u64 {
-        hash64(&self.buf[..self.len], self.seed)
+        self.pending_space = false;
     }
 }
 
@@ -411,7 +393,11 @@ mod tests {
     use serde_json::{json, Value};
 
     fn shaped(status: &str, value: Value) -> Shape {
-        shape(status, stable_stringify(&value).as_bytes(), &mut Vec::new())
+        shape(
+            status,
+            stable_stringify(&value).as_bytes(),
+            &mut Scratch::default(),
+        )
     }
 
     fn collapsed(value: Value) -> String {

@@ -227,7 +227,9 @@ fn a_a_failure_whose_lines_are_all_known_is_stale() {
     }
     assert_eq!(levels(&run(&[a, b, c])), [Progress, Suspect, Loop]);
     // A successful result whose numbers all changed (same skeleton) is progress.
-    let numbers = |text: String| shape::shape("success", text.as_bytes(), &mut Vec::new()).numbers;
+    let numbers = |text: String| {
+        shape::shape("success", text.as_bytes(), &mut shape::Scratch::default()).numbers
+    };
     let poll = |o: u64| StepKeys {
         skeleton: 9,
         lines,
@@ -585,4 +587,10 @@ proptest! {
         let v = run(&vec![step(c, o, failure); n]);
         prop_assert_eq!(v.last().unwrap().level, Loop);
     }
+}
+
+#[test]
+fn a_history_entry_is_forty_bytes() {
+    // Four hashes, the step number and four flags: what a session pays per step kept.
+    assert_eq!(std::mem::size_of::<Entry>(), 40);
 }
