@@ -6,6 +6,8 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   alias Observatory.Gateway.{DecisionLog, Events, LoopVerdict, SchemaInterceptor}
   alias Observatory.Test.HTTP
 
+  doctest LoopVerdict
+
   setup do
     saved = Application.get_env(:observatory, :loop_verdict)
 
