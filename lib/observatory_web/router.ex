@@ -37,21 +37,42 @@ defmodule ObservatoryWeb.Router do
   alias ObservatoryWeb.Conn
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
+  # A failed request's log entry is cut here: an exception can carry a client's data.
+  @max_log_bytes 4096
+
   @doc false
   def call(req) do
     conn = Conn.new(req)
 
     try do
-      route(conn, conn.method, conn.path_info)
+      if conn.bad_request,
+        do: refuse(conn),
+        else: route(conn, conn.method, conn.path_info)
     rescue
       exception ->
-        Logger.error(
+        message =
           "#{conn.method} /#{Enum.join(conn.path_info, "/")} failed: " <>
             Exception.format(:error, exception, __STACKTRACE__)
-        )
 
+        Logger.error(truncate(message, @max_log_bytes))
         Conn.error(conn, 500, "internal_error", "the request failed; see the server log")
     end
+  end
+
+  # A request we cannot read is answered and its connection closed: MochiWeb would
+  # otherwise parse its Content-Length to decide about keep-alive, and crash.
+  defp refuse(conn) do
+    Process.put(:mochiweb_request_force_close, true)
+    Conn.error(conn, 400, "bad_request", conn.bad_request)
+  end
+
+  @doc "`text` cut to at most `max` bytes (on a character boundary), marked when cut."
+  @spec truncate(String.t(), pos_integer()) :: String.t()
+  def truncate(text, max) when byte_size(text) <= max, do: text
+
+  def truncate(text, max) do
+    cut = text |> binary_part(0, max) |> String.chunk(:valid) |> Enum.filter(&String.valid?/1)
+    IO.iodata_to_binary([cut, " … (#{byte_size(text)} bytes, cut)"])
   end
 
   defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)

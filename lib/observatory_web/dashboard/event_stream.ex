@@ -183,7 +183,7 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   defp html(%{module: module, socket: socket}), do: html(module, socket)
   defp html(module, socket), do: socket.assigns |> module.render() |> IO.iodata_to_binary()
 
-  defp event(name, data), do: ["event: ", name, "\ndata: ", JSON.encode!(data), "\n\n"]
+  defp event(name, data), do: ["event: ", name, "\ndata: ", JSON.encode_lossy!(data), "\n\n"]
 
   # A failed write exits the process normally (MochiWeb's own behaviour).
   defp write(resp, data), do: :mochiweb_response.write_chunk(data, resp)
