@@ -116,4 +116,48 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       Client.close_stream(stream)
     end
   end
+
+  describe "finding 4: error answers and logs are capped" do
+    test "1 MiB of bad NDJSON lines gives a small answer and a small log" do
+      body = String.duplicate("x\n", div(1024 * 1024, 2))
+      lines = div(byte_size(body), 2)
+
+      {resp, log} =
+        with_log([level: :warning], fn ->
+          HTTP.post("/api/v1/decision_logs", body, content_type: "application/x-ndjson")
+        end)
+
+      assert resp.status == 422
+      assert %{"accepted" => 0, "rejected" => ^lines, "omitted" => omitted} = resp.body
+      assert omitted == lines - 20
+      assert length(resp.body["results"]) == 20
+
+      assert [%{"line" => 1, "accepted" => false, "violation_count" => 1} | _] =
+               resp.body["results"]
+
+      answer_bytes = byte_size(Observatory.JSON.encode!(resp.body))
+      assert answer_bytes < 16 * 1024, "answer of #{answer_bytes} bytes"
+      assert byte_size(log) < 4 * 1024, "log of #{byte_size(log)} bytes"
+      assert log =~ "#{lines} of #{lines} batch lines rejected"
+    end
+
+    test "a batch still answers every accepted line, with the rejected ones capped" do
+      sid = unique_session("sess-batch-cap")
+      good = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+      body = Enum.join([good | List.duplicate("{}", 30)] ++ [good], "\n")
+
+      resp = HTTP.post("/api/v1/decision_logs", body, content_type: "application/x-ndjson")
+      assert resp.status == 200
+      assert %{"accepted" => 2, "rejected" => 30, "omitted" => 10} = resp.body
+      lines = Enum.map(resp.body["results"], & &1["line"])
+      assert lines == Enum.to_list(1..21) ++ [32]
+    end
+
+    test "one envelope's answer lists at most 20 violations and counts them all" do
+      resp = HTTP.post("/api/v1/decision_logs", "{}", [])
+      assert resp.status == 422
+      assert resp.body["violation_count"] == length(resp.body["violations"])
+      assert resp.body["violation_count"] <= 20
+    end
+  end
 end

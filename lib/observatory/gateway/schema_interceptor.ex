@@ -63,6 +63,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   ## Options
     * `:tracker` — the `EntropyTracker` to score with (default: the application's).
+    * `:log_violations` — log a rejected message as a `schema_violation` (default
+      `true`); a batch caller that logs a capped summary itself turns it off.
   """
   @spec ingest(binary() | map(), keyword()) ::
           {:ok, result()} | {:error, {:invalid, [DecisionLog.violation()]}}
@@ -75,7 +77,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result =
       case parsed do
         {:ok, envelope, fields} -> {:ok, accept(envelope, fields, opts)}
-        {:error, violations} -> reject(violations)
+        {:error, violations} -> reject(violations, Keyword.get(opts, :log_violations, true))
       end
 
     Metrics.observe_latency(System.monotonic_time(:microsecond) - started)
@@ -197,14 +199,16 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   defp step_directives(_), do: []
 
-  defp reject(violations) do
+  defp reject(violations, log?) do
     Metrics.inc(:violations)
 
-    Logger.warning(
-      "schema_violation: DecisionLog rejected: " <>
-        Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
-      event: :schema_violation
-    )
+    if log? do
+      Logger.warning(
+        "schema_violation: DecisionLog rejected: " <>
+          Enum.map_join(Enum.take(violations, 20), "; ", &"#{&1.path} #{&1.reason}"),
+        event: :schema_violation
+      )
+    end
 
     {:error, {:invalid, violations}}
   end
