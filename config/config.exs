@@ -38,6 +38,12 @@ config :observatory,
   llm_upstream_api_key: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
+  # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at
+  # start (dev/test). Shared keys (:agent_keys) let any agent act as any other: the
+  # application refuses them unless insecure_shared_agent_keys is true.
+  seed_agent_keys: %{},
+  agent_keys: [],
+  insecure_shared_agent_keys: false,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

@@ -3,7 +3,7 @@ import Config
 config :logger, level: :warning
 
 config :observatory,
-  agent_keys: ["test-agent-key"],
+  seed_agent_keys: %{"agent-http" => "test-agent-key"},
   operator_tokens: %{"test-operator-token" => "test-operator"},
   secret_key_base: "test-only-secret-key-base-0123456789abcdefghijklmnopqrstuvwxyz",
   demo: false

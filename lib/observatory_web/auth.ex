@@ -1,30 +1,44 @@
 defmodule ObservatoryWeb.Auth do
   @moduledoc """
-  Agent keys and operator tokens.
+  Who a request is: an agent (by its agent key) or an operator (by an operator token),
+  both sent as `Authorization: Bearer …` (an agent may send `X-Agent-Key` instead).
 
-  Agents send `Authorization: Bearer <agent key>` (or `X-Agent-Key: <key>`);
-  operators send `Authorization: Bearer <operator token>`. Keys are compared in
-  constant time on their SHA-256 digests.
+  Every agent key is bound to one agent id (`Observatory.AgentKeys`): `agent/1`
+  answers that id, and the handlers let the request act as that agent only —
+  `acts_as?/2` for a named agent, `may_use_session?/2` for a session. Operator tokens
+  are compared in constant time on their SHA-256 digests.
 
-      config :observatory, :agent_keys, ["key-1", "key-2"]
       config :observatory, :operator_tokens, %{"token-of-alice" => "alice"}
+      config :observatory, :seed_agent_keys, %{"agent-1" => "dev-agent-key"}  # dev/test
 
   With none configured, every request is refused (there is no open default); in
   `:dev` the config ships development values, and `config/runtime.exs` reads
-  `OBSERVATORY_AGENT_KEYS` and `OBSERVATORY_OPERATOR_TOKENS`.
+  `OBSERVATORY_OPERATOR_TOKENS`.
+
+  The shared `:agent_keys` of earlier releases are honoured only with
+  `insecure_shared_agent_keys: true`: such a key authenticates as `:any_agent`, which
+  may act as any agent (the application refuses to start with shared keys otherwise).
   """
 
+  alias Observatory.AgentKeys
+  alias Observatory.Gateway.EntropyTracker
   alias ObservatoryWeb.Conn
 
-  @doc "`{:ok, :agent}` when the request carries a configured agent key."
-  @spec agent(Conn.t()) :: {:ok, :agent} | {:error, :unauthorized}
-  def agent(conn) do
-    keys = Application.get_env(:observatory, :agent_keys, [])
-    presented = bearer(conn) || Conn.header(conn, "x-agent-key")
+  @typedoc "An authenticated agent: its id, or `:any_agent` for an insecure shared key."
+  @type agent :: String.t() | :any_agent
 
-    if presented && Enum.any?(keys, &same?(&1, presented)),
-      do: {:ok, :agent},
-      else: {:error, :unauthorized}
+  @doc "`{:ok, agent}` when the request carries a valid agent key."
+  @spec agent(Conn.t()) :: {:ok, agent()} | {:error, :unauthorized}
+  def agent(conn), do: agent_for_key(bearer(conn) || Conn.header(conn, "x-agent-key"))
+
+  @doc "The agent a key authenticates as."
+  @spec agent_for_key(String.t() | nil) :: {:ok, agent()} | {:error, :unauthorized}
+  def agent_for_key(nil), do: {:error, :unauthorized}
+
+  def agent_for_key(key) do
+    with {:error, :unauthorized} <- AgentKeys.authenticate(key) do
+      if shared_key?(key), do: {:ok, :any_agent}, else: {:error, :unauthorized}
+    end
   end
 
   @doc "`{:ok, operator_name}` when the request carries a configured operator token."
@@ -44,10 +58,50 @@ defmodule ObservatoryWeb.Auth do
     end
   end
 
-  @doc "An agent key or an operator token: either may read session state."
-  @spec agent_or_operator(Conn.t()) :: {:ok, term()} | {:error, :unauthorized}
+  @doc "An agent key or an operator token: `{:ok, {:agent, agent}}` or `{:ok, {:operator, name}}`."
+  @spec agent_or_operator(Conn.t()) ::
+          {:ok, {:agent, agent()} | {:operator, String.t()}} | {:error, :unauthorized}
   def agent_or_operator(conn) do
-    with {:error, _} <- agent(conn), do: operator(conn)
+    case agent(conn) do
+      {:ok, agent} ->
+        {:ok, {:agent, agent}}
+
+      {:error, :unauthorized} ->
+        with {:ok, name} <- operator(conn), do: {:ok, {:operator, name}}
+    end
+  end
+
+  @doc "Whether an authenticated agent may act as `agent_id`: only as itself."
+  @spec acts_as?(agent(), String.t()) :: boolean()
+  def acts_as?(:any_agent, _agent_id), do: true
+  def acts_as?(agent, agent_id), do: agent == agent_id
+
+  @doc """
+  Whether an authenticated agent may read or add to a session: not when the gateway
+  has recorded the session for another agent (the tracker's agent of the session).
+  """
+  @spec may_use_session?(agent(), String.t()) :: boolean()
+  def may_use_session?(:any_agent, _session_id), do: true
+
+  def may_use_session?(agent, session_id) do
+    case session_owner(session_id) do
+      nil -> true
+      owner -> owner == agent
+    end
+  end
+
+  @doc "The agent the gateway has recorded for a session, or nil."
+  @spec session_owner(String.t()) :: String.t() | nil
+  def session_owner(session_id) do
+    case EntropyTracker.session(session_id) do
+      %{agent_id: owner} -> owner
+      _ -> nil
+    end
+  end
+
+  defp shared_key?(key) do
+    Application.get_env(:observatory, :insecure_shared_agent_keys, false) and
+      Enum.any?(Application.get_env(:observatory, :agent_keys, []), &same?(&1, key))
   end
 
   defp bearer(conn) do

@@ -19,19 +19,23 @@ defmodule ObservatoryWeb.Router do
   | GET | /dashboard/events | sign-in | `ObservatoryWeb.Dashboard.EventStream` (SSE) |
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
-  | POST | /v1/chat/completions | agent key + `X-Agent-Id` | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
+  | DELETE | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
+  | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
+  | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
   | GET | /healthz | none | health |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  @agent_actions ["kill_switch", "activate", "deactivate"]
+  @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
   alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
   alias ObservatoryWeb.Conn
@@ -107,6 +111,16 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
     do: Agents.deactivate(conn, id)
 
+  defp route(conn, "DELETE", ["api", "v1", "agents", id]), do: Agents.delete(conn, id)
+  defp route(conn, "GET", ["api", "v1", "agents", id, "keys"]), do: Agents.keys(conn, id)
+  defp route(conn, "POST", ["api", "v1", "agents", id, "keys"]), do: Agents.issue_key(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "keys", "rotate"]),
+    do: Agents.rotate_key(conn, id)
+
+  defp route(conn, "DELETE", ["api", "v1", "agents", id, "keys", key_id]),
+    do: Agents.revoke_key(conn, id, key_id)
+
   defp route(conn, "GET", ["healthz"]) do
     Conn.json(conn, 200, %{
       status: "ok",
@@ -135,7 +149,9 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["v1", "chat", "completions"]), do: true
 
   defp known_path?(["api", "v1", "agents" | rest]),
-    do: match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest)
+    do:
+      match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest) or
+        match?([_, "keys", _], rest)
 
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true

@@ -47,7 +47,8 @@ defmodule Observatory.KillSwitch.Agents do
 
   @agents :observatory_agents
   @events :observatory_agent_events
-  @tables [@agents, @events]
+  @keys Observatory.AgentKeys.table()
+  @tables [@agents, @events, @keys]
 
   @type deactivated_by :: :kill_switch | :manual | nil
   @type agent :: %{
@@ -90,6 +91,8 @@ defmodule Observatory.KillSwitch.Agents do
 
     create_table(@agents, attributes: [:id, :agent], type: :set)
     create_table(@events, attributes: [:key, :event], type: :ordered_set)
+    # Agent keys (`Observatory.AgentKeys`): hash → agent, indexed by agent.
+    create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
 
     case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
       :ok -> :ok
@@ -193,14 +196,41 @@ defmodule Observatory.KillSwitch.Agents do
 
   @doc """
   The agent, registered with the default settings if it is new. Refuses a new agent
-  when `max_agents` are registered already.
+  when `max_agents` are registered already, unless `limit: false` (configured seeds).
+
+  Only operator actions register agents (issuing a key, configuring the switch);
+  requests never do (issue 13).
   """
-  @spec fetch_or_register(String.t()) :: {:ok, agent()} | {:error, :agent_limit}
-  def fetch_or_register(id) when is_binary(id) do
+  @spec fetch_or_register(String.t(), keyword()) :: {:ok, agent()} | {:error, :agent_limit}
+  def fetch_or_register(id, opts \\ []) when is_binary(id) do
     case get(id) do
-      nil -> transact(fn -> read_or_create(id) end)
+      nil -> transact(fn -> read_or_create(id, Keyword.get(opts, :limit, true)) end)
       agent -> {:ok, agent}
     end
+  end
+
+  @doc """
+  Deletes the agent, its events and its keys in one transaction. Returns the ids of
+  the revoked keys.
+  """
+  @spec delete(String.t()) :: {:ok, [String.t()]} | {:error, :not_found}
+  def delete(id) when is_binary(id) do
+    transact(fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        _agent ->
+          :mnesia.delete({@agents, id})
+
+          for {@events, key, _} <- :mnesia.match_object({@events, {id, :_, :_}, :_}),
+              do: :mnesia.delete({@events, key})
+
+          keys = :mnesia.index_read(@keys, id, :agent_id)
+          for {@keys, hash, ^id, _} <- keys, do: :mnesia.delete({@keys, hash})
+          {:ok, for({@keys, _, ^id, info} <- keys, do: info.key_id)}
+      end
+    end)
   end
 
   @doc """
@@ -212,7 +242,7 @@ defmodule Observatory.KillSwitch.Agents do
           {:ok, before :: agent(), after_ :: agent(), event()} | {:error, :agent_limit}
   def configure(id, changes, details \\ %{}) do
     transact(fn ->
-      with {:ok, before} <- read_or_create(id) do
+      with {:ok, before} <- read_or_create(id, true) do
         {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
         now = now()
 
@@ -299,10 +329,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   ## Internals
 
-  defp read_or_create(id) do
+  defp read_or_create(id, limit?) do
     case read(id) do
       nil ->
-        if count() >= max_agents() do
+        if limit? and count() >= max_agents() do
           {:error, :agent_limit}
         else
           agent = new(id, now())

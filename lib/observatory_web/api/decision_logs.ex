@@ -8,6 +8,10 @@ defmodule ObservatoryWeb.API.DecisionLogs do
   lines are skipped. Also: `401` without a valid agent key, `413` over the body limit,
   `415` for another content type.
 
+  The key's agent acts only as itself (issue 13): an envelope whose `meta.agent_id`
+  is another agent, or whose session the gateway has recorded for another agent, is
+  refused — `403 forbidden` alone, a rejected line in a batch — and touches nothing.
+
   Error answers and logs are capped, so a body of bad lines cannot be turned into a
   much bigger answer or log (issue 13, finding 4): an envelope's answer lists its
   first 20 violations (`violation_count` has them all); a batch lists every
@@ -28,20 +32,29 @@ defmodule ObservatoryWeb.API.DecisionLogs do
   @max_logged_lines 3
 
   def create(conn) do
-    with {:ok, _} <- auth(conn),
+    with {:ok, agent} <- auth(conn),
          {:ok, kind} <- kind(conn),
          {:ok, body} <- body(conn) do
       case kind do
-        :single -> single(conn, body)
-        :batch -> batch(conn, body)
+        :single -> single(conn, body, agent)
+        :batch -> batch(conn, body, agent)
       end
     end
   end
 
-  defp single(conn, body) do
-    case SchemaInterceptor.ingest(body) do
+  defp single(conn, body, agent) do
+    case SchemaInterceptor.ingest(body, agent: agent) do
       {:ok, result} ->
         Conn.json(conn, 200, answer(result))
+
+      {:error, {:forbidden, violation}} ->
+        Conn.error(
+          conn,
+          403,
+          "forbidden",
+          "an agent key sends only its own agent's steps, in its own sessions",
+          %{violations: [violation]}
+        )
 
       {:error, {:invalid, [%{path: "$", reason: "invalid JSON" <> _} | _] = violations}} ->
         Conn.error(conn, 400, "malformed_json", "the body is not valid JSON", capped(violations))
@@ -64,7 +77,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
     }
   end
 
-  defp batch(conn, body) do
+  defp batch(conn, body, agent) do
     {results, rejected} =
       body
       |> String.split("\n")
@@ -73,9 +86,10 @@ defmodule ObservatoryWeb.API.DecisionLogs do
         if String.trim(line) == "" do
           {results, rejected}
         else
-          case SchemaInterceptor.ingest(line, log_violations: false) do
+          case SchemaInterceptor.ingest(line, log_violations: false, agent: agent) do
             {:ok, result} -> {[Map.put(answer(result), :line, number) | results], rejected}
             {:error, {:invalid, violations}} -> {results, [{number, violations} | rejected]}
+            {:error, {:forbidden, violation}} -> {results, [{number, [violation]} | rejected]}
           end
         end
       end)
