@@ -48,7 +48,9 @@ defmodule Observatory.KillSwitch.Agents do
   @agents :observatory_agents
   @events :observatory_agent_events
   @keys Observatory.AgentKeys.table()
-  @tables [@agents, @events, @keys]
+  # Signed-out dashboard sessions (ObservatoryWeb.Dashboard.Session): sid → expiry.
+  @revoked_sessions :observatory_revoked_sessions
+  @tables [@agents, @events, @keys, @revoked_sessions]
 
   @type deactivated_by :: :kill_switch | :manual | nil
   @type agent :: %{
@@ -93,6 +95,7 @@ defmodule Observatory.KillSwitch.Agents do
     create_table(@events, attributes: [:key, :event], type: :ordered_set)
     # Agent keys (`Observatory.AgentKeys`): hash → agent, indexed by agent.
     create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
+    create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
     case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
       :ok -> :ok

@@ -122,7 +122,15 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     html = html(module, socket)
     write(resp, ["retry: 1000\n", event("mount", %{page_id: page_id, html: html})])
     schedule_heartbeat()
-    loop(%{resp: resp, req: conn.req, module: module, socket: socket, html: html})
+
+    loop(%{
+      resp: resp,
+      req: conn.req,
+      module: module,
+      socket: socket,
+      html: html,
+      session: session
+    })
   end
 
   defp loop(state) do
@@ -150,7 +158,9 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     state
   end
 
+  # A stream opened before a sign-out (or expiry) ends at the next heartbeat.
   defp handle(state, @heartbeat) do
+    unless Session.valid?(state.session), do: exit(:normal)
     write(state.resp, ": heartbeat\n\n")
     schedule_heartbeat()
     state

@@ -9,7 +9,8 @@ defmodule ObservatoryWeb.Dashboard.Login do
     * `POST /login` — `403` when the two do not match; `401` and the form again for a
       wrong token; otherwise the signed session cookie (`ObservatoryWeb.Dashboard.Session`)
       and `303` to `/`.
-    * `POST /logout` — needs the session's CSRF token; clears the cookie, `303` to `/login`.
+    * `POST /logout` — needs the session's CSRF token; revokes the session on the server
+      (a copy of the cookie no longer signs in), clears the cookie, `303` to `/login`.
   """
 
   import ObservatoryWeb.HTML, only: [escape: 1]
@@ -55,6 +56,7 @@ defmodule ObservatoryWeb.Dashboard.Login do
     with {:ok, session} <- Session.fetch(conn),
          {:ok, fields} <- form_fields(conn),
          true <- Session.valid_csrf?(session, fields["_csrf_token"]) do
+      :ok = Session.revoke(session)
       Conn.redirect(conn, "/login", [Session.clear_cookie_header()])
     else
       {:error, :unauthenticated} -> Conn.redirect(conn, "/login")
