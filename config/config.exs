@@ -44,6 +44,8 @@ config :observatory,
   seed_agent_keys: %{},
   agent_keys: [],
   insecure_shared_agent_keys: false,
+  # Failed credentials per client (TCP address) before 429 + Retry-After.
+  auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

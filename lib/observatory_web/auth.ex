@@ -15,6 +15,10 @@ defmodule ObservatoryWeb.Auth do
   `:dev` the config ships development values, and `config/runtime.exs` reads
   `OBSERVATORY_OPERATOR_TOKENS`.
 
+  A credential that is presented and wrong counts against the client in
+  `ObservatoryWeb.AuthThrottle` (the router refuses a locked-out client's credentials
+  with `429` before they are checked).
+
   The shared `:agent_keys` of earlier releases are honoured only with
   `insecure_shared_agent_keys: true`: such a key authenticates as `:any_agent`, which
   may act as any agent (the application refuses to start with shared keys otherwise).
@@ -22,14 +26,14 @@ defmodule ObservatoryWeb.Auth do
 
   alias Observatory.AgentKeys
   alias Observatory.Gateway.EntropyTracker
-  alias ObservatoryWeb.Conn
+  alias ObservatoryWeb.{AuthThrottle, Conn}
 
   @typedoc "An authenticated agent: its id, or `:any_agent` for an insecure shared key."
   @type agent :: String.t() | :any_agent
 
   @doc "`{:ok, agent}` when the request carries a valid agent key."
   @spec agent(Conn.t()) :: {:ok, agent()} | {:error, :unauthorized}
-  def agent(conn), do: agent_for_key(bearer(conn) || Conn.header(conn, "x-agent-key"))
+  def agent(conn), do: conn |> agent_key() |> agent_for_key() |> count_failure(conn)
 
   @doc "The agent a key authenticates as."
   @spec agent_for_key(String.t() | nil) :: {:ok, agent()} | {:error, :unauthorized}
@@ -43,7 +47,11 @@ defmodule ObservatoryWeb.Auth do
 
   @doc "`{:ok, operator_name}` when the request carries a configured operator token."
   @spec operator(Conn.t()) :: {:ok, String.t()} | {:error, :unauthorized}
-  def operator(conn), do: operator_for_token(bearer(conn))
+  def operator(conn), do: conn |> bearer() |> operator_for_token() |> count_failure(conn)
+
+  @doc "Dashboard sign-in: the operator a token typed into the form belongs to."
+  @spec sign_in(Conn.t(), String.t() | nil) :: {:ok, String.t()} | {:error, :unauthorized}
+  def sign_in(conn, token), do: token |> operator_for_token() |> count_failure(conn, token)
 
   @doc "The operator a token belongs to."
   @spec operator_for_token(String.t() | nil) :: {:ok, String.t()} | {:error, :unauthorized}
@@ -62,14 +70,31 @@ defmodule ObservatoryWeb.Auth do
   @spec agent_or_operator(Conn.t()) ::
           {:ok, {:agent, agent()} | {:operator, String.t()}} | {:error, :unauthorized}
   def agent_or_operator(conn) do
-    case agent(conn) do
-      {:ok, agent} ->
-        {:ok, {:agent, agent}}
-
-      {:error, :unauthorized} ->
-        with {:ok, name} <- operator(conn), do: {:ok, {:operator, name}}
+    with {:error, :unauthorized} <- conn |> agent_key() |> agent_for_key() |> tagged(:agent),
+         {:error, :unauthorized} <- conn |> bearer() |> operator_for_token() |> tagged(:operator) do
+      count_failure({:error, :unauthorized}, conn)
     end
   end
+
+  defp tagged({:ok, who}, role), do: {:ok, {role, who}}
+  defp tagged(error, _role), do: error
+
+  @doc "Whether the request presents a credential (a bearer token or an agent key header)."
+  @spec credential?(Conn.t()) :: boolean()
+  def credential?(conn), do: agent_key(conn) != nil
+
+  # A wrong credential counts against the client; no credential at all is not a guess.
+  defp count_failure(result, conn), do: count_failure(result, conn, agent_key(conn))
+
+  defp count_failure({:error, :unauthorized} = error, conn, presented)
+       when is_binary(presented) and presented != "" do
+    AuthThrottle.failure(conn.remote_ip)
+    error
+  end
+
+  defp count_failure(result, _conn, _presented), do: result
+
+  defp agent_key(conn), do: bearer(conn) || Conn.header(conn, "x-agent-key")
 
   @doc "Whether an authenticated agent may act as `agent_id`: only as itself."
   @spec acts_as?(agent(), String.t()) :: boolean()

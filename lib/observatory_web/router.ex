@@ -38,7 +38,7 @@ defmodule ObservatoryWeb.Router do
   @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
   alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
-  alias ObservatoryWeb.Conn
+  alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
   # A failed request's log entry is cut here: an exception can carry a client's data.
@@ -49,9 +49,11 @@ defmodule ObservatoryWeb.Router do
     conn = Conn.new(req)
 
     try do
-      if conn.bad_request,
-        do: refuse(conn),
-        else: route(conn, conn.method, conn.path_info)
+      cond do
+        conn.bad_request -> refuse(conn)
+        throttled = throttled(conn) -> too_many_attempts(conn, throttled)
+        true -> route(conn, conn.method, conn.path_info)
+      end
     rescue
       exception ->
         message =
@@ -68,6 +70,33 @@ defmodule ObservatoryWeb.Router do
   defp refuse(conn) do
     Process.put(:mochiweb_request_force_close, true)
     Conn.error(conn, 400, "bad_request", conn.bad_request)
+  end
+
+  # A locked-out client's credentials are refused before they are checked (issue 13).
+  defp throttled(conn) do
+    sign_in? = conn.method == "POST" and conn.path_info == ["login"]
+
+    if sign_in? or Auth.credential?(conn) do
+      case AuthThrottle.check(conn.remote_ip) do
+        :ok -> nil
+        {:error, retry_after_s} -> retry_after_s
+      end
+    end
+  end
+
+  defp too_many_attempts(%{path_info: ["login"]} = conn, retry_after_s),
+    do: Login.throttled(conn, retry_after_s)
+
+  defp too_many_attempts(conn, retry_after_s) do
+    body = %{
+      error: "too_many_attempts",
+      message: "too many failed credentials from this client; retry in #{retry_after_s} s"
+    }
+
+    Conn.send_resp(conn, 429, "application/json", Observatory.JSON.encode!(body), [
+      {"Retry-After", Integer.to_string(retry_after_s)},
+      {"Cache-Control", "no-store"}
+    ])
   end
 
   @doc "`text` cut to at most `max` bytes (on a character boundary), marked when cut."
