@@ -35,9 +35,11 @@ defmodule ObservatoryWeb.AuthThrottle do
   @spec check(String.t() | nil) :: :ok | {:error, pos_integer()}
   def check(client) do
     now = now_ms()
-    settings = settings()
 
-    case lookup(admit(key(client), settings[:max_clients])) do
+    # One ETS read for a known client; the settings only for a newcomer.
+    entry = lookup(key(client)) || lookup(admit(key(client), settings()[:max_clients]))
+
+    case entry do
       {_, _failures, _started, locked_until} when locked_until > now ->
         {:error, max(div(locked_until - now + 999, 1000), 1)}
 
