@@ -136,12 +136,13 @@ defmodule Observatory.AgentKeys do
   in clear — the only time it is available.
 
   Errors: `:invalid_agent_id`, `:agent_limit` (`:max_agents` registered),
-  `:too_many_keys` (the agent holds #{@max_keys_per_agent} already).
+  `:too_many_keys` (the agent holds #{@max_keys_per_agent} already), `:not_found` (the
+  agent was deleted meanwhile).
   """
   @spec issue(String.t(), keyword()) ::
           {:ok,
            %{key: String.t(), key_id: String.t(), agent_id: String.t(), created_at: DateTime.t()}}
-          | {:error, :invalid_agent_id | :agent_limit | :too_many_keys}
+          | {:error, :invalid_agent_id | :agent_limit | :too_many_keys | :not_found}
   def issue(agent_id, opts \\ []) do
     with :ok <- valid(agent_id),
          {:ok, _agent} <- Agents.fetch_or_register(agent_id) do
@@ -149,9 +150,12 @@ defmodule Observatory.AgentKeys do
       hash = hash(key)
 
       transact(fn ->
-        if length(hashes_of(agent_id)) >= @max_keys_per_agent,
-          do: {:error, :too_many_keys},
-          else: {:ok, write(hash, agent_id, false)}
+        cond do
+          # Deleted since it was registered above: no key for an agent that is gone.
+          not Agents.exists_in_transaction?(agent_id) -> {:error, :not_found}
+          length(hashes_of(agent_id)) >= @max_keys_per_agent -> {:error, :too_many_keys}
+          true -> {:ok, write(hash, agent_id, false)}
+        end
       end)
       |> case do
         {:ok, info} ->
@@ -178,19 +182,27 @@ defmodule Observatory.AgentKeys do
          %{} <- Agents.get(agent_id) || {:error, :not_found} do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
 
-      {info, revoked} =
-        transact(fn ->
+      transact(fn ->
+        if Agents.exists_in_transaction?(agent_id) do
           old = hashes_of(agent_id)
           Enum.each(old, &:mnesia.delete({@table, &1}))
-          {write(hash(key), agent_id, false), Enum.map(old, &key_id/1)}
-        end)
+          {:ok, write(hash(key), agent_id, false), Enum.map(old, &key_id/1)}
+        else
+          {:error, :not_found}
+        end
+      end)
+      |> case do
+        {:ok, info, revoked} ->
+          Logger.info(
+            "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{inspect(opts[:operator])}, " <>
+              "revoking #{inspect(revoked)}"
+          )
 
-      Logger.info(
-        "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{inspect(opts[:operator])}, " <>
-          "revoking #{inspect(revoked)}"
-      )
+          {:ok, info |> Map.delete(:seeded) |> Map.merge(%{key: key, revoked: revoked})}
 
-      {:ok, info |> Map.delete(:seeded) |> Map.merge(%{key: key, revoked: revoked})}
+        error ->
+          error
+      end
     end
   end
 

@@ -213,6 +213,13 @@ defmodule Observatory.KillSwitch.Agents do
   end
 
   @doc """
+  Inside a Mnesia transaction: whether the agent exists, read-locking its record so a
+  concurrent `delete/1` is ordered before or after the caller's writes.
+  """
+  @spec exists_in_transaction?(String.t()) :: boolean()
+  def exists_in_transaction?(id), do: :mnesia.read(@agents, id, :read) != []
+
+  @doc """
   Deletes the agent, its events and its keys in one transaction. Returns the ids of
   the revoked keys.
   """

@@ -109,6 +109,9 @@ defmodule ObservatoryWeb.API.Agents do
         {:error, :agent_limit} ->
           Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
 
+        {:error, :not_found} ->
+          Conn.error(conn, 404, "not_found", "the agent was deleted meanwhile")
+
         {:error, :too_many_keys} ->
           Conn.error(
             conn,
