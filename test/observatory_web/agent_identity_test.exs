@@ -7,7 +7,7 @@ defmodule ObservatoryWeb.AgentIdentityTest do
   alias Observatory.Gateway.EntropyTracker
   alias Observatory.KillSwitch.Agents
   alias Observatory.Test.{HTTP, Upstream}
-  alias ObservatoryWeb.Auth
+  alias ObservatoryWeb.{AgentDetail, Auth}
 
   setup do
     restore_env_on_exit([:llm_upstream, :agent_keys, :insecure_shared_agent_keys])
@@ -245,6 +245,19 @@ defmodule ObservatoryWeb.AgentIdentityTest do
       }
 
       assert KillSwitch.delete(agent) == {:error, :not_found}
+    end
+
+    test "an open Agent Detail page shows a deleted agent as gone", %{victim: agent} do
+      {:ok, _} = AgentKeys.issue(agent)
+      socket = ObservatoryWeb.SessionClusterManager.Socket.new(connected?: true)
+      {:ok, socket} = AgentDetail.mount(%{"agent_id" => agent}, %{"operator" => "alice"}, socket)
+      assert socket.assigns.agent.id == agent
+
+      {:ok, _} = KillSwitch.delete(agent, operator: "alice")
+      assert_receive %{event_type: "agent_deleted", agent_id: ^agent} = deleted
+      {:noreply, socket} = AgentDetail.handle_info(deleted, socket)
+      assert socket.assigns.agent == nil
+      assert IO.iodata_to_binary(AgentDetail.render(socket.assigns)) =~ "No such agent"
     end
   end
 
