@@ -120,7 +120,7 @@ defmodule Observatory.AgentKeys do
   @spec authenticate(String.t() | nil) :: {:ok, String.t()} | {:error, :unauthorized}
   def authenticate(key) when is_binary(key) and key != "" do
     with [{@table, _hash, agent_id, _info}] <- :mnesia.dirty_read(@table, hash(key)),
-         %{} <- Agents.get(agent_id) do
+         true <- Agents.exists?(agent_id) do
       {:ok, agent_id}
     else
       _ -> {:error, :unauthorized}

@@ -104,9 +104,13 @@ defmodule ObservatoryWeb.Conn do
   defp content_length_ok?(req) do
     case :mochiweb_request.get_header_value(~c"content-length", req) do
       :undefined -> true
-      value -> bytes(value) =~ ~r/\A\s*[0-9]{1,19}\s*\z/
+      value -> value |> bytes() |> String.trim() |> decimal?()
     end
   end
+
+  defp decimal?(<<>>), do: false
+  defp decimal?(text) when byte_size(text) > 19, do: false
+  defp decimal?(text), do: for(<<c <- text>>, reduce: true, do: (ok -> ok and c in ?0..?9))
 
   # The socket's peer: MochiWeb's own `peer` believes X-Forwarded-For when the peer
   # is on loopback or a private network, which would let a client pick its address.

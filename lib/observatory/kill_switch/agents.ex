@@ -163,6 +163,10 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
+  @doc "Whether the agent is registered (one local read, no record built)."
+  @spec exists?(String.t()) :: boolean()
+  def exists?(id) when is_binary(id), do: :mnesia.dirty_read(@agents, id) != []
+
   @doc "Every agent, sorted by id."
   @spec list() :: [agent()]
   def list do
