@@ -96,6 +96,47 @@ defmodule ObservatoryWeb.Auth do
 
   defp agent_key(conn), do: bearer(conn) || Conn.header(conn, "x-agent-key")
 
+  @typedoc "An error for a proxied API to render in its own shape."
+  @type proxy_error :: {pos_integer(), type :: String.t(), code :: String.t(), String.t()}
+
+  @doc """
+  The agent a proxied LLM request acts as, for every proxied API: the key's agent.
+  `X-Agent-Id` may be left out and, if sent, must name that agent (`403
+  agent_id_mismatch`). Only an insecure shared key takes `X-Agent-Id` on trust (and
+  then needs it). Errors are `{status, type, code, message}`.
+  """
+  @spec proxy_agent(Conn.t()) :: {:ok, String.t()} | {:error, proxy_error()}
+  def proxy_agent(conn) do
+    case agent(conn) do
+      {:ok, agent} ->
+        named_agent(agent, Conn.header(conn, "x-agent-id"))
+
+      {:error, :unauthorized} ->
+        {:error, {401, "invalid_request_error", "invalid_api_key", "send a valid agent key"}}
+    end
+  end
+
+  defp named_agent(:any_agent, nil),
+    do: {:error, {400, "invalid_request_error", "missing_agent_id", "send an X-Agent-Id header"}}
+
+  defp named_agent(:any_agent, id) do
+    if Observatory.KillSwitch.valid_agent_id?(id),
+      do: {:ok, id},
+      else:
+        {:error,
+         {400, "invalid_request_error", "invalid_agent_id",
+          "X-Agent-Id must be 1 to 256 bytes of UTF-8 without control characters"}}
+  end
+
+  defp named_agent(agent, nil), do: {:ok, agent}
+  defp named_agent(agent, agent), do: {:ok, agent}
+
+  defp named_agent(_agent, _other),
+    do:
+      {:error,
+       {403, "invalid_request_error", "agent_id_mismatch",
+        "X-Agent-Id names another agent than the one this key belongs to"}}
+
   @doc "Whether an authenticated agent may act as `agent_id`: only as itself."
   @spec acts_as?(agent(), String.t()) :: boolean()
   def acts_as?(:any_agent, _agent_id), do: true

@@ -35,8 +35,7 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   def create(conn) do
     Metrics.inc(:proxy_requests)
 
-    with {:ok, agent} <- authenticate(conn),
-         {:ok, agent_id} <- agent_id(conn, agent),
+    with {:ok, agent_id} <- authenticate(conn),
          :ok <- still_active(conn, agent_id),
          :ok <- json_content(conn),
          {:ok, body} <- body(conn),
@@ -63,44 +62,11 @@ defmodule ObservatoryWeb.API.ChatCompletions do
     }
   end
 
+  # The agent is the key's (issue 13; `Auth.proxy_agent/1`).
   defp authenticate(conn) do
-    case Auth.agent(conn) do
-      {:ok, agent} ->
-        {:ok, agent}
-
-      {:error, :unauthorized} ->
-        error(conn, 401, "invalid_request_error", "invalid_api_key", "send a valid agent key")
-    end
-  end
-
-  # The agent is the key's (issue 13): X-Agent-Id may be left out, and if sent must
-  # name the same agent. Only an insecure shared key takes X-Agent-Id on trust.
-  defp agent_id(conn, :any_agent) do
-    case Conn.header(conn, "x-agent-id") do
-      nil ->
-        error(conn, 400, "invalid_request_error", "missing_agent_id", "send an X-Agent-Id header")
-
-      id ->
-        if KillSwitch.valid_agent_id?(id), do: {:ok, id}, else: invalid_agent_id(conn)
-    end
-  end
-
-  defp agent_id(conn, agent) do
-    case Conn.header(conn, "x-agent-id") do
-      nil ->
-        {:ok, agent}
-
-      ^agent ->
-        {:ok, agent}
-
-      _other ->
-        error(
-          conn,
-          403,
-          "invalid_request_error",
-          "agent_id_mismatch",
-          "X-Agent-Id names another agent than the one this key belongs to"
-        )
+    case Auth.proxy_agent(conn) do
+      {:ok, agent_id} -> {:ok, agent_id}
+      {:error, {status, type, code, message}} -> error(conn, status, type, code, message)
     end
   end
 
