@@ -203,6 +203,8 @@ defmodule ObservatoryWeb.AgentIdentityTest do
       resp = chat(bearer("shared-key") ++ [{"x-agent-id", stranger}])
       assert resp.status == 403
       assert resp.body["error"]["code"] == "unknown_agent"
+      # A shared key names no agent: it must say which one.
+      assert chat(bearer("shared-key")).body["error"]["code"] == "missing_agent_id"
 
       assert Agents.count() == before
       assert Agents.get(stranger) == nil
