@@ -39,6 +39,14 @@ config :observatory,
   llm_upstream_api_key: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
+  # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at
+  # start (dev/test). Shared keys (:agent_keys) let any agent act as any other: the
+  # application refuses them unless insecure_shared_agent_keys is true.
+  seed_agent_keys: %{},
+  agent_keys: [],
+  insecure_shared_agent_keys: false,
+  # Failed credentials per client (TCP address) before 429 + Retry-After.
+  auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

@@ -32,6 +32,7 @@ defmodule Observatory.Application do
       if Keyword.get(endpoint, :server, true),
         do: [
           {Registry, keys: :unique, name: ObservatoryWeb.Dashboard.EventStream.registry()},
+          ObservatoryWeb.AuthThrottle,
           ObservatoryWeb.Endpoint
         ],
         else: []

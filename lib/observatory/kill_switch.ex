@@ -137,20 +137,21 @@ defmodule Observatory.KillSwitch do
   ## The request path
 
   @doc """
-  Admits or refuses one request of `agent_id` (registered with the default settings
-  on first use).
+  Admits or refuses one request of `agent_id`, a registered agent: a request never
+  registers one (operators do, by issuing its key: `Observatory.AgentKeys`).
 
   Returns `{:ok, verdict}` when the request may go upstream — `verdict` is `nil` when
   the switch is off, else `%{score, exceeded: false, signals, window_len}` — and
   `{:error, {:inactive, agent}}` when the agent is inactive, including when this very
-  request made the score exceed the threshold.
+  request made the score exceed the threshold; `{:error, :unknown_agent}` when no
+  such agent is registered.
   """
   @spec check_request(String.t(), fingerprint()) ::
           {:ok, Windows.verdict() | nil}
-          | {:error, {:inactive, Agents.agent()} | :agent_limit | :invalid_agent_id}
+          | {:error, {:inactive, Agents.agent()} | :unknown_agent | :invalid_agent_id}
   def check_request(agent_id, %{prompt_hash: prompt, tool_signatures: signatures}) do
     with :ok <- validate_agent_id(agent_id),
-         {:ok, agent} <- Agents.fetch_or_register(agent_id),
+         {:ok, agent} <- registered(agent_id),
          :ok <- ensure_active(agent) do
       case agent.kill_switch do
         %{enabled: false} ->
@@ -183,7 +184,7 @@ defmodule Observatory.KillSwitch do
     :ok
   end
 
-  @doc "Whether the agent may send requests: unknown agents may (they are registered on first use)."
+  @doc "Whether the agent is active; an unknown agent is not refused here (`check_request/2` does)."
   @spec active?(String.t()) :: boolean()
   def active?(agent_id) do
     case Agents.get(agent_id) do
@@ -260,6 +261,34 @@ defmodule Observatory.KillSwitch do
     end
   end
 
+  @doc """
+  Deletes an agent: its record, its events and its keys (revoked at once), and its
+  window. It can be registered again by issuing it a new key.
+
+  Options: `:operator` (logged and in the broadcast `"agent_deleted"` event).
+  """
+  @spec delete(String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_found}
+  def delete(agent_id, opts \\ []) do
+    with {:ok, revoked} <- Agents.delete(agent_id) do
+      Windows.clear(agent_id)
+
+      Logger.info(
+        "agent #{inspect(agent_id)} deleted by #{inspect(opts[:operator])}, " <>
+          "revoking keys #{inspect(revoked)}"
+      )
+
+      Events.broadcast(topic(), %{
+        id: "deleted-#{System.unique_integer([:positive, :monotonic])}",
+        agent_id: agent_id,
+        event_type: "agent_deleted",
+        at: DateTime.to_iso8601(DateTime.utc_now()),
+        details: %{operator: opts[:operator], revoked_keys: revoked}
+      })
+
+      {:ok, revoked}
+    end
+  end
+
   ## Reads
 
   @doc "The agent's record, or nil."
@@ -322,6 +351,13 @@ defmodule Observatory.KillSwitch do
       {:error, :already_inactive} ->
         # A concurrent request or an operator got there first.
         {:error, {:inactive, Agents.get(agent.id)}}
+    end
+  end
+
+  defp registered(agent_id) do
+    case Agents.get(agent_id) do
+      nil -> {:error, :unknown_agent}
+      agent -> {:ok, agent}
     end
   end
 

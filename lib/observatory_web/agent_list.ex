@@ -96,8 +96,8 @@ defmodule ObservatoryWeb.AgentList do
   end
 
   defp body([], _path) do
-    ~s(<p class="empty">No agents yet. An agent is registered by its first request through ) <>
-      ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header.</p>)
+    ~s(<p class="empty">No agents yet. An operator registers an agent by issuing its key: ) <>
+      ~s(<code>POST /api/v1/agents/:id/keys</code>.</p>)
   end
 
   defp body(rows, path) do

@@ -47,7 +47,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   @agents :observatory_agents
   @events :observatory_agent_events
-  @tables [@agents, @events]
+  @keys Observatory.AgentKeys.table()
+  # Signed-out dashboard sessions (ObservatoryWeb.Dashboard.Session): sid → expiry.
+  @revoked_sessions :observatory_revoked_sessions
+  @tables [@agents, @events, @keys, @revoked_sessions]
 
   @type deactivated_by :: :kill_switch | :manual | nil
   @type agent :: %{
@@ -90,6 +93,9 @@ defmodule Observatory.KillSwitch.Agents do
 
     create_table(@agents, attributes: [:id, :agent], type: :set)
     create_table(@events, attributes: [:key, :event], type: :ordered_set)
+    # Agent keys (`Observatory.AgentKeys`): hash → agent, indexed by agent.
+    create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
+    create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
     case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
       :ok -> :ok
@@ -157,6 +163,10 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
+  @doc "Whether the agent is registered (one local read, no record built)."
+  @spec exists?(String.t()) :: boolean()
+  def exists?(id) when is_binary(id), do: :mnesia.dirty_read(@agents, id) != []
+
   @doc "Every agent, sorted by id."
   @spec list() :: [agent()]
   def list do
@@ -193,14 +203,48 @@ defmodule Observatory.KillSwitch.Agents do
 
   @doc """
   The agent, registered with the default settings if it is new. Refuses a new agent
-  when `max_agents` are registered already.
+  when `max_agents` are registered already, unless `limit: false` (configured seeds).
+
+  Only operator actions register agents (issuing a key, configuring the switch);
+  requests never do (issue 13).
   """
-  @spec fetch_or_register(String.t()) :: {:ok, agent()} | {:error, :agent_limit}
-  def fetch_or_register(id) when is_binary(id) do
+  @spec fetch_or_register(String.t(), keyword()) :: {:ok, agent()} | {:error, :agent_limit}
+  def fetch_or_register(id, opts \\ []) when is_binary(id) do
     case get(id) do
-      nil -> transact(fn -> read_or_create(id) end)
+      nil -> transact(fn -> read_or_create(id, Keyword.get(opts, :limit, true)) end)
       agent -> {:ok, agent}
     end
+  end
+
+  @doc """
+  Inside a Mnesia transaction: whether the agent exists, read-locking its record so a
+  concurrent `delete/1` is ordered before or after the caller's writes.
+  """
+  @spec exists_in_transaction?(String.t()) :: boolean()
+  def exists_in_transaction?(id), do: :mnesia.read(@agents, id, :read) != []
+
+  @doc """
+  Deletes the agent, its events and its keys in one transaction. Returns the ids of
+  the revoked keys.
+  """
+  @spec delete(String.t()) :: {:ok, [String.t()]} | {:error, :not_found}
+  def delete(id) when is_binary(id) do
+    transact(fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        _agent ->
+          :mnesia.delete({@agents, id})
+
+          for {@events, key, _} <- :mnesia.match_object({@events, {id, :_, :_}, :_}),
+              do: :mnesia.delete({@events, key})
+
+          keys = :mnesia.index_read(@keys, id, :agent_id)
+          for {@keys, hash, ^id, _} <- keys, do: :mnesia.delete({@keys, hash})
+          {:ok, for({@keys, _, ^id, info} <- keys, do: info.key_id)}
+      end
+    end)
   end
 
   @doc """
@@ -212,7 +256,7 @@ defmodule Observatory.KillSwitch.Agents do
           {:ok, before :: agent(), after_ :: agent(), event()} | {:error, :agent_limit}
   def configure(id, changes, details \\ %{}) do
     transact(fn ->
-      with {:ok, before} <- read_or_create(id) do
+      with {:ok, before} <- read_or_create(id, true) do
         {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
         now = now()
 
@@ -299,10 +343,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   ## Internals
 
-  defp read_or_create(id) do
+  defp read_or_create(id, limit?) do
     case read(id) do
       nil ->
-        if count() >= max_agents() do
+        if limit? and count() >= max_agents() do
           {:error, :agent_limit}
         else
           agent = new(id, now())

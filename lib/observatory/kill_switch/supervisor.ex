@@ -14,6 +14,7 @@ defmodule Observatory.KillSwitch.Supervisor do
   @impl true
   def init(_opts) do
     :ok = Observatory.KillSwitch.Agents.setup()
+    :ok = Observatory.AgentKeys.setup()
 
     children = [
       Observatory.KillSwitch.Windows,

@@ -97,8 +97,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s(<header class="panel-head"><h2 id="missing-title">No such agent</h2></header>),
       ~s(<p>No agent is registered as <code>),
       escape(assigns.agent_id),
-      ~s(</code>. An agent is registered by its first request through ),
-      ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header; ),
+      ~s(</code>. An operator registers an agent by issuing its key ),
+      ~s{(<code>POST /api/v1/agents/:id/keys</code>); },
       ~s(this page shows it as soon as that happens.</p><p><a href="),
       escape(assigns.agents_path),
       ~s(">All agents</a></p></section>)

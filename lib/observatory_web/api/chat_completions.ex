@@ -4,21 +4,22 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   switch (`Observatory.KillSwitch`) and forwards to `config :observatory,
   :llm_upstream`.
 
-  The agent authenticates with its agent key (`Authorization: Bearer <key>` or
-  `X-Agent-Key`) and names itself with `X-Agent-Id` (1–256 bytes of UTF-8, no control
-  characters); an agent seen for the first time is registered with the default
-  settings. Point an OpenAI SDK at `http://<observatory>/v1` with the agent key as its
-  API key and an `X-Agent-Id` default header.
+  The agent authenticates with its own agent key (`Authorization: Bearer <key>` or
+  `X-Agent-Key`), which names it: `X-Agent-Id` is optional and, if sent, must be the
+  key's agent (`403 agent_id_mismatch` otherwise). Agents are registered by operators
+  (issuing a key), never by a request. Point an OpenAI SDK at
+  `http://<observatory>/v1` with the agent key as its API key.
 
   Answers, all errors in OpenAI's shape `{"error": {"message", "type", "code"}}`:
 
   | status | when |
   |---|---|
   | upstream's | the upstream answered (its status and JSON body, unchanged) |
-  | 400 `invalid_request_error` | no or bad `X-Agent-Id`, body not a JSON object, `"stream": true` |
+  | 400 `invalid_request_error` | body not a JSON object, `"stream": true`; with an insecure shared key, no or bad `X-Agent-Id` |
   | 401 `invalid_request_error` | no valid agent key |
   | 403 `agent_inactive` | the agent is inactive — deactivated by an operator or by the kill switch, the same answer for both; also the request that tripped the switch |
-  | 403 `agent_limit_reached` | a new agent, but `:max_agents` are registered |
+  | 403 `agent_id_mismatch` | `X-Agent-Id` names another agent than the key's |
+  | 403 `unknown_agent` | the agent is not registered (deleted) |
   | 413, 415 | body over `:max_body_bytes`; not `application/json` |
   | 502 `upstream_error` | upstream down, timing out, or answering something that is not JSON (or, on success, not a chat completion) |
 
@@ -34,8 +35,7 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   def create(conn) do
     Metrics.inc(:proxy_requests)
 
-    with :ok <- authenticate(conn),
-         {:ok, agent_id} <- agent_id(conn),
+    with {:ok, agent_id} <- authenticate(conn),
          :ok <- still_active(conn, agent_id),
          :ok <- json_content(conn),
          {:ok, body} <- body(conn),
@@ -62,23 +62,11 @@ defmodule ObservatoryWeb.API.ChatCompletions do
     }
   end
 
+  # The agent is the key's (issue 13; `Auth.proxy_agent/1`).
   defp authenticate(conn) do
-    case Auth.agent(conn) do
-      {:ok, _} ->
-        :ok
-
-      {:error, :unauthorized} ->
-        error(conn, 401, "invalid_request_error", "invalid_api_key", "send a valid agent key")
-    end
-  end
-
-  defp agent_id(conn) do
-    case Conn.header(conn, "x-agent-id") do
-      nil ->
-        error(conn, 400, "invalid_request_error", "missing_agent_id", "send an X-Agent-Id header")
-
-      id ->
-        if KillSwitch.valid_agent_id?(id), do: {:ok, id}, else: invalid_agent_id(conn)
+    case Auth.proxy_agent(conn) do
+      {:ok, agent_id} -> {:ok, agent_id}
+      {:error, {status, type, code, message}} -> error(conn, status, type, code, message)
     end
   end
 
@@ -158,13 +146,13 @@ defmodule ObservatoryWeb.API.ChatCompletions do
       {:error, :invalid_agent_id} ->
         invalid_agent_id(conn)
 
-      {:error, :agent_limit} ->
+      {:error, :unknown_agent} ->
         error(
           conn,
           403,
-          "agent_limit_reached",
-          "agent_limit_reached",
-          "no more agents can be registered; ask an operator"
+          "unknown_agent",
+          "unknown_agent",
+          "no such agent is registered; an operator registers it by issuing its key"
         )
     end
   end
