@@ -9,6 +9,7 @@ defmodule Mix.Tasks.Observatory.Replay do
 
       mix observatory.replay examples/agent_steps.jsonl
       mix observatory.replay logs/*.jsonl.gz --window-size 10 --loop-threshold 0.3
+      mix observatory.replay logs/*.jsonl.gz --alert-source verdict --extra-volatile-keys job_token
       zcat old/*.gz | mix observatory.replay --json > report.json
 
   Input is JSONL files, or stdin when no file (or `-`) is given; plain or gzip
@@ -29,13 +30,15 @@ defmodule Mix.Tasks.Observatory.Replay do
   The task starts the application without its HTTP server and demo fleet, keeps one
   envelope per session in the session log instead of 20 (nothing reads it), and
   silences the per-line `schema_violation` warnings (the report lists the bad lines).
+  The report is all that goes to stdout: the application's logs go to stderr.
 
   ## Options
 
     * `--json` — print the report as JSON instead of a table: stdout carries nothing
       else (logs and the compiler's messages go to stderr)
-    * `--flagged` — list only sessions that reached WARNING or LOOP or that the step
-      detector warned or blocked (the summary still counts every session)
+    * `--flagged` — list only sessions that reached WARNING or LOOP, that the step
+      detector warned or blocked, or that the verdict called suspect or loop (the
+      summary still counts every session)
     * `--window-size N` — entropy window (default: `:entropy_window_size`, 5)
     * `--loop-threshold X` — LOOP below this score (default 0.25)
     * `--warning-threshold X` — WARNING below this score (default 0.50)

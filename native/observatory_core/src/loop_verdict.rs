@@ -414,9 +414,9 @@ impl VerdictState {
         while self.ring.len() >= history {
             self.ring.pop_front();
         }
-        let stale = self.ring.back().is_some_and(|prev| prev.call == keys.call)
-            && self.says_nothing_new(&keys);
-        if self.ring.back().is_some_and(|prev| prev.call == keys.call) {
+        let same_call = self.ring.back().is_some_and(|prev| prev.call == keys.call);
+        let stale = same_call && self.says_nothing_new(&keys);
+        if same_call {
             self.run_lines.union_with(&keys.lines);
         } else {
             self.run_lines = keys.lines;

@@ -172,7 +172,7 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
         let mut pending_space = false;
         let mut at_start = true;
         while i < src.len() && src[i] != b'"' {
-            let (end, whitespace) = string_token(src, i);
+            let (end, whitespace) = string_token(src, i, false);
             if whitespace {
                 pending_space = true;
             } else {
@@ -193,10 +193,10 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Where the token at `i` inside a JSON string ends, and whether it is whitespace: an
-/// escape (`\n`, `\r`, `\t` are whitespace), a run of spaces, or a run of words with
-/// single spaces between them (copied as they are: the common case, in one piece).
-/// A run stops before a digit, which the shape masks.
-fn string_token(src: &[u8], i: usize) -> (usize, bool) {
+/// escape (`\n`, `\r`, `\t` are whitespace), a space, or a run of words with single
+/// spaces between them (copied as they are: the common case, in one piece). With
+/// `digits`, a run also stops before a digit (the shape masks them).
+fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
     match src[i] {
         b'\\' if i + 1 < src.len() => match src[i + 1] {
             b'n' | b'r' | b't' => (i + 2, true),
@@ -204,12 +204,12 @@ fn string_token(src: &[u8], i: usize) -> (usize, bool) {
             _ => (i + 2, false),
         },
         b' ' => (i + 1, true),
-        _ => (word_run(src, i + 1), false),
+        _ => (word_run(src, i + 1, digits), false),
     }
 }
 
-fn word_run(src: &[u8], mut j: usize) -> usize {
-    let stop = |b: u8| matches!(b, b'"' | b' ' | b'\\') || b.is_ascii_digit();
+fn word_run(src: &[u8], mut j: usize, digits: bool) -> usize {
+    let stop = |b: u8| matches!(b, b'"' | b' ' | b'\\') || (digits && b.is_ascii_digit());
     loop {
         while j < src.len() && !stop(src[j]) {
             j += 1;
@@ -306,7 +306,7 @@ impl Reader<'_> {
                             i = self.number(text, i);
                             continue;
                         }
-                        let (end, whitespace) = string_token(text, i);
+                        let (end, whitespace) = string_token(text, i, true);
                         if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
                             self.end_line();
                         } else if whitespace {
