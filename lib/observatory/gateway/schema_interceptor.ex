@@ -78,8 +78,28 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         {:error, violations} -> reject(violations)
       end
 
-    Metrics.observe_latency(System.monotonic_time(:microsecond) - started)
+    elapsed = System.monotonic_time(:microsecond) - started
+    Metrics.observe_latency(elapsed)
+    emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
     result
+  end
+
+  defp emit_ingest({:ok, result}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :ok,
+      session_id: result.session_id,
+      agent_id: result.agent_id,
+      violations: 0
+    })
+  end
+
+  defp emit_ingest({:error, {:invalid, violations}}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :invalid,
+      session_id: nil,
+      agent_id: nil,
+      violations: length(violations)
+    })
   end
 
   defp accept(envelope, fields, opts) do
