@@ -25,22 +25,26 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     "paused" => "paused"
   }
 
-  @doc "The whole manager."
+  @doc "The whole manager: its `parts/1`, in order."
   @spec render(map()) :: iodata()
-  def render(assigns) do
+  def render(assigns), do: Keyword.values(parts(assigns))
+
+  @doc """
+  The manager in the parts that change independently (`ObservatoryWeb.LiveParts`):
+  the notice, the summary, the alerts, the Inspect panel, the topology, the step
+  detector's blocks. Their concatenation is the page.
+  """
+  @spec parts(map()) :: [{atom(), iodata()}]
+  def parts(assigns) do
     fleet = assigns.fleet
 
     [
-      ~s(<div id="scm" class="scm" data-live-root>),
-      notice(assigns.notice),
-      summary(fleet),
-      ~s(<div class="scm-grid">),
-      alerts_panel(assigns.alerts, fleet),
-      inspector(assigns.inspect, fleet),
-      "</div>",
-      topology(fleet, Map.get(assigns, :agents_path, "/agents")),
-      steps_panel(Map.get(assigns, :steps, [])),
-      "</div>"
+      html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
+      html_summary: summary(fleet),
+      html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet)],
+      html_inspect: [inspector(assigns.inspect, fleet), "</div>"],
+      html_topology: topology(fleet, Map.get(assigns, :agents_path, "/agents")),
+      html_steps: [steps_panel(Map.get(assigns, :steps, [])), "</div>"]
     ]
   end
 
