@@ -41,7 +41,7 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
     @impl true
     def render(assigns) do
       ~H"""
-      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_notice) %><%= Phoenix.HTML.raw(@html_summary) %><%= Phoenix.HTML.raw(@html_alerts) %><%= Phoenix.HTML.raw(@html_inspect) %><%= Phoenix.HTML.raw(@html_topology) %><%= Phoenix.HTML.raw(@html_steps) %></div>
+      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_notice) %><%= Phoenix.HTML.raw(@html_summary) %><%= Phoenix.HTML.raw(@html_alerts) %><%= Phoenix.HTML.raw(@html_inspect) %><%= Phoenix.HTML.raw(@html_topology) %><%= Phoenix.HTML.raw(@html_nodes_alert_entropy) %><%= Phoenix.HTML.raw(@html_nodes_blocked) %><%= Phoenix.HTML.raw(@html_nodes_paused) %><%= Phoenix.HTML.raw(@html_nodes_active) %><%= Phoenix.HTML.raw(@html_nodes_idle) %><%= Phoenix.HTML.raw(@html_topology_end) %><%= Phoenix.HTML.raw(@html_steps) %></div>
       """
     end
 

@@ -71,7 +71,15 @@ defmodule ObservatoryWeb.LivePartsTest do
 
       changed = LiveParts.changed(before, after_alert)
       assert :html_alerts in changed
-      assert changed -- [:html_alerts, :html_summary, :html_topology] == []
+      # The new node shows under its state: the summary counts it, the list gets it.
+      assert Enum.all?(
+               changed,
+               &(&1 in [:html_alerts, :html_summary, :html_topology, :html_topology_end] or
+                   String.starts_with?(to_string(&1), "html_nodes_"))
+             )
+
+      refute Enum.any?(changed, &(&1 in [:html_notice, :html_inspect, :html_steps]))
+      refute :html_nodes_idle in changed
 
       full = after_alert |> Map.values() |> Enum.map(&byte_size/1) |> Enum.sum()
       assert LiveParts.changed_bytes(before, after_alert) < full
@@ -95,6 +103,56 @@ defmodule ObservatoryWeb.LivePartsTest do
     test "changed_bytes counts a part that is new or different, never an equal one" do
       assert LiveParts.changed_bytes(%{a: "xx", b: "y"}, %{a: "xx", b: "zz", c: "123"}) == 5
       assert LiveParts.changed(%{a: "xx"}, %{a: "xx"}) == []
+    end
+  end
+
+  describe "the topology is cut by state" do
+    test "a node changing state resends its old and new state's nodes only" do
+      socket = manager()
+
+      socket =
+        Enum.reduce(1..3, socket, fn n, socket ->
+          update = %{
+            event_type: "topology_update",
+            session_id: "sess-parts-idle-#{n}",
+            agent_id: "a",
+            state: "idle",
+            color: "x"
+          }
+
+          {:noreply, socket} = SessionClusterManager.handle_info(update, socket)
+          socket
+        end)
+
+      {:noreply, socket} =
+        SessionClusterManager.handle_info(
+          %{
+            event_type: "topology_update",
+            session_id: "sess-parts-moving",
+            agent_id: "a",
+            state: "active",
+            color: "x"
+          },
+          socket
+        )
+
+      before = snapshot(socket, &View.parts/1)
+      assert before.html_nodes_idle =~ "sess-parts-idle-1"
+
+      {:noreply, socket} =
+        SessionClusterManager.handle_info(
+          %{
+            event_type: "topology_update",
+            session_id: "sess-parts-moving",
+            agent_id: "a",
+            state: "blocked",
+            color: "x"
+          },
+          socket
+        )
+
+      changed = LiveParts.changed(before, snapshot(socket, &View.parts/1))
+      assert Enum.sort(changed) == [:html_nodes_active, :html_nodes_blocked, :html_summary]
     end
   end
 
