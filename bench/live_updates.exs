@@ -1,7 +1,7 @@
 # Bytes per LiveView update: the parts that changed (ObservatoryWeb.LiveParts) against
 # the whole page with its stylesheet, which the LiveViews sent as one value before.
 #
-#   MIX_ENV=prod mix run --no-start bench/live_updates.exs
+#   MIX_ENV=test mix run --no-start bench/live_updates.exs   (byte counts: any env)
 #
 # A fleet of 50 sessions, the manager mounted on Observatory's own socket and fed the
 # gateway's events as a LiveView would get them, then one agent looping for six steps,
