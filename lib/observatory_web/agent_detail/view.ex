@@ -34,7 +34,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
   """
   @spec parts(map()) :: [{atom(), iodata()}]
   def parts(assigns) do
-    {panels, events} = body(assigns)
+    events = if assigns.agent == nil, do: "", else: events_panel(assigns.events)
 
     [
       html_notice: [
@@ -44,7 +44,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
         notice(assigns.notice)
       ],
       html_header: header(assigns),
-      html_panels: panels,
+      html_panels: body(assigns),
       html_events: [events, "</div>"]
     ]
   end
@@ -102,31 +102,30 @@ defmodule ObservatoryWeb.AgentDetail.View do
 
   ## Body
 
-  # The panels and the events list.
   defp body(%{agent: nil} = assigns) do
-    {[
-       ~s(<section id="agent-missing" class="panel" aria-labelledby="missing-title">),
-       ~s(<header class="panel-head"><h2 id="missing-title">No such agent</h2></header>),
-       ~s(<p>No agent is registered as <code>),
-       escape(assigns.agent_id),
-       ~s(</code>. An agent is registered by its first request through ),
-       ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header; ),
-       ~s(this page shows it as soon as that happens.</p><p><a href="),
-       escape(assigns.agents_path),
-       ~s(">All agents</a></p></section>)
-     ], ""}
+    [
+      ~s(<section id="agent-missing" class="panel" aria-labelledby="missing-title">),
+      ~s(<header class="panel-head"><h2 id="missing-title">No such agent</h2></header>),
+      ~s(<p>No agent is registered as <code>),
+      escape(assigns.agent_id),
+      ~s(</code>. An agent is registered by its first request through ),
+      ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header; ),
+      ~s(this page shows it as soon as that happens.</p><p><a href="),
+      escape(assigns.agents_path),
+      ~s(">All agents</a></p></section>)
+    ]
   end
 
   defp body(assigns) do
-    {[
-       ~s(<div class="ad-grid"><div class="ad-col">),
-       kill_switch_panel(assigns),
-       notifications_panel(assigns),
-       ~s(</div><div class="ad-col">),
-       status_panel(assigns.agent),
-       score_panel(assigns.agent, assigns.score),
-       "</div></div>"
-     ], events_panel(assigns.events)}
+    [
+      ~s(<div class="ad-grid"><div class="ad-col">),
+      kill_switch_panel(assigns),
+      notifications_panel(assigns),
+      ~s(</div><div class="ad-col">),
+      status_panel(assigns.agent),
+      score_panel(assigns.agent, assigns.score),
+      "</div></div>"
+    ]
   end
 
   ## Kill switch: toggle, prompt, settings
