@@ -84,24 +84,6 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result
   end
 
-  defp emit_ingest({:ok, result}, duration) do
-    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
-      result: :ok,
-      session_id: result.session_id,
-      agent_id: result.agent_id,
-      violations: 0
-    })
-  end
-
-  defp emit_ingest({:error, {:invalid, violations}}, duration) do
-    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
-      result: :invalid,
-      session_id: nil,
-      agent_id: nil,
-      violations: length(violations)
-    })
-  end
-
   defp accept(envelope, fields, opts) do
     Metrics.inc(:messages)
     tuple = {fields.intent, fields.tool_call, fields.status}
@@ -240,5 +222,24 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         "since" => DateTime.to_iso8601(pause.at)
       }
     ]
+  end
+
+  # The [:observatory, :ingest, :stop] telemetry event (Observatory.Telemetry).
+  defp emit_ingest({:ok, result}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :ok,
+      session_id: result.session_id,
+      agent_id: result.agent_id,
+      violations: 0
+    })
+  end
+
+  defp emit_ingest({:error, {:invalid, violations}}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :invalid,
+      session_id: nil,
+      agent_id: nil,
+      violations: length(violations)
+    })
   end
 end
