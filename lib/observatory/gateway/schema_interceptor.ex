@@ -234,12 +234,13 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     })
   end
 
-  defp emit_ingest({:error, {:invalid, violations}}, duration) do
+  # `result` is the error's kind (`:invalid`, or any other a refusal may name).
+  defp emit_ingest({:error, {kind, details}}, duration) when is_atom(kind) do
     Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
-      result: :invalid,
+      result: kind,
       session_id: nil,
       agent_id: nil,
-      violations: length(violations)
+      violations: if(is_list(details), do: length(details), else: 1)
     })
   end
 end
