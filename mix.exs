@@ -90,9 +90,6 @@ defmodule Observatory.MixProject do
   # the host fetches none it does not list itself (through Hex or its own path deps),
   # but Mix compiles those it has before Observatory, so the LiveViews exist on the
   # first build and xref knows where Phoenix's modules come from.
-  #
-  # OBSERVATORY_PHOENIX_DEPS=1 declares them at the top level too, for work on the
-  # LiveViews inside this repository in a checkout that has Hex.
   @phoenix_deps [
     {:phoenix, "~> 1.7", optional: true},
     {:phoenix_live_view, "~> 0.20.0 or ~> 1.0", optional: true},
@@ -103,10 +100,7 @@ defmodule Observatory.MixProject do
 
   defp deps do
     as_dependency? = Mix.Project.get() != nil
-
-    if as_dependency? or System.get_env("OBSERVATORY_PHOENIX_DEPS") in ["1", "true"],
-      do: @phoenix_deps,
-      else: []
+    if as_dependency?, do: @phoenix_deps, else: []
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]
