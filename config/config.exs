@@ -55,6 +55,11 @@ config :observatory,
     notification_webhook: nil
   ]
 
+# Observatory's own HTTP API and dashboard (bin/start): on, loopback, port 4000. Code
+# defaults are off and no port, so a host app, which does not load this file, gets
+# no second server unless it configures one.
+config :observatory, ObservatoryWeb.Endpoint, server: true, ip: {127, 0, 0, 1}, port: 4000
+
 config :logger, :console, format: "$time [$level] $message\n"
 
 import_config "#{config_env()}.exs"

@@ -339,6 +339,16 @@ defmodule Observatory.KillSwitch do
       {:ok, agent, event} ->
         Metrics.inc(:kill_switch_trips)
 
+        Observatory.Telemetry.execute(
+          [:observatory, :kill_switch, :trip],
+          %{score: verdict.score, threshold: agent.kill_switch.threshold},
+          %{
+            agent_id: agent.id,
+            window_size: agent.kill_switch.window_size,
+            window_len: verdict.window_len
+          }
+        )
+
         Logger.warning(
           "kill switch deactivated agent #{inspect(agent.id)}: score #{verdict.score} > " <>
             "threshold #{agent.kill_switch.threshold} (#{inspect(verdict.signals)})"

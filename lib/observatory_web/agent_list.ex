@@ -72,9 +72,15 @@ defmodule ObservatoryWeb.AgentList do
     {:noreply, socket}
   end
 
-  @doc "The list as HTML iodata."
+  @doc "The list as HTML iodata: its `parts/1`, in order."
   @spec render(map()) :: iodata()
-  def render(assigns) do
+  def render(assigns), do: Keyword.values(parts(assigns))
+
+  @doc "The list as one part (`ObservatoryWeb.LiveParts`): it changes as a whole."
+  @spec parts(map()) :: [{atom(), iodata()}]
+  def parts(assigns), do: [html_list: list(assigns)]
+
+  defp list(assigns) do
     rows = assigns.agents
 
     [

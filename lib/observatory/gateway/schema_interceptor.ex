@@ -90,7 +90,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           reject(violations, Keyword.get(opts, :log_violations, true))
       end
 
-    Metrics.observe_latency(System.monotonic_time(:microsecond) - started)
+    elapsed = System.monotonic_time(:microsecond) - started
+    Metrics.observe_latency(elapsed)
+    emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
     result
   end
 
@@ -259,5 +261,25 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         "since" => DateTime.to_iso8601(pause.at)
       }
     ]
+  end
+
+  # The [:observatory, :ingest, :stop] telemetry event (Observatory.Telemetry).
+  defp emit_ingest({:ok, result}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :ok,
+      session_id: result.session_id,
+      agent_id: result.agent_id,
+      violations: 0
+    })
+  end
+
+  # `result` is the error's kind (`:invalid`, or any other a refusal may name).
+  defp emit_ingest({:error, {kind, details}}, duration) when is_atom(kind) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: kind,
+      session_id: nil,
+      agent_id: nil,
+      violations: if(is_list(details), do: length(details), else: 1)
+    })
   end
 end

@@ -34,8 +34,8 @@ defmodule Observatory.KillSwitch.Agents do
   in a later release needs no table transform.
 
   `setup/1` runs before anything reads the tables (the kill switch supervisor calls it
-  in `init/1`). It starts Mnesia with its directory set to
-  `<:data_dir>/mnesia/<node>`, creating the schema on first start — one directory per
+  in `init/1`). It starts Mnesia in `dir/0` (the host's `config :mnesia, dir:`, or
+  `<:data_dir>/mnesia/<node>`), creating the schema on first start — one directory per
   node name, because a Mnesia schema belongs to the node that created it. If Mnesia is
   already running (a host application started it), its directory is used and a
   RAM-only schema is turned into a disc one.
@@ -103,11 +103,25 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
-  @doc "Mnesia's directory for this node: `<:data_dir>/mnesia/<node>`."
+  @doc """
+  Mnesia's directory for this node: the host app's `config :mnesia, dir:` when it set
+  one (Mnesia is one per node: its tables go there), else `<:data_dir>/mnesia/<node>`.
+  Raises when neither is configured: no directory is shared by chance.
+  """
   @spec dir() :: String.t()
   def dir do
-    data_dir = Application.get_env(:observatory, :data_dir, "data")
-    Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
+    case {Application.get_env(:mnesia, :dir), Application.get_env(:observatory, :data_dir)} do
+      {nil, nil} ->
+        raise ArgumentError,
+              "Observatory keeps its agents in Mnesia: set config :observatory, :data_dir " <>
+                "or config :mnesia, :dir"
+
+      {nil, data_dir} ->
+        Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
+
+      {mnesia_dir, _data_dir} ->
+        Path.expand(to_string(mnesia_dir))
+    end
   end
 
   defp start(dir) do
