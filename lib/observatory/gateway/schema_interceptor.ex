@@ -41,7 +41,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     StepDetector
   }
 
-  alias Observatory.Metrics
+  alias Observatory.{Cluster, Metrics}
 
   @type result :: %{
           step_id: String.t(),
@@ -69,11 +69,22 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       must be this agent, and its session must not be one the gateway has recorded
       for another agent; otherwise `{:error, {:forbidden, violation}}` and nothing is
       touched. Unset (in-process callers, `:any_agent`): no check.
+
+  ## In a cluster (issue 14)
+
+  The envelope is validated where it arrives, then scored on the session's owner
+  (`Observatory.Cluster.owner/1`) with `:erpc.call/5`; the caller waits, as it waits
+  for a local score, and gets the owner's answer. When the owner is down, the next
+  owner scores the step in a fresh window. When it is connected but does not answer
+  within `:rpc_timeout_ms`, the answer is `{:error, {:unavailable, violation}}` and
+  no other node scores the step (the owner may have): the caller retries it.
   """
   @spec ingest(binary() | map(), keyword()) ::
           {:ok, result()}
           | {:error,
-             {:invalid, [DecisionLog.violation()]} | {:forbidden, DecisionLog.violation()}}
+             {:invalid, [DecisionLog.violation()]}
+             | {:forbidden, DecisionLog.violation()}
+             | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
     started = System.monotonic_time(:microsecond)
 
@@ -83,8 +94,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result =
       case parsed do
         {:ok, envelope, fields} ->
-          with :ok <- authorize(fields, opts[:agent], opts),
-               do: {:ok, accept(envelope, fields, opts)}
+          score_on_owner(envelope, fields, opts, [])
 
         {:error, violations} ->
           reject(violations, Keyword.get(opts, :log_violations, true))
@@ -94,6 +104,57 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     Metrics.observe_latency(elapsed)
     emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
     result
+  end
+
+  # Issue 14: a session's state lives on one node of the cluster, its owner. A step
+  # that arrives elsewhere is scored there, synchronously, and answered here as the
+  # owner answered it. With clustering off `Cluster.owner/2` is `node()` after one
+  # :persistent_term read. A caller's own `:tracker` is a local process: scored here.
+  defp score_on_owner(envelope, fields, opts, down) do
+    owner =
+      if Keyword.has_key?(opts, :tracker),
+        do: node(),
+        else: Cluster.owner(fields.session_id, down)
+
+    if owner == node() do
+      score_here(envelope, fields, opts)
+    else
+      try do
+        :erpc.call(
+          owner,
+          __MODULE__,
+          :score_here,
+          [envelope, fields, opts],
+          Cluster.rpc_timeout()
+        )
+      catch
+        # The owner is gone (distribution says so): the next owner scores the step,
+        # in a fresh window (F1). Nothing was scored on the lost node.
+        :error, {:erpc, :noconnection} ->
+          score_on_owner(envelope, fields, opts, [owner | down])
+
+        # The owner is there but did not answer in time: it may have scored the step,
+        # so another node must not score it again. The caller gets an error to retry.
+        :error, {:erpc, :timeout} ->
+          Metrics.inc(:violations)
+
+          {:error,
+           {:unavailable,
+            %{
+              path: "meta.session_id",
+              reason:
+                "the session's owner #{owner} did not answer within " <>
+                  "#{Cluster.rpc_timeout()} ms; retry the step"
+            }}}
+      end
+    end
+  end
+
+  @doc false
+  # Runs on the session's owner (`score_on_owner/4`, possibly over :erpc).
+  def score_here(envelope, fields, opts) do
+    with :ok <- authorize(fields, opts[:agent], opts),
+         do: {:ok, accept(envelope, fields, opts)}
   end
 
   # An agent acts only as itself, and only in its own sessions.

@@ -85,10 +85,11 @@ defmodule Observatory.KillSwitch.Agents do
   def setup(opts \\ []) do
     dir = Keyword.get_lazy(opts, :dir, &dir/0)
 
-    if :mnesia.system_info(:is_running) in [:yes, :starting] do
-      adopt_running(dir)
-    else
-      start(dir)
+    cond do
+      :mnesia.system_info(:is_running) in [:yes, :starting] -> adopt_running(dir)
+      # Issue 14: a new node of a cluster joins it rather than creating its own schema.
+      Observatory.Cluster.Store.start(dir) != :local -> :ok
+      true -> start(dir)
     end
 
     create_table(@agents, attributes: [:id, :agent], type: :set)
@@ -158,13 +159,8 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
-  defp create_table(name, opts) do
-    case :mnesia.create_table(name, [{:disc_copies, [node()]} | opts]) do
-      {:atomic, :ok} -> :ok
-      {:aborted, {:already_exists, ^name}} -> :ok
-      {:aborted, reason} -> raise "cannot create Mnesia table #{name}: #{inspect(reason)}"
-    end
-  end
+  # disc_copies on every node of the cluster (one node when clustering is off).
+  defp create_table(name, opts), do: Observatory.Cluster.Store.ensure_table(name, opts)
 
   ## Reads (local, no transaction)
 

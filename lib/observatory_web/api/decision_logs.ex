@@ -56,6 +56,9 @@ defmodule ObservatoryWeb.API.DecisionLogs do
           %{violations: [violation]}
         )
 
+      {:error, {:unavailable, violation}} ->
+        Conn.error(conn, 503, "owner_unavailable", violation.reason, %{violations: [violation]})
+
       {:error, {:invalid, [%{path: "$", reason: "invalid JSON" <> _} | _] = violations}} ->
         Conn.error(conn, 400, "malformed_json", "the body is not valid JSON", capped(violations))
 
@@ -90,6 +93,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
             {:ok, result} -> {[Map.put(answer(result), :line, number) | results], rejected}
             {:error, {:invalid, violations}} -> {results, [{number, violations} | rejected]}
             {:error, {:forbidden, violation}} -> {results, [{number, [violation]} | rejected]}
+            {:error, {:unavailable, violation}} -> {results, [{number, [violation]} | rejected]}
           end
         end
       end)
