@@ -1,0 +1,229 @@
+defmodule Observatory.ClusterTest do
+  use ExUnit.Case, async: true
+
+  alias Observatory.Cluster
+
+  describe "issue 14: one owner per session (rendezvous hashing)" do
+    test "every session has one owner among the members" do
+      members = [:a@h, :b@h, :c@h]
+      owners = for i <- 1..3_000, do: Cluster.rendezvous("s#{i}", members)
+      counts = Enum.frequencies(owners)
+      assert Map.keys(counts) |> Enum.sort() == members
+      # Spread: each member owns about a third.
+      assert Enum.all?(Map.values(counts), &(&1 in 800..1_200)), inspect(counts)
+    end
+
+    test "a leave moves only the leaving member's sessions, a join only the joiner's" do
+      three = [:a@h, :b@h, :c@h]
+      two = [:a@h, :b@h]
+      ids = for i <- 1..2_000, do: "s#{i}"
+
+      moved = Enum.filter(ids, &(Cluster.rendezvous(&1, two) != Cluster.rendezvous(&1, three)))
+      on_c = Enum.filter(ids, &(Cluster.rendezvous(&1, three) == :c@h))
+
+      # c leaving (three → two) or joining (two → three) moves exactly c's sessions.
+      assert moved == on_c
+      assert length(on_c) in 500..830
+    end
+
+    test "with clustering off the owner is this node" do
+      refute Cluster.enabled?()
+      assert Cluster.owner("any") == node()
+      assert Cluster.members() == [node()]
+      assert Cluster.children() == []
+    end
+  end
+end
+
+defmodule Observatory.ClusterDistributedTest do
+  # Three :peer nodes running Observatory as one cluster (issue 14).
+  use ExUnit.Case, async: false
+
+  alias Observatory.Cluster
+  alias Observatory.Gateway.SchemaInterceptor
+  alias Observatory.Test.ClusterPeers
+
+  @moduletag :distributed
+  @moduletag timeout: 120_000
+
+  setup do
+    root =
+      Path.join(System.tmp_dir!(), "observatory-cluster-#{System.unique_integer([:positive])}")
+
+    on_exit(fn -> File.rm_rf!(root) end)
+    names = ClusterPeers.names(4)
+    {shorts, all} = Enum.unzip(names)
+    # The fourth name joins later in some tests; it is in everyone's static list.
+    started = for short <- Enum.take(shorts, 3), do: ClusterPeers.start(short, all, root)
+    nodes = Enum.map(started, &elem(&1, 1))
+    :ok = ClusterPeers.await_members(nodes, nodes)
+    %{root: root, all: all, shorts: shorts, peers: Enum.map(started, &elem(&1, 0)), nodes: nodes}
+  end
+
+  defp steps(session_id, count) do
+    # A few different calls, then one failing call repeated: a loop.
+    for i <- 1..count do
+      tool = if i <= 3, do: "tool_#{i}", else: "read_file"
+
+      %{
+        "meta" => %{
+          "step_id" => "step-#{i}",
+          "session_id" => session_id,
+          "agent_id" => "agent-cluster",
+          "timestamp" => "2026-02-22T10:30:00Z"
+        },
+        "cognition" => %{"intent" => "search", "entropy_score" => 0.9},
+        "action" => %{
+          "tool_call" => tool,
+          "tool_input" => %{"path" => "/etc/x"},
+          "status" => "failure",
+          "result" => "no such file"
+        }
+      }
+    end
+  end
+
+  # What the caller is told about the step (the envelope and ids are its own).
+  defp answer({:ok, r}), do: answer(r)
+  defp answer(r), do: Map.take(r, [:entropy_score, :severity, :verdict, :step, :directives])
+
+  defp owned_by(node, members, prefix) do
+    Stream.iterate(1, &(&1 + 1))
+    |> Stream.map(&"#{prefix}-#{&1}")
+    |> Enum.find(&(Cluster.rendezvous(&1, members) == node))
+  end
+
+  describe "issue 14: a session scored on its owner" do
+    test "steps sent round-robin to three nodes get the answers one node gives", %{nodes: nodes} do
+      session = "sess-rr-#{System.unique_integer([:positive])}"
+      envelopes = steps(session, 9)
+
+      # This test node runs Observatory alone (clustering off): the reference.
+      expected = for e <- envelopes, do: answer(SchemaInterceptor.ingest(e))
+
+      got =
+        envelopes
+        |> Enum.zip(Stream.cycle(nodes))
+        |> Enum.map(fn {e, n} -> answer(:erpc.call(n, SchemaInterceptor, :ingest, [e])) end)
+
+      assert got == expected
+      # The run reached a loop (the comparison is not of nine empty answers).
+      assert Enum.any?(got, &(&1.verdict.verdict == :loop))
+      assert Enum.any?(got, &(&1.severity == :loop))
+
+      # The window lives on the owner only.
+      [owner] = Enum.uniq(for n <- nodes, do: :erpc.call(n, Cluster, :owner, [session]))
+
+      for n <- nodes do
+        state = :erpc.call(n, Observatory.Gateway.EntropyTracker, :session, [session])
+        if n == owner, do: assert(state), else: assert(state == nil)
+      end
+    end
+
+    test "an invalid step is refused by the node it reached, as on one node", %{nodes: [a | _]} do
+      assert {:error, {:invalid, [_ | _]}} =
+               :erpc.call(a, SchemaInterceptor, :ingest, [
+                 ~s({"meta": {}}),
+                 [log_violations: false]
+               ])
+    end
+
+    test "killing a node loses only its windows: later steps are answered and re-scored on the new owner",
+         %{nodes: [a, b, c], peers: [_, _, peer_c]} do
+      members = [a, b, c]
+      on_c = owned_by(c, members, "sess-c")
+      on_a = owned_by(a, members, "sess-a")
+      [c1, c2, c3, c4] = steps(on_c, 4)
+      [a1, a2, a3, a4] = steps(on_a, 4)
+
+      # Both sessions' first three steps, sent to b.
+      for e <- [c1, c2, c3, a1, a2, a3],
+          do: {:ok, _} = :erpc.call(b, SchemaInterceptor, :ingest, [e])
+
+      :ok = :peer.stop(peer_c)
+
+      # At once, before membership has caught up: answered, no error.
+      assert {:ok, after_loss} = :erpc.call(b, SchemaInterceptor, :ingest, [c4])
+      assert {:ok, kept} = :erpc.call(a, SchemaInterceptor, :ingest, [a4])
+
+      # c's session starts a fresh window (F1): its answer is a first step's.
+      fresh = "sess-fresh-#{System.unique_integer([:positive])}"
+
+      first = answer(SchemaInterceptor.ingest(put_in(c4, ["meta", "session_id"], fresh)))
+      assert answer(after_loss) == first
+      assert after_loss.verdict.step_number == 1
+
+      # a's session kept its window: its answer is the fourth step's.
+      for e <- [a1, a2, a3], do: {:ok, _} = SchemaInterceptor.ingest(e)
+      assert answer(kept) == answer(SchemaInterceptor.ingest(a4))
+
+      :ok = ClusterPeers.await_members([a, b], [a, b])
+      new_owner = Cluster.rendezvous(on_c, [a, b])
+      assert :erpc.call(new_owner, Observatory.Gateway.EntropyTracker, :session, [on_c])
+    end
+  end
+
+  describe "issue 14: replicated agent state" do
+    test "agent records, events and keys survive a node's loss and reach a node that joins later",
+         %{nodes: [a, b, c], peers: [peer_a | _], all: all, shorts: shorts, root: root} do
+      agent = "agent-repl-#{System.unique_integer([:positive])}"
+      {:ok, %{key: key}} = :erpc.call(a, Observatory.AgentKeys, :issue, [agent])
+      {:ok, _} = :erpc.call(b, Observatory.KillSwitch, :deactivate, [agent, [operator: "alice"]])
+
+      :ok = :peer.stop(peer_a)
+      :ok = ClusterPeers.await_members([b, c], [b, c])
+
+      for n <- [b, c], do: assert_replicated(n, agent, key)
+
+      # A fourth node with an empty directory joins and gets every table.
+      {_peer_d, d} = ClusterPeers.start(List.last(shorts), all, root)
+      :ok = ClusterPeers.await_members([b, c, d], [b, c, d])
+      assert_replicated(d, agent, key)
+      tables = :erpc.call(d, :mnesia, :system_info, [:local_tables])
+      assert :observatory_agents in tables and :observatory_agent_events in tables
+
+      assert :erpc.call(d, :mnesia, :table_info, [:observatory_agents, :storage_type]) ==
+               :disc_copies
+    end
+
+    test "a kill-switch deactivation on node A refuses the agent's next proxy request on node C",
+         %{nodes: [a, _b, c]} do
+      agent = "agent-ks-#{System.unique_integer([:positive])}"
+      {:ok, %{key: key}} = :erpc.call(a, Observatory.AgentKeys, :issue, [agent])
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+
+      # Before: C lets the request through to the proxy (no upstream configured here).
+      assert %{status: before} = chat(port, key)
+      refute before == 403
+
+      {:ok, _} = :erpc.call(a, Observatory.KillSwitch, :deactivate, [agent, [operator: "alice"]])
+
+      assert %{status: 403, body: body} = chat(port, key)
+      assert body =~ "agent_inactive"
+    end
+  end
+
+  defp assert_replicated(node, agent, key) do
+    assert %{active: false, deactivated_by: :manual} =
+             :erpc.call(node, Observatory.KillSwitch.Agents, :get, [agent])
+
+    events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
+    assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
+    assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
+  end
+
+  defp chat(port, key) do
+    body = ~s({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+    {:ok, {{_, status, _}, _headers, resp}} =
+      :httpc.request(
+        :post,
+        {~c"http://127.0.0.1:#{port}/v1/chat/completions",
+         [{~c"authorization", String.to_charlist("Bearer " <> key)}], ~c"application/json", body},
+        [timeout: 10_000],
+        body_format: :binary
+      )
+
+    %{status: status, body: resp}
+  end
+end

@@ -1,0 +1,59 @@
+defmodule Observatory.Test.ClusterPeers do
+  @moduledoc false
+  # Starts Observatory on :peer nodes that form one cluster (issue 14): each node its
+  # own Mnesia directory and HTTP port (0: the OS picks), the test node's
+  # configuration otherwise, and `config :observatory, :cluster, nodes: names`.
+
+  @doc "Node names for `count` peers, sorted (the first founds the cluster)."
+  def names(count) do
+    u = System.unique_integer([:positive])
+    for i <- 1..count, do: {:"clu#{u}_#{<<?a + i - 1>>}", :"clu#{u}_#{<<?a + i - 1>>}@127.0.0.1"}
+  end
+
+  @doc """
+  Starts one peer named `short`, linked to the caller, with Observatory running in a
+  cluster of `all` (full node names). Returns `{peer, node}`.
+  """
+  def start(short, all, root, env \\ []) do
+    {:ok, peer, node} =
+      :peer.start_link(%{
+        name: short,
+        host: ~c"127.0.0.1",
+        longnames: true,
+        args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
+      })
+
+    config =
+      Application.get_all_env(:observatory)
+      |> Keyword.merge(
+        data_dir: Path.join(root, Atom.to_string(short)),
+        cluster: [nodes: all, poll_ms: 200, rpc_timeout_ms: 5_000, join_timeout_ms: 10_000]
+      )
+      |> Keyword.put(ObservatoryWeb.Endpoint, server: true, ip: {127, 0, 0, 1}, port: 0)
+      |> Keyword.merge(env)
+
+    :ok = :erpc.call(node, Application, :put_env, [:logger, :level, :warning])
+    :ok = :erpc.call(node, Application, :load, [:observatory])
+    for {k, v} <- config, do: :ok = :erpc.call(node, Application, :put_env, [:observatory, k, v])
+    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:observatory], 30_000)
+    {peer, node}
+  end
+
+  @doc "Waits until every node in `nodes` sees exactly `members` as the live members."
+  def await_members(nodes, members, tries \\ 100) do
+    members = Enum.sort(members)
+    seen = for n <- nodes, do: :erpc.call(n, Observatory.Cluster, :members, [])
+
+    cond do
+      Enum.all?(seen, &(&1 == members)) ->
+        :ok
+
+      tries == 0 ->
+        raise "members never agreed on #{inspect(members)}: #{inspect(seen)}"
+
+      true ->
+        Process.sleep(50)
+        await_members(nodes, members, tries - 1)
+    end
+  end
+end
