@@ -81,6 +81,46 @@ defmodule Observatory.Cluster do
   end
 
   @doc """
+  `apply(module, fun, args)` on the owner of `session_id` (`:erpc.call/5`), for the
+  reads and commands that need the session's state there — the session API, the
+  dashboard's Inspect, a step-detector reset. Here when clustering is off, when this
+  node owns the session, or when the owner does not answer (it holds nothing then
+  that another node could give).
+  """
+  @spec on_owner(String.t(), module(), atom(), list()) :: term()
+  def on_owner(session_id, module, fun, args) do
+    case owner(session_id) do
+      owner when owner == node() ->
+        apply(module, fun, args)
+
+      owner ->
+        try do
+          :erpc.call(owner, module, fun, args, rpc_timeout())
+        catch
+          :error, {:erpc, _} -> apply(module, fun, args)
+        end
+    end
+  end
+
+  @doc """
+  `apply(module, fun, args)` on every member, the lists they return concatenated:
+  the fleet as the dashboard shows it. A member that does not answer in time is
+  left out (its sessions reappear at the next snapshot).
+  """
+  @spec gather(module(), atom(), list()) :: list()
+  def gather(module, fun, args) do
+    case :persistent_term.get(@members_key, nil) do
+      nil ->
+        apply(module, fun, args)
+
+      members ->
+        for {:ok, list} <- :erpc.multicall(members, module, fun, args, rpc_timeout()),
+            item <- list,
+            do: item
+    end
+  end
+
+  @doc """
   Configured and discovered nodes (static list and DNS), this node excluded. Used
   to connect, and by `Observatory.Cluster.Store` to find the cluster to join.
   """

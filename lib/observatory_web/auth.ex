@@ -159,7 +159,7 @@ defmodule ObservatoryWeb.Auth do
   @doc "The agent the gateway has recorded for a session, or nil."
   @spec session_owner(String.t()) :: String.t() | nil
   def session_owner(session_id) do
-    case EntropyTracker.session(session_id) do
+    case Observatory.Cluster.on_owner(session_id, EntropyTracker, :session, [session_id]) do
       %{agent_id: owner} -> owner
       _ -> nil
     end

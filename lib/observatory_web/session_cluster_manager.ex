@@ -47,6 +47,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   require Logger
 
   alias ObservatoryWeb.LivePage
+  alias Observatory.Cluster
   alias Observatory.Gateway.{AlertSource, EntropyTracker, Events, HITL, LoopVerdict, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
@@ -86,7 +87,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
       |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
       |> Socket.assign(:alerts, Alerts.new())
       |> Socket.assign(:fleet, snapshot())
-      |> Socket.assign(:steps, StepDetector.active())
+      |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:following, nil)
       |> Socket.assign(:notice, nil)
@@ -128,7 +129,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   end
 
   def handle_info(%{event_type: "loop_detection"}, socket) do
-    {:noreply, Socket.assign(socket, :steps, StepDetector.active())}
+    {:noreply, Socket.assign(socket, :steps, Cluster.gather(StepDetector, :active, []))}
   end
 
   def handle_info(%{event_type: "loop_verdict", session_id: id} = event, socket) do
@@ -147,7 +148,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
     socket
     |> Socket.assign(:fleet, snapshot())
-    |> Socket.assign(:steps, StepDetector.active())
+    |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
     |> reload_inspect(inspected(socket))
     |> noreply()
   end
@@ -160,7 +161,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
   @doc "Handles an operator's click; see the module doc."
   @spec handle_event(String.t(), map(), socket) :: {:noreply, socket} when socket: socket()
   def handle_event("pause_inspect", %{"session_id" => id}, socket) when is_binary(id) do
-    case HITL.pause(id, operator: socket.assigns.operator, reason: "Pause and Inspect") do
+    opts = [operator: socket.assigns.operator, reason: "Pause and Inspect"]
+
+    case Cluster.on_owner(id, HITL, :pause, [id, opts]) do
       {:ok, _entry} -> inspect_paused(socket, id, {:info, "Paused. The agent is told to wait."})
       {:error, :already_paused} -> inspect_paused(socket, id, {:info, "Already paused."})
       {:error, reason} -> notice(socket, {:error, "Could not pause: #{reason}."})
@@ -168,7 +171,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
   end
 
   def handle_event("resume", %{"session_id" => id}, socket) when is_binary(id) do
-    case HITL.resume(id, operator: socket.assigns.operator, reason: "Resumed from the dashboard") do
+    opts = [operator: socket.assigns.operator, reason: "Resumed from the dashboard"]
+
+    case Cluster.on_owner(id, HITL, :resume, [id, opts]) do
       {:ok, _entry} ->
         socket
         |> Socket.assign(:fleet, Fleet.resume(socket.assigns.fleet, id))
@@ -192,13 +197,13 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   def handle_event("reset_step", %{"session_id" => id}, socket) when is_binary(id) do
     message =
-      case StepDetector.reset(id, operator: socket.assigns.operator) do
+      case Cluster.on_owner(id, StepDetector, :reset, [id, [operator: socket.assigns.operator]]) do
         :ok -> {:info, "Step detector reset: the session may run again."}
         {:error, :unknown_session} -> {:info, "The step detector has nothing for this session."}
       end
 
     socket
-    |> Socket.assign(:steps, StepDetector.active())
+    |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
     |> notice(message)
   end
 
@@ -261,8 +266,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp noreply(socket), do: {:noreply, socket}
 
   defp snapshot do
-    flagged = LoopVerdict.flagged(@snapshot_limit)
-    sessions = EntropyTracker.sessions(limit: @snapshot_limit)
+    # Every member's sessions (issue 14): each session is on one node only.
+    flagged = Cluster.gather(LoopVerdict, :flagged, [@snapshot_limit])
+    sessions = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
 
     sessions =
       if AlertSource.current() == :verdict,
@@ -270,7 +276,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
         else: sessions
 
     sessions
-    |> Fleet.snapshot(HITL.paused_sessions())
+    |> Fleet.snapshot(Enum.uniq(Cluster.gather(HITL, :paused_sessions, [])))
     |> Fleet.put_verdicts(flagged)
   end
 

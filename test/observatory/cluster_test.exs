@@ -41,6 +41,7 @@ defmodule Observatory.ClusterDistributedTest do
 
   alias Observatory.Cluster
   alias Observatory.Gateway.SchemaInterceptor
+  alias Observatory.JSON
   alias Observatory.Test.ClusterPeers
 
   @moduletag :distributed
@@ -163,6 +164,47 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "issue 14: the whole fleet on every node" do
+    test "the session API, Inspect and Pause work on a node that does not own the session",
+         %{nodes: [a, b, c]} do
+      session = owned_by(b, [a, b, c], "sess-api")
+      for e <- steps(session, 3), do: {:ok, _} = :erpc.call(a, SchemaInterceptor, :ingest, [e])
+
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+      assert %{status: 200, body: body} = http(:get, port, "/api/v1/sessions/#{session}")
+      assert %{"window" => [_, _, _], "agent_id" => "agent-cluster"} = elem(JSON.decode(body), 1)
+
+      inspected = :erpc.call(c, ObservatoryWeb.SessionClusterManager.Inspector, :load, [session])
+      assert length(inspected.window) == 3
+
+      assert %{status: 200} = http(:post, port, "/api/v1/sessions/#{session}/pause")
+      # Enforced on the owner, whichever node the next step reaches.
+      [next] = steps(session, 4) |> Enum.drop(3)
+
+      assert {:ok, %{paused: true, directives: [%{"type" => "pause"} | _]}} =
+               :erpc.call(a, SchemaInterceptor, :ingest, [next])
+    end
+
+    test "the fleet snapshot gathers every member's sessions", %{nodes: [a, b, c] = nodes} do
+      ids = for n <- nodes, do: owned_by(n, nodes, "sess-fleet-#{n}")
+
+      for id <- ids,
+          [e] = steps(id, 1),
+          do: {:ok, _} = :erpc.call(a, SchemaInterceptor, :ingest, [e])
+
+      for n <- [a, b, c] do
+        listed =
+          :erpc.call(n, Cluster, :gather, [
+            Observatory.Gateway.EntropyTracker,
+            :sessions,
+            [[limit: 1000]]
+          ])
+
+        assert Enum.all?(ids, fn id -> Enum.any?(listed, &(&1.session_id == id)) end)
+      end
+    end
+  end
+
   describe "issue 14: replicated agent state" do
     test "agent records, events and keys survive a node's loss and reach a node that joins later",
          %{nodes: [a, b, c], peers: [peer_a | _], all: all, shorts: shorts, root: root} do
@@ -210,6 +252,17 @@ defmodule Observatory.ClusterDistributedTest do
     events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
     assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
+  end
+
+  defp http(method, port, path) do
+    url = ~c"http://127.0.0.1:#{port}#{path}"
+    headers = [{~c"authorization", ~c"Bearer test-operator-token"}]
+
+    request =
+      if method == :get, do: {url, headers}, else: {url, headers, ~c"application/json", ""}
+
+    {:ok, {{_, status, _}, _, body}} = :httpc.request(method, request, [], body_format: :binary)
+    %{status: status, body: body}
   end
 
   defp chat(port, key) do

@@ -11,26 +11,31 @@ defmodule ObservatoryWeb.API.Sessions do
   """
 
   alias Observatory.Gateway.{EntropyTracker, HITL, LoopVerdict, SessionLog, StepDetector}
-  alias Observatory.JSON
+  alias Observatory.{Cluster, JSON}
   alias ObservatoryWeb.{Auth, Conn}
 
   def show(conn, id) do
     with {:ok, principal} <- authorize(conn, &Auth.agent_or_operator/1) do
-      session = EntropyTracker.session(id)
-      pause = HITL.pause_of(id)
+      # In a cluster (issue 14) the session's state is on its owner: read it there.
+      {session, view} = Cluster.on_owner(id, __MODULE__, :lookup, [id])
 
-      cond do
-        not readable?(principal, session) ->
-          Conn.error(conn, 404, "not_found", "no such session")
-
-        session == nil and pause == nil and StepDetector.state(id) == nil and
-            LoopVerdict.session(id) == nil ->
-          Conn.error(conn, 404, "not_found", "no such session")
-
-        true ->
-          Conn.json(conn, 200, view(id, session, pause))
-      end
+      if view != nil and readable?(principal, session),
+        do: Conn.json(conn, 200, view),
+        else: Conn.error(conn, 404, "not_found", "no such session")
     end
+  end
+
+  @doc false
+  # The tracker's session and the session's view; no view when nothing knows it.
+  def lookup(id) do
+    session = EntropyTracker.session(id)
+    pause = HITL.pause_of(id)
+
+    unknown? =
+      session == nil and pause == nil and StepDetector.state(id) == nil and
+        LoopVerdict.session(id) == nil
+
+    {session, if(not unknown?, do: view(id, session, pause))}
   end
 
   # An agent reads only its own sessions (the same 404 as for a session that does
@@ -40,14 +45,16 @@ defmodule ObservatoryWeb.API.Sessions do
   defp readable?({:agent, agent}, %{agent_id: agent}), do: true
   defp readable?({:agent, _agent}, _session), do: false
 
-  def pause(conn, id), do: command(conn, id, &HITL.pause/2)
-  def resume(conn, id), do: command(conn, id, &HITL.resume/2)
+  # Commands run on the session's owner, which answers its steps (issue 14).
+  def pause(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :pause, [&1, &2]))
+  def resume(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :resume, [&1, &2]))
 
   def reset_step_detector(conn, id) do
     with {:ok, operator} <- authorize(conn, &Auth.operator/1) do
-      case StepDetector.reset(id, operator: operator) do
+      case Cluster.on_owner(id, StepDetector, :reset, [id, [operator: operator]]) do
         :ok ->
-          Conn.json(conn, 200, %{session_id: id, step_detector: StepDetector.state(id)})
+          state = Cluster.on_owner(id, StepDetector, :state, [id])
+          Conn.json(conn, 200, %{session_id: id, step_detector: state})
 
         {:error, :unknown_session} ->
           Conn.error(conn, 404, "not_found", "the step detector has no state for this session")
@@ -87,7 +94,8 @@ defmodule ObservatoryWeb.API.Sessions do
          {:ok, reason} <- reason(conn) do
       case fun.(id, operator: operator, reason: reason) do
         {:ok, entry} ->
-          Conn.json(conn, 200, %{session_id: id, paused: HITL.paused?(id), audit: entry(entry)})
+          paused = Cluster.on_owner(id, HITL, :paused?, [id])
+          Conn.json(conn, 200, %{session_id: id, paused: paused, audit: entry(entry)})
 
         {:error, conflict} when conflict in [:already_paused, :not_paused] ->
           Conn.error(

@@ -25,7 +25,12 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
 
   @doc "The session's current state."
   @spec load(String.t()) :: t()
-  def load(session_id) when is_binary(session_id) do
+  def load(session_id) when is_binary(session_id),
+    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id])
+
+  # In a cluster (issue 14) on the session's owner, where its window lives.
+  @doc false
+  def load_here(session_id) do
     session = EntropyTracker.session(session_id)
 
     %{
