@@ -62,6 +62,9 @@ defmodule Observatory.MixProject do
       elixirc_paths: elixirc_paths(Mix.env()),
       deps: deps(),
       aliases: aliases(),
+      # `MIX_ENV=prod mix release`; node name and cookie from RELEASE_NODE,
+      # RELEASE_COOKIE and RELEASE_DISTRIBUTION=name (README "Cluster").
+      releases: [observatory: [include_executables_for: [:unix]]],
       docs: [main: "readme"]
     ]
   end

@@ -61,3 +61,18 @@ if secret = System.get_env("OBSERVATORY_SECRET_KEY_BASE") do
 
   config :observatory, secret_key_base: secret
 end
+
+# A cluster (issue 14; README "Cluster"). The node's own name and cookie come from the
+# VM (`elixir --name`/`--cookie`, or RELEASE_NODE/RELEASE_COOKIE in a release).
+#   OBSERVATORY_CLUSTER_NODES="obs@10.0.0.1,obs@10.0.0.2"  the static member list
+#   OBSERVATORY_CLUSTER_DNS=observatory.internal  A records polled; each is
+#     <OBSERVATORY_CLUSTER_BASENAME, default "observatory">@<address>
+cluster_nodes = System.get_env("OBSERVATORY_CLUSTER_NODES")
+cluster_dns = System.get_env("OBSERVATORY_CLUSTER_DNS")
+
+if cluster_nodes || cluster_dns do
+  config :observatory, :cluster,
+    nodes: for(n <- String.split(cluster_nodes || "", ",", trim: true), do: String.to_atom(n)),
+    dns: cluster_dns,
+    dns_basename: System.get_env("OBSERVATORY_CLUSTER_BASENAME", "observatory")
+end
