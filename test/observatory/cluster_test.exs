@@ -185,6 +185,24 @@ defmodule Observatory.ClusterDistributedTest do
                :erpc.call(a, SchemaInterceptor, :ingest, [next])
     end
 
+    test "the circuit breaker counts a session's calls on its owner, whichever node is asked",
+         %{nodes: nodes} do
+      session = "sess-breaker-#{System.unique_integer([:positive])}"
+      ports = for n <- nodes, do: :erpc.call(n, ObservatoryWeb.Endpoint, :port, [])
+      body = ~s({"session_id": "#{session}", "tool": "read_file", "arguments": {"path": "/x"}})
+
+      counts =
+        for {port, _} <- Enum.zip(Stream.cycle(ports), 1..6) do
+          %{status: 200, body: answer} =
+            http(:post, port, "/api/v1/tool_calls/check", body, "test-agent-key")
+
+          {:ok, %{"decision" => "allow", "count" => count}} = JSON.decode(answer)
+          count
+        end
+
+      assert counts == [1, 2, 3, 4, 5, 6]
+    end
+
     test "the fleet snapshot gathers every member's sessions", %{nodes: [a, b, c] = nodes} do
       ids = for n <- nodes, do: owned_by(n, nodes, "sess-fleet-#{n}")
 
@@ -254,12 +272,12 @@ defmodule Observatory.ClusterDistributedTest do
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
   end
 
-  defp http(method, port, path) do
+  defp http(method, port, path, body \\ "", token \\ "test-operator-token") do
     url = ~c"http://127.0.0.1:#{port}#{path}"
-    headers = [{~c"authorization", ~c"Bearer test-operator-token"}]
+    headers = [{~c"authorization", String.to_charlist("Bearer " <> token)}]
 
     request =
-      if method == :get, do: {url, headers}, else: {url, headers, ~c"application/json", ""}
+      if method == :get, do: {url, headers}, else: {url, headers, ~c"application/json", body}
 
     {:ok, {{_, status, _}, _, body}} = :httpc.request(method, request, [], body_format: :binary)
     %{status: status, body: body}

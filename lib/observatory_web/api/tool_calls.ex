@@ -18,7 +18,12 @@ defmodule ObservatoryWeb.API.ToolCalls do
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
          {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
          :ok <- own_session(conn, agent, session_id) do
-      case CallBreaker.check(session_id, tool, arguments) do
+      # The breaker's counts live on the session's owner (issue 14).
+      case Observatory.Cluster.on_owner(session_id, CallBreaker, :check, [
+             session_id,
+             tool,
+             arguments
+           ]) do
         {:allow, count} ->
           Conn.json(conn, 200, %{decision: "allow", count: count})
 
