@@ -24,8 +24,10 @@ defmodule Observatory.PubSub do
   Each instance runs a `:rest_for_one` supervisor with a duplicate-keys `Registry`
   (named after the instance: subscribers register under the topic) and a
   `Observatory.PubSub.Peer` process that joins a `:pg` group. A broadcast sends the
-  message once to the peer on every other node, which dispatches it to its local
-  subscribers, and dispatches it locally itself. Messages sent over `:pg` are not
+  message once to the peer on every other node that has a subscriber to the topic
+  (each subscriber is also in the topic's `:pg` group, which `:pg` leaves for it when
+  it exits), which dispatches it to its local subscribers, and dispatches it locally
+  itself. Messages sent over `:pg` are not
   acknowledged: a node that is unreachable misses them, as with Phoenix.PubSub.
   """
 
@@ -60,7 +62,7 @@ defmodule Observatory.PubSub do
   @spec subscribe(t(), topic(), keyword()) :: :ok | {:error, term()}
   def subscribe(pubsub, topic, opts \\ []) when is_atom(pubsub) and is_binary(topic) do
     case Registry.register(pubsub, topic, opts[:metadata]) do
-      {:ok, _} -> :ok
+      {:ok, _} -> Observatory.PubSub.Peer.listen(pubsub, topic)
       {:error, _} = error -> error
     end
   end
@@ -68,7 +70,8 @@ defmodule Observatory.PubSub do
   @doc "Removes all of the caller's subscriptions to `topic`."
   @spec unsubscribe(t(), topic()) :: :ok
   def unsubscribe(pubsub, topic) when is_atom(pubsub) and is_binary(topic) do
-    Registry.unregister(pubsub, topic)
+    :ok = Registry.unregister(pubsub, topic)
+    Observatory.PubSub.Peer.unlisten(pubsub, topic)
   end
 
   @doc "Sends `message` to every subscriber of `topic` on every connected node."

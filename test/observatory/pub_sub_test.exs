@@ -102,8 +102,28 @@ defmodule Observatory.PubSubDistributedTest do
 
     assert_receive :subscribed
     wait_for_peers(2)
+    wait_for_listener(node, "cross")
     :ok = PubSub.broadcast(@ps, "cross", {:hi, node()})
     assert_receive {:remote_got, {:hi, _}}, 2_000
+  end
+
+  test "a broadcast goes only to the nodes with a subscriber to its topic (issue 14)",
+       %{node: node} do
+    wait_for_peers(2)
+    # Nobody on the peer listens to "quiet": nothing crosses.
+    assert Observatory.PubSub.Peer.forward(@ps, "quiet", :x, :none, PubSub) == []
+
+    :ok =
+      :erpc.call(node, Observatory.Test.Remote, :subscribe_and_forward, [@ps, "quiet", self()])
+
+    assert_receive :subscribed
+    wait_for_listener(node, "quiet")
+    assert Observatory.PubSub.Peer.forward(@ps, "quiet", :first, :none, PubSub) == [node]
+    assert_receive {:remote_got, :first}, 2_000
+
+    # The subscriber has exited (it forwards one message): :pg forgets it.
+    wait_for_listener(node, "quiet", false)
+    assert Observatory.PubSub.Peer.forward(@ps, "quiet", :y, :none, PubSub) == []
   end
 
   test "a broadcast on the peer reaches a subscriber here", %{node: node} do
@@ -118,6 +138,17 @@ defmodule Observatory.PubSubDistributedTest do
     wait_for_peers(2)
     :erpc.call(node, PubSub, :local_broadcast, [@ps, "local-only", :nope])
     refute_receive :nope, 200
+  end
+
+  defp wait_for_listener(node, topic, present? \\ true, tries \\ 200) do
+    scope = Observatory.PubSub.Peer.scope(@ps)
+    listening? = Enum.any?(:pg.get_members(scope, {:topic, topic}), &(node(&1) == node))
+
+    cond do
+      listening? == present? -> :ok
+      tries == 0 -> flunk("#{node} listening to #{topic}: never #{present?}")
+      true -> Process.sleep(10) && wait_for_listener(node, topic, present?, tries - 1)
+    end
   end
 
   defp wait_for_peers(n, tries \\ 200) do

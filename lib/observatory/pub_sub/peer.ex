@@ -11,10 +11,36 @@ defmodule Observatory.PubSub.Peer do
   @doc "The :pg scope of a PubSub instance (the same name on every node)."
   def scope(pubsub), do: Module.concat(pubsub, PG)
 
-  @doc "Sends a broadcast to the peers of `pubsub` on every other node."
+  @doc """
+  Sends a broadcast to the peer of `pubsub` on every other node that has a
+  subscriber to `topic`; returns those nodes. A node without one gets nothing: in a
+  cluster every step is broadcast, and most nodes' pages follow few topics.
+  """
   def forward(pubsub, topic, message, from, dispatcher) do
-    for peer <- :pg.get_members(scope(pubsub), @group), node(peer) != node() do
-      send(peer, {:forward, topic, message, from, dispatcher})
+    scope = scope(pubsub)
+
+    case for(pid <- :pg.get_members(scope, {:topic, topic}), node(pid) != node(), do: node(pid)) do
+      [] ->
+        []
+
+      listening ->
+        for peer <- :pg.get_members(scope, @group), node(peer) in listening do
+          send(peer, {:forward, topic, message, from, dispatcher})
+          node(peer)
+        end
+    end
+  end
+
+  @doc "Makes the caller's node one that `forward/5` sends `topic` to (the caller listens)."
+  def listen(pubsub, topic), do: :pg.join(scope(pubsub), {:topic, topic}, self())
+
+  @doc "Undoes every `listen/2` of the caller for `topic`."
+  def unlisten(pubsub, topic) do
+    scope = scope(pubsub)
+    group = {:topic, topic}
+
+    for pid <- :pg.get_local_members(scope, group), pid == self() do
+      :pg.leave(scope, group, pid)
     end
 
     :ok
