@@ -49,6 +49,12 @@ Logger.configure(level: :error)
       System.monotonic_time(:microsecond) - started
     end
 
+    # On a peer: µs per bare `:erpc.call(node, :erlang, :node, [])` round trip.
+    def erpc_us(node, count) do
+      {us, _} = :timer.tc(fn -> for _ <- 1..count, do: :erpc.call(node, :erlang, :node, []) end)
+      us / count
+    end
+
     # On a peer: ns per `Observatory.Cluster.owner/2` call.
     def owner_ns do
       ids = List.to_tuple(for i <- 0..63, do: "sess-#{i}")
@@ -160,6 +166,8 @@ remote_us =
 own_us = :erpc.call(a, load_mod, :run, [messages.(on.(a)), load_steps, 2], :infinity)
 own_rate = 2 * load_steps / (own_us / 1_000_000)
 
+bare_us = :erpc.call(a, load_mod, :erpc_us, [b, hop_steps], :infinity)
+
 per_node = div(load_steps, 3)
 
 tasks =
@@ -186,6 +194,7 @@ The forwarding hop (node a of three, 1 caller, #{hop_steps} steps)
 |---|---:|---:|
 | a (scored in the caller's process) | #{f.(local_us)} | 1.00 |
 | b (validated on a, scored on b over :erpc) | #{f.(remote_us)} | #{Float.round(remote_us / local_us, 2)} |
+| (a bare `:erpc.call` from a to b, nothing scored) | #{f.(bare_us)} | #{Float.round(bare_us / local_us, 2)} |
 
 Ingest throughput (2 callers per node, steps of sessions spread over every owner)
 | nodes | messages/s | ratio |
