@@ -20,8 +20,8 @@ defmodule Observatory.Application do
         Observatory.KillSwitch.Supervisor
       ] ++ web_children()
 
-    # Clustering (issue 14) first: Mnesia joins the cluster when the kill switch starts.
-    children = Observatory.Cluster.children() ++ children
+    # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
+    children = Observatory.Cluster.wrap(children)
     Supervisor.start_link(children, strategy: :one_for_one, name: Observatory.Supervisor)
   end
 

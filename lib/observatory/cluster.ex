@@ -17,7 +17,8 @@ defmodule Observatory.Cluster do
   Off unless `:nodes` or `:dns` is set: a single node starts neither the `:pg` scope
   nor this process, and `owner/1` answers `node()` after one `:persistent_term` read.
 
-  Members are the nodes whose `Observatory.Cluster` process is in the `:pg` group —
+  Members are the nodes whose `Observatory.Cluster.Member` process is in the `:pg`
+  group —
   gateways, not every connected node (a remote console, a test runner). The member
   list is kept in `:persistent_term` and rewritten only when it changes.
   """
@@ -44,13 +45,26 @@ defmodule Observatory.Cluster do
   @doc false
   def rpc_timeout, do: Keyword.get(config(), :rpc_timeout_ms, 5_000)
 
-  @doc "The supervision tree's children for clustering: none when it is off."
-  @spec children() :: [Supervisor.child_spec()]
-  def children do
+  @doc """
+  The application's children with clustering around them (nothing when it is off):
+  the `:pg` scope and this process first (Mnesia joins the cluster when the agent
+  store starts), `Observatory.Cluster.Member` last — a node becomes a member, and
+  gets sessions to own, only once everything that scores them runs, and leaves
+  first when it stops.
+  """
+  @spec wrap([Supervisor.child_spec() | module() | {module(), term()}]) :: list()
+  def wrap(children) do
     if enabled?(),
-      do: [%{id: :pg, start: {:pg, :start_link, [@scope]}}, __MODULE__],
-      else: []
+      do:
+        [%{id: :pg, start: {:pg, :start_link, [@scope]}}, __MODULE__] ++
+          children ++ [Observatory.Cluster.Member],
+      else: children
   end
+
+  @doc false
+  def scope, do: @scope
+  @doc false
+  def group, do: @group
 
   ## Membership and ownership
 
@@ -165,7 +179,6 @@ defmodule Observatory.Cluster do
   @impl true
   def init(_opts) do
     _ = connect()
-    :ok = :pg.join(@scope, @group, self())
     {ref, _pids} = :pg.monitor(@scope, @group)
     state = subscribe_mnesia(%{ref: ref, inconsistent: [], mnesia: false})
     publish()
@@ -229,7 +242,6 @@ defmodule Observatory.Cluster do
       @scope
       |> :pg.get_members(@group)
       |> Enum.map(&node/1)
-      |> Kernel.++([node()])
       |> Enum.uniq()
       |> Enum.sort()
 

@@ -100,7 +100,8 @@ defmodule Observatory.Cluster.Store do
   """
   @spec ensure_table(atom(), keyword()) :: :ok
   def ensure_table(name, opts) do
-    nodes = :mnesia.system_info(:running_db_nodes)
+    # A host's own Mnesia cluster is not Observatory's to replicate onto.
+    nodes = if Cluster.enabled?(), do: :mnesia.system_info(:running_db_nodes), else: [node()]
 
     case :mnesia.create_table(name, [{:disc_copies, nodes} | opts]) do
       {:atomic, :ok} -> :ok
