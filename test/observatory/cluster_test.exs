@@ -121,6 +121,33 @@ defmodule Observatory.ClusterDistributedTest do
       end
     end
 
+    test "an owner that does not answer in time: the step is refused with 503, not scored elsewhere",
+         %{nodes: [a, b, c]} do
+      session = owned_by(b, [a, b, c], "sess-slow")
+      [step] = steps(session, 1)
+      step = put_in(step, ["meta", "agent_id"], "agent-http")
+      # No owner answers in 0 ms.
+      config = Keyword.put(:erpc.call(a, Cluster, :config, []), :rpc_timeout_ms, 0)
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+
+      assert {:error, {:unavailable, %{path: "meta.session_id", reason: reason}}} =
+               :erpc.call(a, SchemaInterceptor, :ingest, [step])
+
+      assert reason =~ "#{b} did not answer"
+
+      port = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
+      body = Observatory.JSON.encode!(step)
+
+      assert %{status: 503, body: answer} =
+               http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")
+
+      assert answer =~ "owner_unavailable"
+      # Neither a nor c scored the step in b's place.
+      for n <- [a, c],
+          do:
+            assert(:erpc.call(n, Observatory.Gateway.EntropyTracker, :session, [session]) == nil)
+    end
+
     test "an invalid step is refused by the node it reached, as on one node", %{nodes: [a | _]} do
       assert {:error, {:invalid, [_ | _]}} =
                :erpc.call(a, SchemaInterceptor, :ingest, [
