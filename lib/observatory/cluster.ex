@@ -10,6 +10,7 @@ defmodule Observatory.Cluster do
         nodes: [:"obs@10.0.0.1", :"obs@10.0.0.2"],   # static list (libcluster's Epmd)
         dns: "observatory.internal",                 # A records, polled (DNSPoll)
         dns_basename: "obs",                         # → :"obs@<address>"
+        dns_nameservers: [{{10, 0, 0, 2}, 53}],      # optional; default: the system's
         poll_ms: 5_000,
         rpc_timeout_ms: 5_000,
         join_timeout_ms: 30_000
@@ -138,19 +139,30 @@ defmodule Observatory.Cluster do
   Configured and discovered nodes (static list and DNS), this node excluded. Used
   to connect, and by `Observatory.Cluster.Store` to find the cluster to join.
   """
-  @spec candidates() :: [node()]
-  def candidates do
-    config = config()
+  @spec candidates(keyword()) :: [node()]
+  def candidates(config \\ config()) do
     static = Keyword.get(config, :nodes, [])
-    dns = dns_nodes(config[:dns], Keyword.get(config, :dns_basename, "observatory"))
-    Enum.uniq(static ++ dns) -- [node()]
+    Enum.uniq(static ++ dns_nodes(config)) -- [node()]
   end
 
-  defp dns_nodes(name, _basename) when name in [nil, ""], do: []
+  # The DNS name's A records, each `:"<dns_basename>@<address>"`; none when the name
+  # does not resolve (the next poll tries again). `:dns_nameservers` (`[{ip, port}]`)
+  # overrides the system's resolvers.
+  defp dns_nodes(config) do
+    case config[:dns] do
+      name when name in [nil, ""] ->
+        []
 
-  defp dns_nodes(name, basename) do
-    for address <- :inet_res.lookup(to_charlist(name), :in, :a) do
-      :"#{basename}@#{:inet.ntoa(address)}"
+      name ->
+        basename = Keyword.get(config, :dns_basename, "observatory")
+
+        opts =
+          [timeout: 2_000] ++
+            List.wrap(config[:dns_nameservers] && {:nameservers, config[:dns_nameservers]})
+
+        for address <- :inet_res.lookup(to_charlist(name), :in, :a, opts) do
+          :"#{basename}@#{:inet.ntoa(address)}"
+        end
     end
   end
 

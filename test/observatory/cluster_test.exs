@@ -26,12 +26,47 @@ defmodule Observatory.ClusterTest do
       assert length(on_c) in 500..830
     end
 
+    test "a DNS name's A records are the candidate nodes; a name that does not resolve gives none" do
+      {:ok, socket} = :gen_udp.open(0, [:binary, active: false, ip: {127, 0, 0, 1}])
+      {:ok, port} = :inet.port(socket)
+
+      server =
+        spawn_link(fn -> serve_dns(socket, %{~c"gw.test" => [{10, 0, 0, 7}, {10, 0, 0, 8}]}) end)
+
+      :ok = :gen_udp.controlling_process(socket, server)
+      config = [dns_basename: "obs", dns_nameservers: [{{127, 0, 0, 1}, port}]]
+
+      assert Cluster.candidates([dns: "gw.test"] ++ config) |> Enum.sort() ==
+               [:"obs@10.0.0.7", :"obs@10.0.0.8"]
+
+      assert Cluster.candidates([nodes: [:x@h], dns: "nothing.test"] ++ config) == [:x@h]
+    end
+
     test "with clustering off the owner is this node" do
       refute Cluster.enabled?()
       assert Cluster.owner("any") == node()
       assert Cluster.members() == [node()]
       assert Cluster.wrap([:a]) == [:a]
     end
+  end
+
+  # A one-zone DNS server: A records for the names in `zone`, NXDOMAIN for others.
+  defp serve_dns(socket, zone) do
+    {:ok, {ip, port, packet}} = :gen_udp.recv(socket, 0)
+    {:ok, query} = :inet_dns.decode(packet)
+    [question] = :inet_dns.msg(query, :qdlist)
+    name = :inet_dns.dns_query(question, :domain)
+    header = :inet_dns.msg(query, :header)
+
+    answers =
+      for address <- Map.get(zone, name, []),
+          do: :inet_dns.make_rr(domain: name, type: :a, class: :in, ttl: 60, data: address)
+
+    rcode = if Map.has_key?(zone, name), do: 0, else: 3
+    header = :inet_dns.make_header(header, qr: true, aa: true, rcode: rcode)
+    reply = :inet_dns.make_msg(query, header: header, anlist: answers)
+    :ok = :gen_udp.send(socket, ip, port, :inet_dns.encode(reply))
+    serve_dns(socket, zone)
   end
 end
 
