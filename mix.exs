@@ -64,7 +64,8 @@ defmodule Observatory.MixProject do
       aliases: aliases(),
       # `MIX_ENV=prod mix release`; node name and cookie from RELEASE_NODE,
       # RELEASE_COOKIE and RELEASE_DISTRIBUTION=name (README "Cluster").
-      releases: [observatory: [include_executables_for: [:unix]]],
+      # MochiWeb, optional for a host app, is the release's HTTP server.
+      releases: [observatory: [include_executables_for: [:unix], applications: [mochiweb: :load]]],
       docs: [main: "readme"]
     ]
   end
