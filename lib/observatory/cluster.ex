@@ -3,7 +3,7 @@ defmodule Observatory.Cluster do
   Several gateways as one cluster, with OTP's own parts (design.md §8, issue 14):
   Erlang distribution connects the nodes, a `:pg` group agrees on the live members,
   and every session has one owner among them, chosen by rendezvous hashing of its
-  session id (`owner/1`). Agent and operator state is replicated by Mnesia
+  session id (`owner/2`). Agent and operator state is replicated by Mnesia
   (`Observatory.Cluster.Store`).
 
       config :observatory, :cluster,
@@ -16,12 +16,11 @@ defmodule Observatory.Cluster do
         join_timeout_ms: 30_000
 
   Off unless `:nodes` or `:dns` is set: a single node starts neither the `:pg` scope
-  nor this process, and `owner/1` answers `node()` after one `:persistent_term` read.
+  nor this process, and `owner/2` answers `node()` after one `:persistent_term` read.
 
   Members are the nodes whose `Observatory.Cluster.Member` process is in the `:pg`
-  group —
-  gateways, not every connected node (a remote console, a test runner). The member
-  list is kept in `:persistent_term` and rewritten only when it changes.
+  group — gateways, not every connected node (a remote console, a test runner). The
+  member list is kept in `:persistent_term` and rewritten only when it changes.
   """
 
   use GenServer
