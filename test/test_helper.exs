@@ -24,7 +24,9 @@ end
 ExUnit.start(exclude: [:property, :browser])
 
 # The test run's Mnesia directory (config/test.exs) goes when the suite ends.
+# The application first: it would start a stopped Mnesia again (Observatory.Storage).
 ExUnit.after_suite(fn _ ->
+  :ok = Application.stop(:observatory)
   :stopped = :mnesia.stop()
   File.rm_rf!(Application.fetch_env!(:observatory, :data_dir))
 end)

@@ -108,6 +108,9 @@ defmodule Observatory.Native do
   def kill_switch_window(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
 
+  def data_dir_lock(_path), do: :erlang.nif_error(:nif_not_loaded)
+  def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)
+
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
 end

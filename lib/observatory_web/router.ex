@@ -25,7 +25,7 @@ defmodule ObservatoryWeb.Router do
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
-  | GET | /healthz | none | health |
+  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down |
   | GET | /metrics | none | Prometheus text |
   """
 
@@ -87,10 +87,14 @@ defmodule ObservatoryWeb.Router do
     do: Agents.deactivate(conn, id)
 
   defp route(conn, "GET", ["healthz"]) do
-    Conn.json(conn, 200, %{
-      status: "ok",
-      sessions: Observatory.Gateway.EntropyTracker.stats().sessions
-    })
+    case Observatory.Health.check() do
+      {:ok, checks} ->
+        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        Conn.json(conn, 200, %{status: "ok", checks: checks, sessions: sessions})
+
+      {:error, checks} ->
+        Conn.json(conn, 503, %{status: "degraded", checks: checks})
+    end
   end
 
   defp route(conn, "GET", ["metrics"]) do

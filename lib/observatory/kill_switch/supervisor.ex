@@ -1,10 +1,8 @@
 defmodule Observatory.KillSwitch.Supervisor do
   @moduledoc """
-  Starts the kill switch: the agent store is set up first (Mnesia started, tables
-  loaded) in `init/1`, so nothing after it in the application's supervision tree —
-  the HTTP server in particular — runs before agent records can be read. Then the
-  window store's owner, the task supervisor for notifications and the proxy's HTTP
-  client.
+  Starts the kill switch: the window store's owner, the task supervisor for
+  notifications and the proxy's HTTP client. The agent store (Mnesia) is set up
+  before it by `Observatory.Storage`.
   """
 
   use Supervisor
@@ -13,14 +11,12 @@ defmodule Observatory.KillSwitch.Supervisor do
 
   @impl true
   def init(_opts) do
-    :ok = Observatory.KillSwitch.Agents.setup()
-
     children = [
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
       Observatory.KillSwitch.Upstream
     ]
 
-    Supervisor.init(children, strategy: :one_for_one)
+    Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)
   end
 end
