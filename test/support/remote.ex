@@ -34,6 +34,7 @@ defmodule Observatory.Test.Remote do
     :logger.set_primary_config(:level, :emergency)
     Application.put_env(:logger, :level, :emergency)
     for {key, value} <- env, do: Application.put_env(:observatory, key, value)
+
     with {:ok, _} = started <- Application.ensure_all_started(:observatory, type) do
       Logger.configure(level: :emergency)
       started
