@@ -43,7 +43,9 @@ config :observatory,
     window_size: 10,
     threshold: 10.0,
     max_agents: 10_000,
-    notification_webhook: nil
+    notification_webhook: nil,
+    # Webhooks may not point at loopback/private/link-local addresses unless true.
+    webhook_allow_private_networks: false
   ]
 
 config :logger, :console, format: "$time [$level] $message\n"
