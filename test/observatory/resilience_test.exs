@@ -173,4 +173,77 @@ defmodule Observatory.ResilienceTest do
       await_healthy(second)
     end
   end
+
+  describe "finding 6: idle connections do not lock everyone out" do
+    # A raw HTTP/1.0 GET on a new connection: the status line, or the error.
+    defp raw_get(port, path, timeout \\ 5_000) do
+      with {:ok, socket} <-
+             :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], timeout),
+           :ok <- :gen_tcp.send(socket, "GET #{path} HTTP/1.0\r\nHost: x\r\n\r\n"),
+           {:ok, data} <- :gen_tcp.recv(socket, 0, timeout) do
+        :gen_tcp.close(socket)
+        data |> String.split("\r\n", parts: 2) |> hd()
+      end
+    end
+
+    defp open_idle(port, n) do
+      for _ <- 1..n do
+        {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 5_000)
+        socket
+      end
+    end
+
+    test "2,100 idle connections: /healthz and /login still answer" do
+      {_peer, node, {:ok, _}} = start_peer()
+      port = call(node, ObservatoryWeb.Endpoint, :port, [])
+      sockets = open_idle(port, 2_100)
+
+      # The server took them (MochiWeb's old cap, 2048, is behind us).
+      assert wait_until(fn -> call(node, ObservatoryWeb.Endpoint, :connections, []) >= 2_100 end)
+
+      assert raw_get(port, "/healthz") =~ ~r"^HTTP/1.. 200 "
+      assert raw_get(port, "/login") =~ ~r"^HTTP/1.. 200 "
+      Enum.each(sockets, &:gen_tcp.close/1)
+    end
+
+    test "a connection that sends nothing, or headers too slowly, is closed after idle_timeout_ms" do
+      endpoint = [port: 0, idle_timeout_ms: 300]
+      {_peer, node, {:ok, _}} = start_peer([{ObservatoryWeb.Endpoint, endpoint}])
+      port = call(node, ObservatoryWeb.Endpoint, :port, [])
+
+      [silent, slow] = open_idle(port, 2)
+      :ok = :gen_tcp.send(slow, "GET /healthz HTTP/1.1\r\nHost: x\r\n")
+
+      assert {:error, :closed} = :gen_tcp.recv(silent, 0, 3_000)
+      assert {:error, :closed} = :gen_tcp.recv(slow, 0, 3_000)
+      assert wait_until(fn -> call(node, ObservatoryWeb.Endpoint, :connections, []) == 0 end)
+
+      # A kept-alive connection gets the same time between requests, and a request
+      # is answered as usual.
+      {:ok, kept} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false])
+      :ok = :gen_tcp.send(kept, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert {:ok, "HTTP/1.1 200 OK" <> _} = :gen_tcp.recv(kept, 0, 3_000)
+      assert {:error, :closed} = :gen_tcp.recv(kept, 0, 3_000)
+      assert raw_get(port, "/healthz") =~ ~r"^HTTP/1.. 200 "
+    end
+
+    test "max_connections caps the open connections" do
+      {_peer, node, {:ok, _}} =
+        start_peer([{ObservatoryWeb.Endpoint, [port: 0, max_connections: 50, acceptors: 10]}])
+
+      port = call(node, ObservatoryWeb.Endpoint, :port, [])
+      sockets = open_idle(port, 80)
+      Process.sleep(300)
+      assert call(node, ObservatoryWeb.Endpoint, :connections, []) == 50
+      Enum.each(sockets, &:gen_tcp.close/1)
+    end
+  end
+
+  defp wait_until(fun, ms \\ 10_000) do
+    cond do
+      fun.() -> true
+      ms <= 0 -> false
+      true -> Process.sleep(50) && wait_until(fun, ms - 50)
+    end
+  end
 end
