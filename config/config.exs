@@ -10,6 +10,11 @@ config :observatory,
   entropy_sweep_interval_ms: :timer.minutes(1),
   entropy_clock_tick_ms: 1_000,
   pubsub: {Observatory.PubSub, Observatory.PubSub},
+  # The session log's caps (Observatory.Gateway.SessionLog): sessions, bytes per
+  # envelope kept whole, envelope bytes in all.
+  session_log_max_sessions: 100_000,
+  session_log_max_envelope_bytes: 16_384,
+  session_log_max_bytes: 268_435_456,
   # Who raises EntropyAlertEvents and topology states: :entropy (FRD-009) or :verdict.
   alert_source: :entropy,
   # The loop verdict (issue 8): thresholds read per step, normalization at start.
