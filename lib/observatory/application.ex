@@ -16,7 +16,9 @@ defmodule Observatory.Application do
         Observatory.Storage,
         Observatory.Supervision.child_spec({Observatory.PubSub, name: Observatory.PubSub}),
         Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
-        Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor)
+        Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
+        # The dashboard's shared listings; the LiveViews use it in a host app too.
+        ObservatoryWeb.SnapshotCache
       ] ++ web_children()
 
     # The lock and Mnesia come first, so nothing reads or writes before they are up.

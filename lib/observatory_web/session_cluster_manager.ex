@@ -46,7 +46,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   require Logger
 
-  alias ObservatoryWeb.LivePage
+  alias ObservatoryWeb.{LivePage, SnapshotCache}
   alias Observatory.Gateway.{AlertSource, EntropyTracker, Events, HITL, LoopVerdict, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
@@ -85,7 +85,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
       |> Socket.assign(:operator, LivePage.operator(session))
       |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
       |> Socket.assign(:alerts, Alerts.new())
-      |> Socket.assign(:fleet, snapshot())
+      # A page opens on the fleet as it is now; its refreshes share one listing.
+      |> Socket.assign(:fleet, fleet_snapshot())
       |> Socket.assign(:steps, StepDetector.active())
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:following, nil)
@@ -147,7 +148,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
     socket
     |> Socket.assign(:fleet, snapshot())
-    |> Socket.assign(:steps, StepDetector.active())
+    |> Socket.assign(:steps, steps())
     |> reload_inspect(inspected(socket))
     |> noreply()
   end
@@ -197,6 +198,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
         {:error, :unknown_session} -> {:info, "The step detector has nothing for this session."}
       end
 
+    # Fresh, not the shared listing: the operator looks for the reset's effect.
     socket
     |> Socket.assign(:steps, StepDetector.active())
     |> notice(message)
@@ -260,7 +262,17 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}
   defp noreply(socket), do: {:noreply, socket}
 
-  defp snapshot do
+  # Shared by every open manager page (ObservatoryWeb.SnapshotCache): one scan of the
+  # fleet per refresh interval, however many pages are open.
+  defp snapshot, do: SnapshotCache.fetch({__MODULE__, :fleet}, max_age(), &fleet_snapshot/0)
+
+  defp steps,
+    do: SnapshotCache.fetch({__MODULE__, :steps}, max_age(), fn -> StepDetector.active() end)
+
+  defp max_age,
+    do: div(Application.get_env(:observatory, :dashboard_refresh_ms, 2_000) * 9, 10)
+
+  defp fleet_snapshot do
     flagged = LoopVerdict.flagged(@snapshot_limit)
     sessions = EntropyTracker.sessions(limit: @snapshot_limit)
 
