@@ -38,6 +38,12 @@ config :observatory,
   llm_upstream_api_key: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
+  # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
+  anthropic_upstream: nil,
+  anthropic_upstream_api_key: nil,
+  # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
+  llm_max_response_bytes: 8 * 1024 * 1024,
+  llm_max_concurrent: 256,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

@@ -2,7 +2,9 @@ defmodule Observatory.Test.Upstream do
   @moduledoc false
   # A real OpenAI-compatible upstream for proxy tests: MochiWeb on 127.0.0.1, port 0,
   # linked to the test process. `handler` gets each request's body and returns
-  # `{status, content_type, body}`; every request is also sent to the test process, once answered, as
+  # `{status, content_type, body}`, or `{:chunked, status, content_type, fun}` to answer
+  # in pieces: `fun` gets MochiWeb's response and writes with `write_chunk/2` (a write
+  # to a closed connection exits it). Every request is also sent to the test process, once answered, as
   # `{:upstream_request, body, authorization_header}`.
 
   alias Observatory.JSON
@@ -19,8 +21,16 @@ defmodule Observatory.Test.Upstream do
           value -> to_string(value)
         end
 
-      {status, type, reply} = handler.(body)
-      :mochiweb_request.respond({status, [{"Content-Type", type}], reply}, req)
+      case handler.(body) do
+        {:chunked, status, type, fun} ->
+          resp = :mochiweb_request.respond({status, [{"Content-Type", type}], :chunked}, req)
+          fun.(resp)
+          write_chunk(resp, "")
+
+        {status, type, reply} ->
+          :mochiweb_request.respond({status, [{"Content-Type", type}], reply}, req)
+      end
+
       # After answering, so that the test may end as soon as it hears of the request.
       send(test, {:upstream_request, body, auth})
     end
@@ -29,6 +39,14 @@ defmodule Observatory.Test.Upstream do
     {:ok, pid} = :mochiweb_http.start_link(name: name, ip: {127, 0, 0, 1}, port: 0, loop: loop)
     port = :mochiweb_socket_server.get(pid, :port)
     %{pid: pid, port: port, url: "http://127.0.0.1:#{port}/v1"}
+  end
+
+  @doc "Writes one piece of a chunked answer; `:closed` when the proxy hung up."
+  def write_chunk(resp, data) do
+    :mochiweb_response.write_chunk(data, resp)
+    :ok
+  catch
+    :exit, _ -> :closed
   end
 
   @doc "An upstream that answers every request with the same completion."
