@@ -44,6 +44,8 @@ config :observatory,
   # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_concurrent: 256,
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  proxy_step_memory: 100_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

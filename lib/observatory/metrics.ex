@@ -22,6 +22,7 @@ defmodule Observatory.Metrics do
     proxy_busy: "observatory_proxy_busy_responses_total",
     proxy_client_gone: "observatory_proxy_client_disconnects_total",
     proxy_steps: "observatory_proxy_steps_total",
+    proxy_paused: "observatory_proxy_paused_responses_total",
     kill_switch_trips: "observatory_kill_switch_trips_total",
     verdict_errors: "observatory_verdict_errors_total",
     normal: nil,

@@ -27,7 +27,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   alias Observatory.{JSON, KillSwitch, Metrics}
   alias Observatory.KillSwitch.Upstream
-  alias Observatory.Proxy.{HTTPClient, SSE}
+  alias Observatory.Gateway.HITL
+  alias Observatory.Proxy.{HTTPClient, SSE, Steps}
   alias ObservatoryWeb.API.ChatCompletions
   alias ObservatoryWeb.Conn
 
@@ -60,6 +61,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
          :ok <- json_content(conn, dialect),
          {:ok, body} <- body(conn, dialect),
          {:ok, request} <- fingerprint(conn, dialect, body),
+         {:ok, session_id} <- record_steps(conn, dialect, agent_id, body),
+         :ok <- not_paused(conn, dialect, session_id),
          {:ok, verdict} <- admit(conn, dialect, agent_id, request) do
       forward(conn, dialect, agent_id, verdict, request, body)
     end
@@ -132,6 +135,58 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
+  defp record_steps(conn, dialect, agent_id, body) do
+    {:ok, decoded} = JSON.decode(body)
+    format = if dialect.api() == :messages, do: :anthropic, else: :openai
+
+    with {:ok, session_id} <- session_id(conn, dialect, agent_id, decoded) do
+      Steps.record(format, agent_id, session_id, decoded)
+      {:ok, session_id}
+    end
+  end
+
+  defp session_id(conn, dialect, agent_id, decoded) do
+    case Conn.header(conn, "x-session-id") do
+      nil ->
+        {:ok, Steps.session_id(agent_id, decoded)}
+
+      id ->
+        if KillSwitch.valid_agent_id?(id),
+          do: {:ok, id},
+          else:
+            error(
+              conn,
+              dialect,
+              400,
+              "invalid_request_error",
+              "invalid_session_id",
+              "X-Session-Id must be 1 to 256 bytes of UTF-8 without control characters"
+            )
+    end
+  end
+
+  # Refused, not held: see the README's "Steps from proxied traffic".
+  defp not_paused(conn, dialect, session_id) do
+    case HITL.pause_of(session_id) do
+      nil ->
+        :ok
+
+      pause ->
+        Metrics.inc(:proxy_paused)
+        reason = if pause[:reason] in [nil, ""], do: "", else: " (#{pause.reason})"
+
+        error(
+          conn,
+          dialect,
+          403,
+          "session_paused",
+          "session_paused",
+          "session #{session_id} is paused by an operator#{reason}; " <>
+            "the request was not sent; retry after the operator resumes it"
+        )
+    end
+  end
+
   defp admit(conn, dialect, agent_id, request) do
     case KillSwitch.check_request(agent_id, request) do
       {:ok, verdict} ->
@@ -168,7 +223,13 @@ defmodule ObservatoryWeb.API.LLMProxy do
              ) do
           {:ok, status, headers, upstream} ->
             try do
-              answer(conn, dialect, agent_id, verdict, request, {status, headers, upstream})
+              answer(
+                conn,
+                dialect,
+                {agent_id, verdict, watch},
+                request,
+                {status, headers, upstream}
+              )
             after
               HTTPClient.close(upstream)
             end
@@ -189,14 +250,17 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  defp answer(conn, dialect, agent_id, verdict, request, {status, headers, upstream}) do
+  # The agent's socket is unwatched before the answer's last byte goes out: once it
+  # has the answer, the agent may send its next request on the same connection.
+  defp answer(conn, dialect, {agent_id, verdict, watch}, request, {status, headers, upstream}) do
     if request.stream and status in 200..299 and event_stream?(headers),
-      do: stream(conn, dialect, agent_id, verdict, status, upstream),
-      else: whole(conn, dialect, agent_id, verdict, status, upstream)
+      do: stream(conn, dialect, {agent_id, verdict, watch}, status, upstream),
+      else: whole(conn, dialect, {agent_id, verdict, watch}, status, upstream)
   end
 
-  defp whole(conn, dialect, agent_id, verdict, status, upstream) do
+  defp whole(conn, dialect, {agent_id, verdict, watch}, status, upstream) do
     with {:ok, body, _upstream} <- HTTPClient.read_all(upstream) do
+      unwatch_client(watch)
       respond(conn, dialect, agent_id, verdict, status, body)
     end
   end
@@ -242,7 +306,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   ## Streaming: each piece goes to the agent as it arrives; the text is assembled
   ## for the response fingerprint at the end.
 
-  defp stream(conn, dialect, agent_id, verdict, status, upstream) do
+  defp stream(conn, dialect, {agent_id, verdict, watch}, status, upstream) do
     headers = [
       {"Content-Type", "text/event-stream; charset=utf-8"},
       {"X-Accel-Buffering", "no"} | Conn.security_headers() ++ score_header(verdict)
@@ -253,6 +317,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
     case relay(upstream, state) do
       {:ok, state} ->
+        unwatch_client(watch)
         write(resp, "")
 
         if verdict do
@@ -270,6 +335,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
         message = Upstream.describe(dialect.api(), reason)
         Metrics.inc(:upstream_errors)
         Logger.warning("LLM proxy: #{message} (mid-stream)")
+        unwatch_client(watch)
         write(resp, dialect.stream_error(message))
         write(resp, "")
         :ok
