@@ -63,6 +63,29 @@ defmodule Observatory.Test.Upstream do
     })
   end
 
+  @doc "One server-sent event of a streamed chat completion carrying `text`."
+  def chunk_event(text) do
+    chunk = %{
+      id: "chatcmpl-test",
+      object: "chat.completion.chunk",
+      model: "test-model",
+      choices: [%{index: 0, delta: %{content: text}, finish_reason: nil}]
+    }
+
+    "data: " <> JSON.encode!(chunk) <> "\n\n"
+  end
+
+  @doc "An upstream that streams `pieces` as chat-completion chunks, then `[DONE]`."
+  def streaming(pieces) do
+    start(fn _ ->
+      {:chunked, 200, "text/event-stream",
+       fn resp ->
+         for piece <- pieces, do: write_chunk(resp, chunk_event(piece))
+         write_chunk(resp, "data: [DONE]\n\n")
+       end}
+    end)
+  end
+
   @doc "A loopback URL where nothing listens."
   def closed_url do
     {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})

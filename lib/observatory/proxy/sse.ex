@@ -3,9 +3,9 @@ defmodule Observatory.Proxy.SSE do
   An incremental reader of server-sent events, for the proxy to follow the text of a
   streamed answer while it passes the bytes on unchanged.
 
-      {events, sse} = SSE.parse(SSE.new(), "event: ping\\ndata: {\\"a\\"")
-      # events == []: the event is not complete yet
-      {[%{event: "ping", data: %{"a" => 1}}], _sse} = SSE.parse(sse, ": 1}\\n\\n")
+      {[], "", sse} = SSE.parse(SSE.new(), "event: ping\\ndata: {\\"a\\"")
+      {[%{event: "ping", data: %{"a" => 1}}], complete, _sse} = SSE.parse(sse, ": 1}\\n\\n")
+      # complete == "event: ping\\ndata: {\\"a\\": 1}\\n\\n"
 
   An event's `data` is its `data:` lines joined with newlines, decoded as JSON when it
   is JSON (else the raw text, e.g. OpenAI's closing `[DONE]`). What waits for the end
@@ -20,21 +20,31 @@ defmodule Observatory.Proxy.SSE do
   @spec new() :: t()
   def new, do: %{buffer: ""}
 
-  @doc "Adds bytes; returns the events they complete, in order."
-  @spec parse(t(), iodata()) :: {[event()], t()}
+  @doc """
+  Adds bytes; returns the events they complete, in order, and the raw bytes up to
+  the end of the last complete event — what may be passed on without ever handing
+  the client half an event. The rest waits in the reader (`rest/1`).
+  """
+  @spec parse(t(), iodata()) :: {[event()], binary(), t()}
   def parse(%{buffer: buffer}, data) do
-    text = buffer <> IO.iodata_to_binary(data)
-    # A CR at the end may be the first half of a CRLF: keep it for the next piece.
-    {text, held} =
-      if String.ends_with?(text, "\r"),
-        do: {binary_part(text, 0, byte_size(text) - 1), "\r"},
-        else: {text, ""}
+    raw = buffer <> IO.iodata_to_binary(data)
 
-    # Line ends may be CRLF, LF or CR; an empty line ends an event.
-    blocks = String.split(String.replace(text, ["\r\n", "\r"], "\n"), "\n\n")
-    {complete, [rest]} = Enum.split(blocks, -1)
-    {for(block <- complete, event = event(block), do: event), %{buffer: rest <> held}}
+    case :binary.matches(raw, ["\n\n", "\r\n\r\n", "\r\r"]) do
+      [] ->
+        {[], "", %{buffer: raw}}
+
+      matches ->
+        {at, length} = List.last(matches)
+        <<complete::binary-size(at + length), rest::binary>> = raw
+        # Line ends may be CRLF, LF or CR; an empty line ends an event.
+        blocks = String.split(String.replace(complete, ["\r\n", "\r"], "\n"), "\n\n")
+        {for(block <- blocks, event = event(block), do: event), complete, %{buffer: rest}}
+    end
   end
+
+  @doc "The bytes of an event not completed yet."
+  @spec rest(t()) :: binary()
+  def rest(%{buffer: buffer}), do: buffer
 
   defp event(block) do
     {name, data} =

@@ -342,22 +342,28 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
+  # Passes on whole events only, so that an error event after the cap never lands in
+  # the middle of one.
   defp relay(upstream, state) do
     case HTTPClient.read(upstream) do
       {:data, data, upstream} ->
-        with :ok <- write(state.resp, data) do
-          {events, sse} = SSE.parse(state.sse, data)
+        {events, complete, sse} = SSE.parse(state.sse, data)
+
+        with :ok <- write_some(state.resp, complete) do
           texts = for event <- events, text = state.dialect.stream_text(event), do: text
           relay(upstream, %{state | sse: sse, text: [state.text | texts]})
         end
 
       {:done, _upstream} ->
-        {:ok, state}
+        with :ok <- write_some(state.resp, SSE.rest(state.sse)), do: {:ok, state}
 
       {:error, reason} ->
         {:error, reason}
     end
   end
+
+  defp write_some(_resp, ""), do: :ok
+  defp write_some(resp, data), do: write(resp, data)
 
   # MochiWeb exits the process when a write fails; here that is the agent gone.
   defp write(resp, data) do
