@@ -21,7 +21,12 @@ defmodule Observatory.Test.Upstream do
           value -> to_string(value)
         end
 
-      case handler.(body) do
+      reply =
+        if is_function(handler, 2),
+          do: handler.(body, headers(req)),
+          else: handler.(body)
+
+      case reply do
         {:chunked, status, type, fun} ->
           resp = :mochiweb_request.respond({status, [{"Content-Type", type}], :chunked}, req)
           fun.(resp)
@@ -39,6 +44,70 @@ defmodule Observatory.Test.Upstream do
     {:ok, pid} = :mochiweb_http.start_link(name: name, ip: {127, 0, 0, 1}, port: 0, loop: loop)
     port = :mochiweb_socket_server.get(pid, :port)
     %{pid: pid, port: port, url: "http://127.0.0.1:#{port}/v1"}
+  end
+
+  defp headers(req) do
+    for {name, value} <- :mochiweb_headers.to_list(:mochiweb_request.get(:headers, req)),
+        into: %{},
+        do: {name |> to_string() |> String.downcase(), to_string(value)}
+  end
+
+  @doc "An Anthropic message answering with `text` (and `tool_use` blocks `{name, input}`)."
+  def message(text, tool_uses \\ []) do
+    blocks =
+      [%{type: "text", text: text}] ++
+        for {name, input} <- tool_uses,
+            do: %{
+              type: "tool_use",
+              id: "toolu_#{System.unique_integer([:positive])}",
+              name: name,
+              input: input
+            }
+
+    JSON.encode!(%{
+      id: "msg_test",
+      type: "message",
+      role: "assistant",
+      model: "test-model",
+      content: blocks,
+      stop_reason: if(tool_uses == [], do: "end_turn", else: "tool_use"),
+      usage: %{input_tokens: 1, output_tokens: 1}
+    })
+  end
+
+  @doc "The server-sent events of a streamed Anthropic message whose text is `pieces`."
+  def message_events(pieces) do
+    event = fn name, data ->
+      "event: #{name}\ndata: #{JSON.encode!(Map.put(data, :type, name))}\n\n"
+    end
+
+    start = [
+      event.("message_start", %{
+        message: %{
+          id: "msg_test",
+          type: "message",
+          role: "assistant",
+          model: "test-model",
+          content: [],
+          stop_reason: nil,
+          usage: %{input_tokens: 1, output_tokens: 0}
+        }
+      }),
+      event.("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
+    ]
+
+    deltas =
+      for piece <- pieces,
+          do:
+            event.("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
+
+    stop = [
+      event.("content_block_stop", %{index: 0}),
+      event.("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
+      event.("message_stop", %{})
+    ]
+
+    {start, deltas, stop}
   end
 
   @doc "Writes one piece of a chunked answer; `:closed` when the proxy hung up."
