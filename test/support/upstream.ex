@@ -55,7 +55,7 @@ defmodule Observatory.Test.Upstream do
   @doc "An Anthropic message answering with `text` (and `tool_use` blocks `{name, input}`)."
   def message(text, tool_uses \\ []) do
     blocks =
-      [%{type: "text", text: text}] ++
+      if(text == "", do: [], else: [%{type: "text", text: text}]) ++
         for {name, input} <- tool_uses,
             do: %{
               type: "tool_use",
