@@ -136,12 +136,23 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   defp record_steps(conn, dialect, agent_id, body) do
-    {:ok, decoded} = JSON.decode(body)
     format = if dialect.api() == :messages, do: :anthropic, else: :openai
 
-    with {:ok, session_id} <- session_id(conn, dialect, agent_id, decoded) do
+    with {:ok, decoded} <- decode(conn, dialect, body),
+         {:ok, session_id} <- session_id(conn, dialect, agent_id, decoded) do
       Steps.record(format, agent_id, session_id, decoded)
       {:ok, session_id}
+    end
+  end
+
+  # The fingerprint has read the body already; this decoder also bounds nesting.
+  defp decode(conn, dialect, body) do
+    case JSON.decode(body) do
+      {:ok, decoded} when is_map(decoded) ->
+        {:ok, decoded}
+
+      {:error, message} ->
+        error(conn, dialect, 400, "invalid_request_error", "invalid_json", message)
     end
   end
 
