@@ -166,4 +166,33 @@ defmodule ObservatoryWeb.LLMProxyTest do
       assert Slots.in_flight() == 0
     end
   end
+
+  describe "issue 15: a client disconnect cancels the upstream request" do
+    test "an agent that hangs up while waiting for a whole answer closes the upstream call",
+         %{agent: agent} do
+      test = self()
+
+      # A slow upstream: JSON whitespace every 50 ms until the proxy hangs up.
+      slow = fn resp ->
+        send(test, :upstream_started)
+
+        Enum.reduce_while(1..400, :ok, fn _, _ ->
+          Process.sleep(50)
+
+          case Upstream.write_chunk(resp, " ") do
+            :ok -> {:cont, :ok}
+            :closed -> {:halt, send(test, :upstream_cancelled)}
+          end
+        end)
+      end
+
+      use_upstream(Upstream.start(fn _ -> {:chunked, 200, "application/json", slow} end))
+      socket = send_raw(agent, Upstream.request("hello"))
+      assert_receive :upstream_started, 5_000
+      :gen_tcp.close(socket)
+
+      assert_receive :upstream_cancelled, 5_000
+      assert Slots.in_flight() == 0
+    end
+  end
 end
