@@ -22,8 +22,7 @@ defmodule ObservatoryWeb.LLMProxyTest do
   defp use_upstream(%{url: url}), do: Application.put_env(:observatory, :llm_upstream, url)
 
   defp chat(agent, body) do
-    headers = [{"authorization", "Bearer " <> HTTP.agent_key()}, {"x-agent-id", agent}]
-    HTTP.post("/v1/chat/completions", JSON.encode!(body), headers: headers)
+    HTTP.post("/v1/chat/completions", JSON.encode!(body), headers: HTTP.agent_headers(agent))
   end
 
   # Sends a request on a socket of its own and returns the socket, without waiting.
@@ -36,7 +35,7 @@ defmodule ObservatoryWeb.LLMProxyTest do
     :ok =
       :gen_tcp.send(socket, [
         "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n",
-        "authorization: Bearer #{HTTP.agent_key()}\r\nx-agent-id: #{agent}\r\n",
+        "authorization: Bearer #{HTTP.key_for(agent)}\r\n",
         "content-type: application/json\r\ncontent-length: #{byte_size(json)}\r\n\r\n",
         json
       ])

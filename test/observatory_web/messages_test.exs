@@ -26,7 +26,7 @@ defmodule ObservatoryWeb.MessagesTest do
     do: Application.put_env(:observatory, :anthropic_upstream, "http://127.0.0.1:#{port}")
 
   defp headers(agent, extra \\ []) do
-    [{"authorization", "Bearer " <> HTTP.agent_key()}, {"x-agent-id", agent} | extra]
+    HTTP.agent_headers(agent) ++ extra
   end
 
   defp messages(agent, body, extra \\ []) do
@@ -94,6 +94,30 @@ defmodule ObservatoryWeb.MessagesTest do
       assert headers["x-api-key"] == "sk-ant-upstream"
       assert headers["anthropic-version"] == "2023-06-01"
       refute Map.has_key?(headers, "authorization"), "the agent key stays at the gateway"
+    end
+
+    test "the agent key as x-api-key (the Anthropic SDK's api_key) authenticates as its agent and stays at the gateway",
+         %{agent: agent} do
+      test = self()
+
+      upstream =
+        Upstream.start(fn body, headers ->
+          send(test, {:anthropic, body, headers})
+          {200, "application/json", Upstream.message("Deploying.")}
+        end)
+
+      use_upstream(upstream)
+      Application.put_env(:observatory, :anthropic_upstream_api_key, nil)
+      {:ok, _} = KillSwitch.configure(agent, %{"enabled" => true, "threshold" => 100})
+      key = HTTP.key_for(agent)
+
+      resp = HTTP.post("/v1/messages", JSON.encode!(looping(0)), headers: [{"x-api-key", key}])
+      assert resp.status == 200
+      assert length(KillSwitch.window(agent)) == 1, "the request counted for the key's agent"
+
+      assert_received {:anthropic, _body, headers}
+      refute Map.has_key?(headers, "x-api-key"), "the agent key is not sent upstream"
+      refute Map.has_key?(headers, "authorization")
     end
 
     test "a looping agent trips the kill switch and gets the inactive answer in Anthropic's shape",
@@ -208,10 +232,11 @@ defmodule ObservatoryWeb.MessagesTest do
         cases = [
           {"no key", HTTP.post("/v1/messages", "{}", headers: [{"x-agent-id", agent}]), 401,
            "authentication_error"},
-          {"x-api-key is not the agent key",
-           HTTP.post("/v1/messages", "{}",
-             headers: [{"x-api-key", HTTP.agent_key()}, {"x-agent-id", agent}]
-           ), 401, "authentication_error"},
+          {"a wrong x-api-key",
+           HTTP.post("/v1/messages", "{}", headers: [{"x-api-key", "oak_not-a-key"}]), 401,
+           "authentication_error"},
+          {"X-Agent-Id of another agent",
+           messages(agent, looping(0), [{"x-agent-id", "agent-http"}]), 403, "permission_error"},
           {"malformed JSON", messages(agent, "{\"messages\": "), 400, "invalid_request_error"},
           {"broken upstream", messages(agent, looping(0)), 502, "api_error"}
         ]

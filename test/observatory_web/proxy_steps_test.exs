@@ -21,7 +21,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   end
 
   defp chat(agent, body, headers \\ []) do
-    headers = [{"authorization", "Bearer " <> HTTP.agent_key()}, {"x-agent-id", agent} | headers]
+    headers = HTTP.agent_headers(agent) ++ headers
     HTTP.post("/v1/chat/completions", JSON.encode!(body), headers: headers)
   end
 
@@ -145,6 +145,58 @@ defmodule ObservatoryWeb.ProxyStepsTest do
 
       {:ok, _} = HITL.resume(session, operator: "alice")
       assert chat(agent, conversation("Loop #{n}", 8, same)).status == 200
+    end
+  end
+
+  describe "issue 13 finding 1 × issue 15: proxied steps go only into the agent's own sessions" do
+    test "an X-Session-Id naming another agent's session is refused with 403 forbidden; nothing is recorded or sent",
+         %{agent: victim, n: n} do
+      attacker = "#{victim}-attacker"
+      session = "sess-victim-#{n}"
+      assert chat(victim, conversation("Fix #{n}", 1), [{"x-session-id", session}]).status == 200
+      assert length(steps(session)) == 1
+      flush_upstream()
+
+      forged = chat(attacker, conversation("Forged #{n}", 2), [{"x-session-id", session}])
+      assert forged.status == 403
+      assert forged.body["error"]["code"] == "forbidden"
+      assert length(steps(session)) == 1
+      refute_received {:upstream_request, _, _}
+
+      # Nor can it learn whether the session is paused: the same refusal.
+      {:ok, _} = HITL.pause(session, operator: "alice", reason: "inspect")
+      on_exit(fn -> HITL.paused?(session) && HITL.resume(session, operator: "test") end)
+      probed = chat(attacker, conversation("Forged #{n}", 2), [{"x-session-id", session}])
+      assert probed.body["error"]["code"] == "forbidden"
+
+      assert chat(victim, conversation("Fix #{n}", 2), [{"x-session-id", session}]).body["error"][
+               "code"
+             ] == "session_paused"
+
+      # The attacker's own session works as before.
+      own = "sess-attacker-#{n}"
+      assert chat(attacker, conversation("Own #{n}", 1), [{"x-session-id", own}]).status == 200
+      assert [%{"tool_call" => "read_file"}] = steps(own)
+    end
+
+    test "Steps.record ingests as the given agent: a session recorded for another agent gets no step",
+         %{agent: victim, n: n} do
+      session = "sess-victim-direct-#{n}"
+      assert chat(victim, conversation("Fix #{n}", 1), [{"x-session-id", session}]).status == 200
+
+      {count, log} =
+        ExUnit.CaptureLog.with_log(fn ->
+          body = decode(JSON.encode!(conversation("Other #{n}", 1)))
+          Steps.record(:openai, "#{victim}-other", session, body)
+        end)
+
+      assert count == 0
+      assert log =~ "is a session of another agent"
+      assert length(steps(session)) == 1
+
+      body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
+      assert Steps.record(:openai, victim, session, body) == 1
+      assert length(steps(session)) == 2
     end
   end
 

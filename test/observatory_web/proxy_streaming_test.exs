@@ -29,8 +29,7 @@ defmodule ObservatoryWeb.ProxyStreamingTest do
     body = JSON.encode!(Map.put(Upstream.request(prompt), :stream, true))
 
     headers = [
-      {"authorization", "Bearer " <> HTTP.agent_key()},
-      {"x-agent-id", agent},
+      {"authorization", "Bearer " <> HTTP.key_for(agent)},
       {"content-type", "application/json"}
     ]
 

@@ -112,7 +112,7 @@ defmodule ObservatoryWeb.PythonSDKTest do
             ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_AUTH_TOKEN ANTHROPIC_BASE_URL),
           do: {var, nil}
 
-    args = [@script, ObservatoryWeb.Endpoint.url(), HTTP.agent_key(), agent, release.url]
+    args = [@script, ObservatoryWeb.Endpoint.url(), HTTP.key_for(agent), agent, release.url]
     {out, status} = System.cmd(@python, args, env: env, stderr_to_stdout: true)
     assert status == 0, out
     out |> String.split("\n", trim: true) |> List.last() |> JSON.decode() |> elem(1)

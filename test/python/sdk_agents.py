@@ -4,6 +4,8 @@ Run by test/observatory_web/python_sdk_test.exs against stub upstreams:
 
     sdk_agents.py GATEWAY_URL AGENT_KEY AGENT_ID RELEASE_URL
 
+AGENT_KEY is AGENT_ID's own key (issued by an operator); the SDKs send only it.
+
 Each agent makes a plain request, a streamed one, and then loops: it calls the same
 tool with the same arguments on every turn, the way a stuck agent does. The stub
 upstream holds each stream after its first piece until RELEASE_URL is called, which
@@ -31,8 +33,7 @@ def release(which):
 def openai_agent():
     client = openai.OpenAI(
         base_url=gateway + "/v1",
-        api_key=agent_key,
-        default_headers={"X-Agent-Id": agent_id},
+        api_key=agent_key,  # the agent's own key: it names the agent
         max_retries=0,
     )
     seen = {}
@@ -89,9 +90,7 @@ def openai_agent():
 def anthropic_agent():
     client = anthropic.Anthropic(
         base_url=gateway,
-        api_key=None,
-        auth_token=agent_key,
-        default_headers={"X-Agent-Id": agent_id},
+        api_key=agent_key,  # sent as x-api-key; the agent's own key names it
         max_retries=0,
     )
     seen = {}
