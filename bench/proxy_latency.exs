@@ -10,7 +10,7 @@
 # Scenarios: a plain chat completion; the same with the kill switch on and a tool turn
 # in the conversation (step ingestion); a streamed completion of 20 events; an
 # Anthropic message.
-alias Observatory.{JSON, KillSwitch}
+alias Observatory.{AgentKeys, JSON, KillSwitch}
 alias Observatory.Proxy.HTTPClient
 
 Logger.configure(level: :error)
@@ -70,17 +70,25 @@ end
 
 stub_url = "http://127.0.0.1:#{:mochiweb_socket_server.get(stub_pid, :port)}"
 
-Application.put_env(:observatory, :agent_keys, ["bench-agent-key"])
 Application.put_env(:observatory, :llm_upstream, stub_url <> "/v1")
 Application.put_env(:observatory, :anthropic_upstream, stub_url)
 gateway = ObservatoryWeb.Endpoint.url()
 {:ok, _} = KillSwitch.configure("bench-watched", %{"enabled" => true, "threshold" => 1_000})
 
+# Each agent's own key (it names the agent); a data dir reused across runs rotates it.
+keys =
+  Map.new(["bench-plain", "bench-watched"], fn agent ->
+    {:ok, %{key: key}} =
+      with {:error, :too_many_keys} <- AgentKeys.issue(agent, operator: "bench"),
+           do: AgentKeys.rotate(agent, operator: "bench")
+
+    {agent, key}
+  end)
+
 headers = fn agent ->
   [
     {"content-type", "application/json"},
-    {"authorization", "Bearer bench-agent-key"},
-    {"x-agent-id", agent},
+    {"authorization", "Bearer " <> keys[agent]},
     {"anthropic-version", "2023-06-01"}
   ]
 end
