@@ -5,7 +5,7 @@ defmodule Observatory.Proxy.Steps do
   conversation — the tool calls of the previous assistant turn and the results that
   answer them (`Observatory.Proxy.Conversation`). Each such call becomes a DecisionLog
   and goes through `Observatory.Gateway.SchemaInterceptor.ingest/2` like any other
-  step: the entropy tracker, the loop verdict, the step detector, the session log and
+  step, as the request's agent (`agent:`, so a session of another agent gets none): the entropy tracker, the loop verdict, the step detector, the session log and
   the dashboard see it.
 
   | DecisionLog field | from |
