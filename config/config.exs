@@ -47,6 +47,14 @@ config :observatory,
   insecure_shared_agent_keys: false,
   # Failed credentials per client (TCP address) before 429 + Retry-After.
   auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
+  # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
+  anthropic_upstream: nil,
+  anthropic_upstream_api_key: nil,
+  # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
+  llm_max_response_bytes: 8 * 1024 * 1024,
+  llm_max_concurrent: 256,
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  proxy_step_memory: 100_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

@@ -20,6 +20,7 @@ defmodule ObservatoryWeb.Router do
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
   | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/messages | agent key | `ObservatoryWeb.API.Messages` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
@@ -37,7 +38,7 @@ defmodule ObservatoryWeb.Router do
 
   @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
-  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
+  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Messages, Sessions, ToolCalls}
   alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
@@ -129,6 +130,7 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
 
   defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
+  defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
   defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
   defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
 

@@ -3,8 +3,8 @@ defmodule Observatory.KillSwitch.Supervisor do
   Starts the kill switch: the agent store is set up first (Mnesia started, tables
   loaded) in `init/1`, so nothing after it in the application's supervision tree —
   the HTTP server in particular — runs before agent records can be read. Then the
-  window store's owner, the task supervisor for notifications and the proxy's HTTP
-  client.
+  window store's owner, the task supervisor for notifications, the proxy's upstream
+  slots and its memory of ingested steps.
   """
 
   use Supervisor
@@ -19,7 +19,8 @@ defmodule Observatory.KillSwitch.Supervisor do
     children = [
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
-      Observatory.KillSwitch.Upstream
+      Observatory.KillSwitch.Upstream,
+      Observatory.Proxy.StepMemory
     ]
 
     Supervisor.init(children, strategy: :one_for_one)
