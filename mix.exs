@@ -60,7 +60,7 @@ defmodule Observatory.MixProject do
       start_permanent: Mix.env() == :prod,
       compilers: [:observatory_nif | Mix.compilers()],
       elixirc_paths: elixirc_paths(Mix.env()),
-      deps: [],
+      deps: deps(),
       aliases: aliases(),
       docs: [main: "readme"]
     ]
@@ -69,11 +69,38 @@ defmodule Observatory.MixProject do
   def application do
     [
       mod: {Observatory.Application, []},
-      extra_applications: [:logger, :crypto, :mochiweb, :inets],
+      # MochiWeb (Debian's erlang-mochiweb) serves Observatory's own HTTP API and
+      # dashboard only: ObservatoryWeb.Endpoint starts it when that server is configured
+      # on. A Phoenix host, whose Erlang may have no MochiWeb, never needs it.
+      extra_applications: [:logger, :crypto, :inets, mochiweb: :optional],
       # Loaded with Observatory, started by it (Observatory.KillSwitch.Agents.setup/1)
       # once its directory is set and its schema exists.
       included_applications: [:mnesia]
     ]
+  end
+
+  # What Observatory uses from Phoenix, as optional dependencies.
+  #
+  # Observatory builds without Hex (CI, bin/setup, bin/start, bin/test have no Hex and
+  # no Phoenix), so as the top-level project it declares no dependency at all, and the
+  # LiveView modules (`if Code.ensure_loaded?(Phoenix.LiveView)`) are not compiled.
+  #
+  # As a dependency of another project (a Phoenix host: its `mix.exs` is on Mix's
+  # project stack while this `project/0` runs) it declares them, all `optional: true`:
+  # the host fetches none it does not list itself (through Hex or its own path deps),
+  # but Mix compiles those it has before Observatory, so the LiveViews exist on the
+  # first build and xref knows where Phoenix's modules come from.
+  @phoenix_deps [
+    {:phoenix, "~> 1.7", optional: true},
+    {:phoenix_live_view, "~> 0.20.0 or ~> 1.0", optional: true},
+    {:phoenix_html, "~> 3.3 or ~> 4.0", optional: true},
+    {:phoenix_pubsub, "~> 2.1", optional: true},
+    {:telemetry, "~> 0.4 or ~> 1.0", optional: true}
+  ]
+
+  defp deps do
+    as_dependency? = Mix.Project.get() != nil
+    if as_dependency?, do: @phoenix_deps, else: []
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

@@ -23,10 +23,11 @@ config :observatory,
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,
+    blank_repeat_loop: 4,
     cycle_suspect: 2,
     cycle_loop: 3,
     failure_suspect: 3,
-    failure_loop: 4,
+    failure_loop: :never,
     entropy_rule: true,
     volatile_keys: :default,
     extra_volatile_keys: [],
@@ -43,6 +44,22 @@ config :observatory,
   llm_upstream_api_key: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
+  # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at
+  # start (dev/test). Shared keys (:agent_keys) let any agent act as any other: the
+  # application refuses them unless insecure_shared_agent_keys is true.
+  seed_agent_keys: %{},
+  agent_keys: [],
+  insecure_shared_agent_keys: false,
+  # Failed credentials per client (TCP address) before 429 + Retry-After.
+  auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
+  # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
+  anthropic_upstream: nil,
+  anthropic_upstream_api_key: nil,
+  # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
+  llm_max_response_bytes: 8 * 1024 * 1024,
+  llm_max_concurrent: 256,
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  proxy_step_memory: 100_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,
@@ -52,6 +69,11 @@ config :observatory,
     # Webhooks may not point at loopback/private/link-local addresses unless true.
     webhook_allow_private_networks: false
   ]
+
+# Observatory's own HTTP API and dashboard (bin/start): on, loopback, port 4000. Code
+# defaults are off and no port, so a host app, which does not load this file, gets
+# no second server unless it configures one.
+config :observatory, ObservatoryWeb.Endpoint, server: true, ip: {127, 0, 0, 1}, port: 4000
 
 config :logger, :console, format: "$time [$level] $message\n"
 

@@ -1,7 +1,9 @@
 import Config
 
 # Keys and tokens from the environment override the config files:
-#   OBSERVATORY_AGENT_KEYS="key1,key2"
+#   OBSERVATORY_AGENT_KEYS="key1,key2"  shared agent keys (insecure: any agent can act as
+#     any other); refused at start unless OBSERVATORY_INSECURE_SHARED_AGENT_KEYS=1.
+#     Issue each agent its own key instead: POST /api/v1/agents/:id/keys.
 #   OBSERVATORY_OPERATOR_TOKENS="alice:token1,bob:token2"
 #   OBSERVATORY_PORT=4000  OBSERVATORY_IP=127.0.0.1
 #   OBSERVATORY_SECRET_KEY_BASE=<at least 32 random bytes, e.g. `openssl rand -base64 48`>
@@ -9,6 +11,10 @@ import Config
 #     (Observatory.Application) and sign-ins do not survive a restart.
 if keys = System.get_env("OBSERVATORY_AGENT_KEYS") do
   config :observatory, agent_keys: String.split(keys, ",", trim: true)
+end
+
+if insecure = System.get_env("OBSERVATORY_INSECURE_SHARED_AGENT_KEYS") do
+  config :observatory, insecure_shared_agent_keys: insecure in ["1", "true"]
 end
 
 if tokens = System.get_env("OBSERVATORY_OPERATOR_TOKENS") do
@@ -32,6 +38,7 @@ end
 
 #   OBSERVATORY_DATA_DIR=/var/lib/observatory
 #   OBSERVATORY_LLM_UPSTREAM=https://api.openai.com/v1  OBSERVATORY_LLM_API_KEY=sk-...
+#   OBSERVATORY_ANTHROPIC_UPSTREAM=https://api.anthropic.com  OBSERVATORY_ANTHROPIC_API_KEY=sk-ant-...
 if dir = System.get_env("OBSERVATORY_DATA_DIR") do
   config :observatory, data_dir: dir
 end
@@ -42,6 +49,14 @@ end
 
 if key = System.get_env("OBSERVATORY_LLM_API_KEY") do
   config :observatory, llm_upstream_api_key: key
+end
+
+if upstream = System.get_env("OBSERVATORY_ANTHROPIC_UPSTREAM") do
+  config :observatory, anthropic_upstream: upstream
+end
+
+if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
+  config :observatory, anthropic_upstream_api_key: key
 end
 
 if demo = System.get_env("OBSERVATORY_DEMO") do

@@ -3,10 +3,13 @@ import Config
 config :logger, level: :warning
 
 config :observatory,
-  agent_keys: ["test-agent-key"],
+  seed_agent_keys: %{"agent-http" => "test-agent-key"},
   operator_tokens: %{"test-operator-token" => "test-operator"},
   secret_key_base: "test-only-secret-key-base-0123456789abcdefghijklmnopqrstuvwxyz",
-  demo: false
+  demo: false,
+  # Tests send wrong credentials on purpose, all from 127.0.0.1; the throttle's own
+  # tests set their limits.
+  auth_throttle: [max_failures: 10_000]
 
 # Port 0: the OS picks a free port; tests ask ObservatoryWeb.Endpoint.port/0.
 config :observatory, ObservatoryWeb.Endpoint, port: 0

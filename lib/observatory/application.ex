@@ -36,13 +36,12 @@ defmodule Observatory.Application do
     )
   end
 
-  # The HTTP server and the demo fleet are on unless configured off (a host app that
-  # only wants the library sets `config :observatory, ObservatoryWeb.Endpoint, server: false`).
+  # The HTTP server and the demo fleet run only when configured on: Observatory's own
+  # config (config/config.exs) turns the server on; a host app that uses Observatory as
+  # a library gets neither unless it asks.
   defp web_children do
-    endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
-
     server =
-      if Keyword.get(endpoint, :server, true),
+      if ObservatoryWeb.Endpoint.server?(),
         do: [Observatory.Supervision.child_spec(ObservatoryWeb.Supervisor)],
         else: []
 
@@ -54,16 +53,18 @@ defmodule Observatory.Application do
 
   # The dashboard signs its session cookies with :secret_key_base. When nothing set it
   # (OBSERVATORY_SECRET_KEY_BASE, config), a random key is made now: sign-ins then
-  # last until the next restart.
+  # last until the next restart. Said only when Observatory's own server runs: a host
+  # app does its own sign-in and has no use for the notice.
   defp ensure_secret_key_base do
     unless Application.get_env(:observatory, :secret_key_base) do
       key = :crypto.strong_rand_bytes(48) |> Base.encode64()
       Application.put_env(:observatory, :secret_key_base, key)
 
-      Logger.info(
-        "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-          "dashboard sign-ins end when the application restarts"
-      )
+      ObservatoryWeb.Endpoint.server?() &&
+        Logger.info(
+          "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
+            "dashboard sign-ins end when the application restarts"
+        )
     end
   end
 end

@@ -54,9 +54,7 @@ defmodule Observatory.Health do
   end
 
   defp endpoint do
-    config = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
-
-    if Keyword.get(config, :server, true),
+    if ObservatoryWeb.Endpoint.server?(),
       do: [{"endpoint", fn -> alive?(ObservatoryWeb.Endpoint) end}],
       else: []
   end

@@ -42,4 +42,46 @@ defmodule Observatory.JSON do
       {:error, reason} -> raise ArgumentError, "cannot encode as JSON: #{reason}"
     end
   end
+
+  @doc """
+  Like `encode!/1`, but a string that is not valid UTF-8 is written with U+FFFD in
+  place of its invalid bytes instead of failing: for answers and events that carry
+  stored strings (an audit entry, an envelope), so one bad string written by an
+  older release can never make them fail. Valid input costs nothing extra.
+
+      iex> Observatory.JSON.encode_lossy!(%{"session_id" => <<"bad", 0xFF, "id">>})
+      ~s({"session_id":"bad\uFFFDid"})
+  """
+  @spec encode_lossy!(term()) :: binary()
+  def encode_lossy!(term) do
+    case encode(term) do
+      {:ok, json} -> json
+      {:error, _} -> term |> scrub_utf8() |> encode!()
+    end
+  end
+
+  @doc "Replaces the invalid bytes of every string in `term` (keys too) with U+FFFD."
+  @spec scrub_utf8(term()) :: term()
+  def scrub_utf8(term) when is_binary(term) do
+    if String.valid?(term) do
+      term
+    else
+      term
+      |> String.chunk(:valid)
+      |> Enum.map(fn chunk -> if String.valid?(chunk), do: chunk, else: "\uFFFD" end)
+      |> IO.iodata_to_binary()
+    end
+  end
+
+  def scrub_utf8(term) when is_list(term), do: Enum.map(term, &scrub_utf8/1)
+
+  def scrub_utf8(%{__struct__: _} = struct), do: struct
+
+  def scrub_utf8(term) when is_map(term),
+    do: Map.new(term, fn {k, v} -> {scrub_utf8(k), scrub_utf8(v)} end)
+
+  def scrub_utf8(term) when is_tuple(term),
+    do: term |> Tuple.to_list() |> scrub_utf8() |> List.to_tuple()
+
+  def scrub_utf8(term), do: term
 end

@@ -100,17 +100,24 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Reads a chat-completions request body: the fingerprint of its last user message
-  (`nil` when it has no text), the signatures of the tool calls of the current turn,
-  and whether it asks for streaming.
+  Reads a request body: the fingerprint of its last user message (`nil` when it has
+  no text), the signatures of the tool calls of the current turn, and whether it asks
+  for streaming. `api` is `:chat_completions` (OpenAI, the default) or `:messages`
+  (Anthropic: text blocks, `tool_use` blocks; a user message of tool results only is
+  not a prompt).
   """
-  @spec fingerprint_request(binary()) ::
+  @spec fingerprint_request(binary(), :chat_completions | :messages) ::
           {:ok, fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
-  def fingerprint_request(body) when is_binary(body) do
+  def fingerprint_request(body, api \\ :chat_completions) when is_binary(body) do
+    dirty? = byte_size(body) > @dirty_bytes
+
     result =
-      if byte_size(body) > @dirty_bytes,
-        do: Native.kill_switch_request_fingerprint_dirty(body),
-        else: Native.kill_switch_request_fingerprint(body)
+      case api do
+        :chat_completions when dirty? -> Native.kill_switch_request_fingerprint_dirty(body)
+        :chat_completions -> Native.kill_switch_request_fingerprint(body)
+        :messages when dirty? -> Native.kill_switch_anthropic_request_fingerprint_dirty(body)
+        :messages -> Native.kill_switch_anthropic_request_fingerprint(body)
+      end
 
     case result do
       {:ok, prompt, signatures, stream} ->
@@ -122,35 +129,42 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Reads a chat-completions response body: `{:ok, fingerprint | nil}` (nil when the
-  first choice has no text), or an error when it is not JSON or not a completion.
+  Reads a response body: `{:ok, fingerprint | nil}` (nil when it has no text — a
+  chat completion's first choice, or an Anthropic message's text blocks), or an error
+  when it is not JSON or not a completion (a message).
   """
-  @spec fingerprint_response(binary()) ::
+  @spec fingerprint_response(binary(), :chat_completions | :messages) ::
           {:ok, non_neg_integer() | nil}
           | {:error, {:invalid_json, String.t()} | :not_a_completion}
-  def fingerprint_response(body) when is_binary(body) and byte_size(body) > @dirty_bytes,
-    do: Native.kill_switch_response_fingerprint_dirty(body)
+  def fingerprint_response(body, api \\ :chat_completions) when is_binary(body) do
+    dirty? = byte_size(body) > @dirty_bytes
 
-  def fingerprint_response(body) when is_binary(body),
-    do: Native.kill_switch_response_fingerprint(body)
+    case api do
+      :chat_completions when dirty? -> Native.kill_switch_response_fingerprint_dirty(body)
+      :chat_completions -> Native.kill_switch_response_fingerprint(body)
+      :messages when dirty? -> Native.kill_switch_anthropic_response_fingerprint_dirty(body)
+      :messages -> Native.kill_switch_anthropic_response_fingerprint(body)
+    end
+  end
 
   ## The request path
 
   @doc """
-  Admits or refuses one request of `agent_id` (registered with the default settings
-  on first use).
+  Admits or refuses one request of `agent_id`, a registered agent: a request never
+  registers one (operators do, by issuing its key: `Observatory.AgentKeys`).
 
   Returns `{:ok, verdict}` when the request may go upstream — `verdict` is `nil` when
   the switch is off, else `%{score, exceeded: false, signals, window_len}` — and
   `{:error, {:inactive, agent}}` when the agent is inactive, including when this very
-  request made the score exceed the threshold.
+  request made the score exceed the threshold; `{:error, :unknown_agent}` when no
+  such agent is registered.
   """
   @spec check_request(String.t(), fingerprint()) ::
           {:ok, Windows.verdict() | nil}
-          | {:error, {:inactive, Agents.agent()} | :agent_limit | :invalid_agent_id}
+          | {:error, {:inactive, Agents.agent()} | :unknown_agent | :invalid_agent_id}
   def check_request(agent_id, %{prompt_hash: prompt, tool_signatures: signatures}) do
     with :ok <- validate_agent_id(agent_id),
-         {:ok, agent} <- Agents.fetch_or_register(agent_id),
+         {:ok, agent} <- registered(agent_id),
          :ok <- ensure_active(agent) do
       case agent.kill_switch do
         %{enabled: false} ->
@@ -183,7 +197,7 @@ defmodule Observatory.KillSwitch do
     :ok
   end
 
-  @doc "Whether the agent may send requests: unknown agents may (they are registered on first use)."
+  @doc "Whether the agent is active; an unknown agent is not refused here (`check_request/2` does)."
   @spec active?(String.t()) :: boolean()
   def active?(agent_id) do
     case Agents.get(agent_id) do
@@ -260,6 +274,34 @@ defmodule Observatory.KillSwitch do
     end
   end
 
+  @doc """
+  Deletes an agent: its record, its events and its keys (revoked at once), and its
+  window. It can be registered again by issuing it a new key.
+
+  Options: `:operator` (logged and in the broadcast `"agent_deleted"` event).
+  """
+  @spec delete(String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_found}
+  def delete(agent_id, opts \\ []) do
+    with {:ok, revoked} <- Agents.delete(agent_id) do
+      Windows.clear(agent_id)
+
+      Logger.info(
+        "agent #{inspect(agent_id)} deleted by #{inspect(opts[:operator])}, " <>
+          "revoking keys #{inspect(revoked)}"
+      )
+
+      Events.broadcast(topic(), %{
+        id: "deleted-#{System.unique_integer([:positive, :monotonic])}",
+        agent_id: agent_id,
+        event_type: "agent_deleted",
+        at: DateTime.to_iso8601(DateTime.utc_now()),
+        details: %{operator: opts[:operator], revoked_keys: revoked}
+      })
+
+      {:ok, revoked}
+    end
+  end
+
   ## Reads
 
   @doc "The agent's record, or nil."
@@ -310,6 +352,16 @@ defmodule Observatory.KillSwitch do
       {:ok, agent, event} ->
         Metrics.inc(:kill_switch_trips)
 
+        Observatory.Telemetry.execute(
+          [:observatory, :kill_switch, :trip],
+          %{score: verdict.score, threshold: agent.kill_switch.threshold},
+          %{
+            agent_id: agent.id,
+            window_size: agent.kill_switch.window_size,
+            window_len: verdict.window_len
+          }
+        )
+
         Logger.warning(
           "kill switch deactivated agent #{inspect(agent.id)}: score #{verdict.score} > " <>
             "threshold #{agent.kill_switch.threshold} (#{inspect(verdict.signals)})"
@@ -322,6 +374,13 @@ defmodule Observatory.KillSwitch do
       {:error, :already_inactive} ->
         # A concurrent request or an operator got there first.
         {:error, {:inactive, Agents.get(agent.id)}}
+    end
+  end
+
+  defp registered(agent_id) do
+    case Agents.get(agent_id) do
+      nil -> {:error, :unknown_agent}
+      agent -> {:ok, agent}
     end
   end
 

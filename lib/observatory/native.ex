@@ -88,6 +88,16 @@ defmodule Observatory.Native do
   def kill_switch_request_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_response_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_anthropic_request_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_request_fingerprint_dirty(_body),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_response_fingerprint_dirty(_body),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def kill_switch_fingerprint(_text), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_fingerprint_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_normalize(_text), do: :erlang.nif_error(:nif_not_loaded)

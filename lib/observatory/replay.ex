@@ -42,7 +42,14 @@ defmodule Observatory.Replay do
   every LOOP step), so the two counts are the same.
   """
 
-  alias Observatory.Gateway.{EntropyConfig, SchemaInterceptor, StepDetector}
+  alias Observatory.Gateway.{
+    AlertSource,
+    EntropyConfig,
+    LoopVerdict,
+    SchemaInterceptor,
+    StepDetector
+  }
+
   alias Observatory.Replay.{Input, Record}
 
   @batch 256
@@ -100,6 +107,7 @@ defmodule Observatory.Replay do
     warning_threshold: :entropy_warning_threshold
   ]
   @step_overrides [:stagnation_warn, :stagnation_block, :stuck_warn, :stuck_block]
+  @verdict_overrides LoopVerdict.threshold_keys() -- [:entropy_rule]
   @max_window EntropyConfig.max_window_size()
 
   @doc """
@@ -111,12 +119,25 @@ defmodule Observatory.Replay do
     * `:loop_threshold`, `:warning_threshold` — numbers 0..1
     * `:stagnation_warn`, `:stagnation_block`, `:stuck_warn`, `:stuck_block` — positive
       integers, each block at least its warn
+    * `:alert_source` — `:entropy` or `:verdict`: which signal's alarms the report
+      counts as `alarmed` (both are always reported)
+    * the loop verdict's thresholds: `:history`, `:max_period`, `:repeat_suspect`,
+      `:repeat_loop`, `:blank_repeat_loop`, `:cycle_suspect`, `:cycle_loop`,
+      `:failure_suspect`, `:failure_loop` (an integer or `:never`); checked together
+      with `Observatory.Gateway.LoopVerdict.check_thresholds/1`
+    * `:extra_volatile_keys` — words added to the verdict's volatile words (the
+      normalization is rebuilt: replay in a fresh VM, as the mix task does)
 
   Raises `ArgumentError` on a bad value.
   """
   @spec configure(keyword()) :: map()
   def configure(overrides) when is_list(overrides) do
     Enum.each(overrides, fn {key, value} -> validate!(key, value) end)
+    verdict = Keyword.take(overrides, @verdict_overrides)
+
+    with {:error, message} <- LoopVerdict.check_thresholds(verdict),
+         do: raise(ArgumentError, message)
+
     step = Keyword.merge(StepDetector.settings(), Keyword.take(overrides, @step_overrides))
 
     for {warn, block} <- [stagnation_warn: :stagnation_block, stuck_warn: :stuck_block],
@@ -129,13 +150,26 @@ defmodule Observatory.Replay do
       Application.put_env(:observatory, env_key, Keyword.fetch!(overrides, key))
     end
 
-    if Enum.any?(@step_overrides, &Keyword.has_key?(overrides, &1)) do
-      configured = Application.get_env(:observatory, :step_detection, [])
-      changes = Keyword.take(overrides, @step_overrides)
-      Application.put_env(:observatory, :step_detection, Keyword.merge(configured, changes))
+    merge_env(:step_detection, Keyword.take(overrides, @step_overrides))
+    merge_env(:loop_verdict, verdict)
+
+    if source = overrides[:alert_source],
+      do: Application.put_env(:observatory, :alert_source, source)
+
+    if words = overrides[:extra_volatile_keys] do
+      known = List.wrap(LoopVerdict.settings()[:extra_volatile_keys])
+      merge_env(:loop_verdict, extra_volatile_keys: Enum.uniq(known ++ words))
+      if LoopVerdict.running?(), do: LoopVerdict.reload_rules()
     end
 
     settings()
+  end
+
+  defp merge_env(_key, []), do: :ok
+
+  defp merge_env(key, changes) do
+    configured = Application.get_env(:observatory, key, [])
+    Application.put_env(:observatory, key, Keyword.merge(configured, changes))
   end
 
   defp validate!(:window_size, n) when is_integer(n) and n >= 1 and n <= @max_window, do: :ok
@@ -145,6 +179,26 @@ defmodule Observatory.Replay do
        do: :ok
 
   defp validate!(key, n) when key in @step_overrides and is_integer(n) and n >= 1, do: :ok
+  defp validate!(:alert_source, source) when source in [:entropy, :verdict], do: :ok
+  defp validate!(:failure_loop, :never), do: :ok
+  defp validate!(key, n) when key in @verdict_overrides and is_integer(n) and n >= 1, do: :ok
+
+  defp validate!(:extra_volatile_keys, words) when is_list(words) and words != [] do
+    if Enum.all?(words, &(is_binary(&1) and &1 != "")),
+      do: :ok,
+      else:
+        raise(ArgumentError, "expected extra_volatile_keys to be words, got: #{inspect(words)}")
+  end
+
+  defp validate!(:alert_source, value),
+    do:
+      raise(
+        ArgumentError,
+        "expected alert_source to be :entropy or :verdict, got: #{inspect(value)}"
+      )
+
+  defp validate!(key, value) when key in @verdict_overrides,
+    do: raise(ArgumentError, "expected #{key} to be a positive integer, got: #{inspect(value)}")
 
   defp validate!(:window_size, value),
     do:
@@ -161,13 +215,17 @@ defmodule Observatory.Replay do
 
   defp validate!(key, _value), do: raise(ArgumentError, "unknown override #{inspect(key)}")
 
-  @doc "The entropy and step-detector settings in force."
+  @doc "The entropy, step-detector and loop-verdict settings in force."
   @spec settings() :: map()
   def settings do
     {window, loop, warning} = EntropyConfig.read()
     step = StepDetector.settings()
+    verdict = LoopVerdict.settings()
 
     %{
+      alert_source: AlertSource.current(),
+      verdict: Map.new(@verdict_overrides, &{&1, verdict[&1]}),
+      extra_volatile_keys: List.wrap(verdict[:extra_volatile_keys]),
       window_size: window,
       loop_threshold: loop,
       warning_threshold: warning,
@@ -448,7 +506,9 @@ defmodule Observatory.Replay do
       first_suspect: nil,
       first_verdict_loop: nil,
       verdict_loops: 0,
-      verdict_rule: nil
+      verdict_rule: nil,
+      verdict_reason: nil,
+      verdict_evidence: []
     }
   end
 
@@ -481,14 +541,21 @@ defmodule Observatory.Replay do
         first_step_block: first(session.first_step_block, action == :block, mark),
         first_suspect: first(session.first_suspect, verdict == :suspect, mark),
         first_verdict_loop: first(session.first_verdict_loop, verdict == :loop, mark),
-        verdict_loops: session.verdict_loops + if(verdict == :loop, do: 1, else: 0),
-        verdict_rule: loop_rule(session.verdict_rule, result.verdict)
+        verdict_loops: session.verdict_loops + if(verdict == :loop, do: 1, else: 0)
     }
+    |> first_loop_why(result.verdict)
   end
 
-  # The rule behind the session's first verdict LOOP.
-  defp loop_rule(nil, %{verdict: :loop, rule: rule}), do: rule
-  defp loop_rule(rule, _verdict), do: rule
+  # The rule, reason and evidence of the session's first verdict LOOP.
+  defp first_loop_why(%{verdict_rule: nil} = session, %{verdict: :loop} = verdict),
+    do: %{
+      session
+      | verdict_rule: verdict.rule,
+        verdict_reason: verdict.reason,
+        verdict_evidence: verdict.evidence
+    }
+
+  defp first_loop_why(session, _verdict), do: session
 
   # The first step something happened at, once it has.
   defp first(nil, true, {n, result, name, line_no}) do
@@ -535,10 +602,17 @@ defmodule Observatory.Replay do
 
     steps = states |> Enum.map(& &1.steps) |> Enum.sum()
     bad_count = bads |> Enum.map(& &1.count) |> Enum.sum()
+    settings = settings()
+
+    {alarmed, alarms} =
+      case settings.alert_source do
+        :entropy -> {& &1.first_loop, & &1.alerts}
+        :verdict -> {& &1.first_verdict_loop, & &1.verdict_loops}
+      end
 
     %{
       sources: names,
-      settings: settings(),
+      settings: settings,
       lines: reader.lines,
       steps: steps,
       bad_lines: bad_count,
@@ -556,6 +630,9 @@ defmodule Observatory.Replay do
         sessions_verdict_suspect: Enum.count(sessions, & &1.first_suspect),
         sessions_verdict_loop: Enum.count(sessions, & &1.first_verdict_loop),
         verdict_loops: sessions |> Enum.map(& &1.verdict_loops) |> Enum.sum(),
+        alert_source: settings.alert_source,
+        sessions_alarmed: Enum.count(sessions, alarmed),
+        alarms: sessions |> Enum.map(alarms) |> Enum.sum(),
         bad_lines: bad_count
       },
       elapsed_us: elapsed_us

@@ -2,55 +2,50 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
   defmodule ObservatoryWeb.AgentDetailLive do
     @moduledoc """
     The Agent Detail page as a Phoenix LiveView, for host apps that have Phoenix.
-    Compiled only when `Phoenix.LiveView` is loaded.
+    Compiled only when `Phoenix.LiveView` is loaded; mounted by
+    `ObservatoryWeb.LiveRouter.observatory_dashboard/2` at `…/agents/:agent_id`.
 
-    Every callback is `ObservatoryWeb.AgentDetail`'s: this module only hands
-    LiveView's socket to it and wraps its HTML, like
-    `ObservatoryWeb.SessionClusterManagerLive`. The route's `:agent_id` names the agent:
-
-        # router.ex
-        live_session :observatory,
-          session: {MyAppWeb.OperatorAuth, :observatory_session, []} do
-          live "/observatory", ObservatoryWeb.SessionClusterManagerLive
-          live "/observatory/agents/:agent_id", ObservatoryWeb.AgentDetailLive
-        end
-
-    where `observatory_session(conn)` returns `%{"operator" => name, "agents_path" =>
-    "/observatory/agents"}`: the name recorded in the agent's events, and where the
-    page's links to the agents point.
+    Every callback is `ObservatoryWeb.AgentDetail`'s; like
+    `ObservatoryWeb.SessionClusterManagerLive` it puts the page's parts in assigns
+    (`ObservatoryWeb.LiveParts`), so an update sends only the parts that changed.
     """
 
     use Phoenix.LiveView
 
-    alias ObservatoryWeb.AgentDetail
+    alias ObservatoryWeb.{AgentDetail, LiveParts}
+    alias ObservatoryWeb.AgentDetail.View
 
     @impl true
-    def mount(params, session, socket), do: AgentDetail.mount(params, session, socket)
+    def mount(params, session, socket) do
+      {:ok, socket} = AgentDetail.mount(params, session, socket)
+
+      socket =
+        socket
+        |> assign(:observatory_css, LiveParts.style())
+        |> assign(:observatory_nav, nav(session))
+
+      {:ok, parts(socket)}
+    end
 
     @impl true
-    def handle_info(message, socket), do: AgentDetail.handle_info(message, socket)
+    def handle_info(message, socket), do: message |> AgentDetail.handle_info(socket) |> parts()
 
     @impl true
-    def handle_event(event, params, socket), do: AgentDetail.handle_event(event, params, socket)
+    def handle_event(event, params, socket),
+      do: event |> AgentDetail.handle_event(params, socket) |> parts()
 
     @impl true
     def render(assigns) do
-      assigns = Phoenix.Component.assign(assigns, :html, html(assigns))
-
       ~H"""
-      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@html) %></div>
+      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_notice) %><%= Phoenix.HTML.raw(@html_header) %><%= Phoenix.HTML.raw(@html_panels) %><%= Phoenix.HTML.raw(@html_events) %></div>
       """
     end
 
-    # The page's own safe HTML (every agent-supplied string already escaped) and the
-    # stylesheet, scoped under `.scm`.
-    defp html(assigns) do
-      IO.iodata_to_binary([
-        "<style>",
-        ObservatoryWeb.Dashboard.Assets.css(),
-        "</style>",
-        AgentDetail.render(assigns)
-      ])
-    end
+    defp nav(session),
+      do:
+        session |> Map.get("observatory_path") |> LiveParts.nav(:agents) |> IO.iodata_to_binary()
+
+    defp parts({:noreply, socket}), do: {:noreply, parts(socket)}
+    defp parts(socket), do: LiveParts.assign(socket, View.parts(socket.assigns))
   end
 end

@@ -72,9 +72,15 @@ defmodule ObservatoryWeb.AgentList do
     {:noreply, socket}
   end
 
-  @doc "The list as HTML iodata."
+  @doc "The list as HTML iodata: its `parts/1`, in order."
   @spec render(map()) :: iodata()
-  def render(assigns) do
+  def render(assigns), do: Keyword.values(parts(assigns))
+
+  @doc "The list as one part (`ObservatoryWeb.LiveParts`): it changes as a whole."
+  @spec parts(map()) :: [{atom(), iodata()}]
+  def parts(assigns), do: [html_list: list(assigns)]
+
+  defp list(assigns) do
     rows = assigns.agents
 
     [
@@ -96,8 +102,8 @@ defmodule ObservatoryWeb.AgentList do
   end
 
   defp body([], _path) do
-    ~s(<p class="empty">No agents yet. An agent is registered by its first request through ) <>
-      ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header.</p>)
+    ~s(<p class="empty">No agents yet. An operator registers an agent by issuing its key: ) <>
+      ~s(<code>POST /api/v1/agents/:id/keys</code>.</p>)
   end
 
   defp body(rows, path) do

@@ -5,18 +5,24 @@ defmodule ObservatoryWeb.Conn do
   Handlers get a `%Conn{}` with the method, the decoded path segments and the query,
   and answer with `json/3`, `text/4`, `html/4`, `redirect/3` or `no_content/1`. Reading the body is explicit
   (`read_body/1`) and bounded by `:max_body_bytes`.
+
+  Every path segment, query parameter and header value is valid UTF-8, and a
+  `Content-Length` is a decimal number: a request where one is not carries
+  `bad_request` (the reason) and the router answers `400` before any handler runs.
+  `remote_ip` is the TCP peer's address; `X-Forwarded-For` is not trusted.
   """
 
   alias Observatory.JSON
 
-  defstruct [:req, :method, :path_info, :query, :remote_ip]
+  defstruct [:req, :method, :path_info, :query, :remote_ip, :bad_request]
 
   @type t :: %__MODULE__{
           req: term(),
           method: String.t(),
           path_info: [String.t()],
           query: %{String.t() => String.t()},
-          remote_ip: String.t() | nil
+          remote_ip: String.t() | nil,
+          bad_request: String.t() | nil
         }
 
   @security_headers [
@@ -27,17 +33,32 @@ defmodule ObservatoryWeb.Conn do
 
   @doc false
   def new(req) do
-    raw = :mochiweb_request.get(:raw_path, req) |> to_string()
+    raw = :mochiweb_request.get(:raw_path, req) |> bytes()
     {path, query} = split_query(raw)
+    segments = for seg <- String.split(path, "/", trim: true), do: decode_segment(seg)
+    query = decode_query(query)
 
     %__MODULE__{
       req: req,
       method: req |> then(&:mochiweb_request.get(:method, &1)) |> to_string(),
-      path_info: for(seg <- String.split(path, "/", trim: true), do: decode_segment(seg)),
-      query: URI.decode_query(query),
-      remote_ip: req |> then(&:mochiweb_request.get(:peer, &1)) |> to_string()
+      path_info: for({:ok, seg} <- segments, do: seg),
+      query: if(is_map(query), do: query, else: %{}),
+      remote_ip: peer(req)
     }
+    |> refuse_unless(Enum.all?(segments, &match?({:ok, _}, &1)), "the path is not valid UTF-8")
+    |> refuse_unless(is_map(query), "the query string is not valid UTF-8")
+    |> refuse_unless(headers_utf8?(req), "a header is not valid UTF-8")
+    |> refuse_unless(content_length_ok?(req), "Content-Length must be a decimal number")
   end
+
+  defp refuse_unless(%{bad_request: nil} = conn, false, reason), do: %{conn | bad_request: reason}
+  defp refuse_unless(conn, _ok, _reason), do: conn
+
+  # MochiWeb hands out paths and header values as lists of bytes: keep the bytes
+  # (`to_string/1` would read each byte as a code point and hide invalid UTF-8).
+  defp bytes(value) when is_list(value), do: :erlang.list_to_binary(value)
+  defp bytes(value) when is_binary(value), do: value
+  defp bytes(value) when is_atom(value), do: Atom.to_string(value)
 
   defp split_query(raw) do
     case String.split(raw, "?", parts: 2) do
@@ -46,10 +67,58 @@ defmodule ObservatoryWeb.Conn do
     end
   end
 
+  # Strict: a `%` not followed by two hex digits is an error (URI.decode/1 keeps it).
   defp decode_segment(seg) do
-    URI.decode(seg)
+    with {:ok, decoded} <- percent_decode(seg, []),
+         true <- String.valid?(decoded) do
+      {:ok, decoded}
+    else
+      _ -> :error
+    end
+  end
+
+  defp percent_decode(<<"%", hi, lo, rest::binary>>, acc)
+       when hi in ~c"0123456789abcdefABCDEF" and lo in ~c"0123456789abcdefABCDEF",
+       do: percent_decode(rest, [acc, List.to_integer([hi, lo], 16)])
+
+  defp percent_decode(<<"%", _::binary>>, _acc), do: :error
+  defp percent_decode(<<byte, rest::binary>>, acc), do: percent_decode(rest, [acc, byte])
+  defp percent_decode(<<>>, acc), do: {:ok, IO.iodata_to_binary(acc)}
+
+  defp decode_query(query) do
+    decoded = URI.decode_query(query)
+    if Enum.all?(decoded, fn {k, v} -> String.valid?(k) and String.valid?(v) end), do: decoded
   rescue
-    ArgumentError -> seg
+    ArgumentError -> nil
+  end
+
+  defp headers_utf8?(req) do
+    req
+    |> then(&:mochiweb_request.get(:headers, &1))
+    |> :mochiweb_headers.to_list()
+    |> Enum.all?(fn {name, value} ->
+      String.valid?(bytes(name)) and String.valid?(bytes(value))
+    end)
+  end
+
+  defp content_length_ok?(req) do
+    case :mochiweb_request.get_header_value(~c"content-length", req) do
+      :undefined -> true
+      value -> value |> bytes() |> String.trim() |> decimal?()
+    end
+  end
+
+  defp decimal?(<<>>), do: false
+  defp decimal?(text) when byte_size(text) > 19, do: false
+  defp decimal?(text), do: for(<<c <- text>>, reduce: true, do: (ok -> ok and c in ?0..?9))
+
+  # The socket's peer: MochiWeb's own `peer` believes X-Forwarded-For when the peer
+  # is on loopback or a private network, which would let a client pick its address.
+  defp peer(req) do
+    case :mochiweb_socket.peername(:mochiweb_request.get(:socket, req)) do
+      {:ok, {address, _port}} -> address |> :inet.ntoa() |> to_string()
+      _ -> nil
+    end
   end
 
   @doc "A request header's value, or nil."
@@ -57,7 +126,7 @@ defmodule ObservatoryWeb.Conn do
   def header(%__MODULE__{req: req}, name) do
     case :mochiweb_request.get_header_value(String.to_charlist(name), req) do
       :undefined -> nil
-      value -> to_string(value)
+      value -> bytes(value)
     end
   end
 
@@ -66,7 +135,7 @@ defmodule ObservatoryWeb.Conn do
   def cookie(%__MODULE__{req: req}, name) do
     case :mochiweb_request.get_cookie_value(String.to_charlist(name), req) do
       :undefined -> nil
-      value -> to_string(value)
+      value -> bytes(value)
     end
   end
 
@@ -102,7 +171,7 @@ defmodule ObservatoryWeb.Conn do
   @doc "Answers with `data` as JSON."
   @spec json(t(), pos_integer(), term()) :: :ok
   def json(conn, status, data) do
-    send_resp(conn, status, "application/json", JSON.encode!(data), [
+    send_resp(conn, status, "application/json", JSON.encode_lossy!(data), [
       {"Cache-Control", "no-store"}
     ])
   end

@@ -4,11 +4,15 @@ defmodule ObservatoryWeb.Endpoint do
   with `ObservatoryWeb.Router` as its request loop.
 
       config :observatory, ObservatoryWeb.Endpoint,
+        server: true,              # default false: a host app gets no second HTTP server
         ip: {127, 0, 0, 1},        # loopback unless you say otherwise
-        port: 4000,                # 0 picks a free port (tests)
-        server: true,              # false: do not start it (library use)
+        port: 4000,                # required with server: true; 0 picks a free port (tests)
         max_connections: 8_192,    # open connections at most; more wait in the backlog
         idle_timeout_ms: 10_000    # a connection with no request under way is closed after this
+
+  Observatory's own config (`config/config.exs`) sets `server: true, port: 4000`; a
+  Phoenix host, which does not load that file, gets no server, so no port of its own
+  to clash with and no need for MochiWeb, which is started here, with the server.
 
   ## Idle connections
 
@@ -34,12 +38,22 @@ defmodule ObservatoryWeb.Endpoint do
     %{id: __MODULE__, start: {__MODULE__, :start_link, []}, type: :worker}
   end
 
+  @doc "Whether the server is configured on (`server: true`); default false."
+  @spec server?() :: boolean()
+  def server? do
+    Application.get_env(:observatory, __MODULE__, []) |> Keyword.get(:server, false) == true
+  end
+
   @doc "Starts the server with the application's configuration."
   def start_link do
     config = Application.get_env(:observatory, __MODULE__, [])
     ip = Keyword.get(config, :ip, {127, 0, 0, 1})
-    port = Keyword.get(config, :port, 4000)
+
+    port =
+      Keyword.get(config, :port) || raise(ArgumentError, "no :port for #{inspect(__MODULE__)}")
+
     idle_ms = Keyword.get(config, :idle_timeout_ms, 10_000)
+    start_mochiweb!()
 
     # What :mochiweb_http.start_link/1 does, with this module's loop around its own.
     case :mochiweb_clock.start() do
@@ -63,6 +77,14 @@ defmodule ObservatoryWeb.Endpoint do
 
       {:error, reason} ->
         {:error, {:cannot_listen, :inet.ntoa(ip) |> to_string(), port, reason}}
+    end
+  end
+
+  # MochiWeb is an optional application (mix.exs): only the server needs it.
+  defp start_mochiweb! do
+    case Application.ensure_all_started(:mochiweb) do
+      {:ok, _} -> :ok
+      {:error, reason} -> raise "Observatory's HTTP server needs MochiWeb: #{inspect(reason)}"
     end
   end
 

@@ -19,39 +19,94 @@ defmodule ObservatoryWeb.Router do
   | GET | /dashboard/events | sign-in | `ObservatoryWeb.Dashboard.EventStream` (SSE) |
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
-  | POST | /v1/chat/completions | agent key + `X-Agent-Id` | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/messages | agent key | `ObservatoryWeb.API.Messages` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
+  | DELETE | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
+  | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
+  | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
   | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  @agent_actions ["kill_switch", "activate", "deactivate"]
+  @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
-  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
-  alias ObservatoryWeb.Conn
+  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Messages, Sessions, ToolCalls}
+  alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
+
+  # A failed request's log entry is cut here: an exception can carry a client's data.
+  @max_log_bytes 4096
 
   @doc false
   def call(req) do
     conn = Conn.new(req)
 
     try do
-      route(conn, conn.method, conn.path_info)
+      cond do
+        conn.bad_request -> refuse(conn)
+        throttled = throttled(conn) -> too_many_attempts(conn, throttled)
+        true -> route(conn, conn.method, conn.path_info)
+      end
     rescue
       exception ->
-        Logger.error(
+        message =
           "#{conn.method} /#{Enum.join(conn.path_info, "/")} failed: " <>
             Exception.format(:error, exception, __STACKTRACE__)
-        )
 
+        Logger.error(truncate(message, @max_log_bytes))
         Conn.error(conn, 500, "internal_error", "the request failed; see the server log")
     end
+  end
+
+  # A request we cannot read is answered and its connection closed: MochiWeb would
+  # otherwise parse its Content-Length to decide about keep-alive, and crash.
+  defp refuse(conn) do
+    Process.put(:mochiweb_request_force_close, true)
+    Conn.error(conn, 400, "bad_request", conn.bad_request)
+  end
+
+  # A locked-out client's credentials are refused before they are checked (issue 13).
+  defp throttled(conn) do
+    sign_in? = conn.method == "POST" and conn.path_info == ["login"]
+
+    if sign_in? or Auth.credential?(conn) do
+      case AuthThrottle.check(conn.remote_ip) do
+        :ok -> nil
+        {:error, retry_after_s} -> retry_after_s
+      end
+    end
+  end
+
+  defp too_many_attempts(%{path_info: ["login"]} = conn, retry_after_s),
+    do: Login.throttled(conn, retry_after_s)
+
+  defp too_many_attempts(conn, retry_after_s) do
+    body = %{
+      error: "too_many_attempts",
+      message: "too many failed credentials from this client; retry in #{retry_after_s} s"
+    }
+
+    Conn.send_resp(conn, 429, "application/json", Observatory.JSON.encode!(body), [
+      {"Retry-After", Integer.to_string(retry_after_s)},
+      {"Cache-Control", "no-store"}
+    ])
+  end
+
+  @doc "`text` cut to at most `max` bytes (on a character boundary), marked when cut."
+  @spec truncate(String.t(), pos_integer()) :: String.t()
+  def truncate(text, max) when byte_size(text) <= max, do: text
+
+  def truncate(text, max) do
+    cut = text |> binary_part(0, max) |> String.chunk(:valid) |> Enum.filter(&String.valid?/1)
+    IO.iodata_to_binary([cut, " … (#{byte_size(text)} bytes, cut)"])
   end
 
   defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)
@@ -75,6 +130,7 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
 
   defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
+  defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
   defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
   defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
 
@@ -85,6 +141,16 @@ defmodule ObservatoryWeb.Router do
 
   defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
     do: Agents.deactivate(conn, id)
+
+  defp route(conn, "DELETE", ["api", "v1", "agents", id]), do: Agents.delete(conn, id)
+  defp route(conn, "GET", ["api", "v1", "agents", id, "keys"]), do: Agents.keys(conn, id)
+  defp route(conn, "POST", ["api", "v1", "agents", id, "keys"]), do: Agents.issue_key(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "keys", "rotate"]),
+    do: Agents.rotate_key(conn, id)
+
+  defp route(conn, "DELETE", ["api", "v1", "agents", id, "keys", key_id]),
+    do: Agents.revoke_key(conn, id, key_id)
 
   defp route(conn, "GET", ["healthz"]) do
     case Observatory.Health.check() do
@@ -118,7 +184,9 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["v1", "chat", "completions"]), do: true
 
   defp known_path?(["api", "v1", "agents" | rest]),
-    do: match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest)
+    do:
+      match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest) or
+        match?([_, "keys", _], rest)
 
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true

@@ -2,55 +2,54 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
   defmodule ObservatoryWeb.SessionClusterManagerLive do
     @moduledoc """
     The Session Cluster Manager as a Phoenix LiveView, for host apps that have
-    Phoenix. Compiled only when `Phoenix.LiveView` is loaded.
+    Phoenix. Compiled only when `Phoenix.LiveView` is loaded; mounted by
+    `ObservatoryWeb.LiveRouter.observatory_dashboard/2`.
 
-    Every callback is `ObservatoryWeb.SessionClusterManager`'s: this module only
-    hands LiveView's socket to it and wraps its HTML. It uses API that LiveView 0.20
-    and 1.x share (`use Phoenix.LiveView`, `Phoenix.Component.assign/3`,
-    `Phoenix.LiveView.connected?/1`, `~H` with `<%= %>`, `Phoenix.HTML.raw/1`).
-
-        # router.ex
-        live_session :observatory,
-          session: {MyAppWeb.OperatorAuth, :observatory_session, []} do
-          live "/observatory", ObservatoryWeb.SessionClusterManagerLive
-        end
-
-    where `observatory_session(conn)` returns `%{"operator" => name}`: the name the
-    HITL audit log records for Pause and Resume. Point Observatory at the app's
-    PubSub (`config :observatory, :pubsub, {Phoenix.PubSub, MyApp.PubSub}`).
+    Every callback is `ObservatoryWeb.SessionClusterManager`'s: this module hands
+    LiveView's socket to it, then puts the page's parts in assigns
+    (`ObservatoryWeb.LiveParts`), so an update sends only the parts that changed. It
+    uses API that LiveView 0.20 and 1.x share (`use Phoenix.LiveView`,
+    `Phoenix.Component.assign/3`, `Phoenix.LiveView.connected?/1`, `~H` with `<%= %>`,
+    `Phoenix.HTML.raw/1`).
     """
 
     use Phoenix.LiveView
 
-    alias ObservatoryWeb.SessionClusterManager, as: Manager
+    alias ObservatoryWeb.{LiveParts, SessionClusterManager}
+    alias ObservatoryWeb.SessionClusterManager.View
 
     @impl true
-    def mount(params, session, socket), do: Manager.mount(params, session, socket)
+    def mount(params, session, socket) do
+      {:ok, socket} = SessionClusterManager.mount(params, session, socket)
+
+      socket =
+        socket
+        |> assign(:observatory_css, ObservatoryWeb.LiveParts.style())
+        |> assign(:observatory_nav, nav(session))
+
+      {:ok, parts(socket)}
+    end
 
     @impl true
-    def handle_info(message, socket), do: Manager.handle_info(message, socket)
+    def handle_info(message, socket),
+      do: message |> SessionClusterManager.handle_info(socket) |> parts()
 
     @impl true
-    def handle_event(event, params, socket), do: Manager.handle_event(event, params, socket)
+    def handle_event(event, params, socket),
+      do: event |> SessionClusterManager.handle_event(params, socket) |> parts()
 
     @impl true
     def render(assigns) do
-      assigns = Phoenix.Component.assign(assigns, :html, html(assigns))
-
       ~H"""
-      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@html) %></div>
+      <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_notice) %><%= Phoenix.HTML.raw(@html_summary) %><%= Phoenix.HTML.raw(@html_alerts) %><%= Phoenix.HTML.raw(@html_inspect) %><%= Phoenix.HTML.raw(@html_topology) %><%= Phoenix.HTML.raw(@html_nodes_alert_entropy) %><%= Phoenix.HTML.raw(@html_nodes_blocked) %><%= Phoenix.HTML.raw(@html_nodes_paused) %><%= Phoenix.HTML.raw(@html_nodes_active) %><%= Phoenix.HTML.raw(@html_nodes_idle) %><%= Phoenix.HTML.raw(@html_topology_end) %><%= Phoenix.HTML.raw(@html_steps) %></div>
       """
     end
 
-    # The manager's own safe HTML (every agent-supplied string already escaped) and
-    # its stylesheet, scoped under `.scm`.
-    defp html(assigns) do
-      IO.iodata_to_binary([
-        "<style>",
-        ObservatoryWeb.Dashboard.Assets.css(),
-        "</style>",
-        Manager.render(assigns)
-      ])
-    end
+    defp nav(session),
+      do:
+        session |> Map.get("observatory_path") |> LiveParts.nav(:cluster) |> IO.iodata_to_binary()
+
+    defp parts({:noreply, socket}), do: {:noreply, parts(socket)}
+    defp parts(socket), do: LiveParts.assign(socket, View.parts(socket.assigns))
   end
 end

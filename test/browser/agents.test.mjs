@@ -2,7 +2,7 @@
 // playwright-core, against a real gateway (gateway.mjs) whose chat-completions proxy
 // forwards to a stub upstream on loopback (upstream.mjs), which also receives the
 // kill switch's webhook alerts. Agents reach the gateway the way real ones do:
-// POST /v1/chat/completions with an X-Agent-Id header.
+// POST /v1/chat/completions with their own agent key (issued through the operator API).
 //
 //   node --test test/browser/agents.test.mjs     (bin/test runs it after mix test)
 //
@@ -93,7 +93,7 @@ describe("Agent Detail and the kill switch in chromium", { timeout: 300_000 }, (
     await anonymous.close();
   });
 
-  test("an agent's first proxied request lists it; the fleet and the nav link to its page", async () => {
+  test("an agent issued a key is listed once it proxies a request; the fleet and the nav link to its page", async () => {
     const first = await gateway.chat("agent-deploy", attempt(0));
     assert.equal(first.status, 200);
     assert.equal(first.body.choices[0].message.content, "Deployment failed: timeout.");

@@ -3,7 +3,8 @@
 //
 // The gateway runs as `mix run --no-halt` in the test environment (its fixed
 // secret_key_base keeps sign-ins valid across a restart), on a free loopback port,
-// with the demo fleet off and keys of its own from the environment.
+// with the demo fleet off and an operator token of its own from the environment.
+// Each agent gets its own agent key, issued through the operator API on first use.
 import { spawn } from "node:child_process";
 import { createWriteStream } from "node:fs";
 import { createServer } from "node:net";
@@ -11,7 +12,6 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-export const AGENT_KEY = "browser-agent-key";
 export const OPERATOR = "browser-operator";
 export const OPERATOR_TOKEN = "browser-operator-token";
 
@@ -35,9 +35,11 @@ export class Gateway {
     this.logPath = logPath;
     this.env = env;
     this.proc = null;
+    this.keys = new Map();
   }
 
   async start(timeoutMs = 120_000) {
+    this.keys = new Map(); // a test gateway's data directory is new at every start
     const log = createWriteStream(this.logPath, { flags: "a" });
     this.proc = spawn("mix", ["run", "--no-halt"], {
       cwd: ROOT,
@@ -47,7 +49,6 @@ export class Gateway {
         OBSERVATORY_PORT: String(this.port),
         OBSERVATORY_IP: "127.0.0.1",
         OBSERVATORY_DEMO: "0",
-        OBSERVATORY_AGENT_KEYS: AGENT_KEY,
         OBSERVATORY_OPERATOR_TOKENS: `${OPERATOR}:${OPERATOR_TOKEN}`,
         ...this.env,
       },
@@ -82,10 +83,24 @@ export class Gateway {
 
   // ---- agents -------------------------------------------------------------------
 
+  // The agent's own key: issued by the operator API (which registers the agent) once.
+  async keyFor(agentId) {
+    if (!this.keys.has(agentId)) {
+      const res = await fetch(`${this.base}/api/v1/agents/${encodeURIComponent(agentId)}/keys`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${OPERATOR_TOKEN}` },
+      });
+      if (res.status !== 201) throw new Error(`issuing a key answered ${res.status}: ${await res.text()}`);
+      this.keys.set(agentId, (await res.json()).key);
+    }
+    return this.keys.get(agentId);
+  }
+
   async step(sessionId, agentId, [intent, toolCall, status]) {
+    const key = await this.keyFor(agentId);
     const res = await fetch(`${this.base}/api/v1/decision_logs`, {
       method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${AGENT_KEY}` },
+      headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
       body: JSON.stringify({
         meta: {
           step_id: `${sessionId}-${Math.random().toString(36).slice(2)}`,
@@ -107,13 +122,15 @@ export class Gateway {
     return answers;
   }
 
-  // One request through the chat-completions proxy, as agent `agentId` (X-Agent-Id).
+  // One request through the chat-completions proxy, as agent `agentId`: its own key,
+  // and the same id in X-Agent-Id (optional; it must match the key's agent).
   async chat(agentId, prompt) {
+    const key = await this.keyFor(agentId);
     const res = await fetch(`${this.base}/v1/chat/completions`, {
       method: "POST",
       headers: {
         "content-type": "application/json",
-        authorization: `Bearer ${AGENT_KEY}`,
+        authorization: `Bearer ${key}`,
         "x-agent-id": agentId,
       },
       body: JSON.stringify({ model: "stub-model", messages: [{ role: "user", content: prompt }] }),

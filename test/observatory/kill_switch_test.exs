@@ -48,6 +48,7 @@ defmodule Observatory.KillSwitchTest do
 
     test "Disable kill switch", %{agent: agent} do
       # Off by default: a new agent is registered with the switch disabled.
+      {:ok, _} = Agents.fetch_or_register(agent)
       assert {:ok, nil} = KillSwitch.check_request(agent, looping(0))
       assert %{kill_switch: %{enabled: false}, active: true} = Agents.get(agent)
 
@@ -282,8 +283,9 @@ defmodule Observatory.KillSwitch.AgentLimitTest do
     )
 
     fp = %{prompt_hash: 1, tool_signatures: [], stream: false}
-    assert {:error, :agent_limit} = KillSwitch.check_request(known <> "-new", fp)
+    assert {:error, :unknown_agent} = KillSwitch.check_request(known <> "-new", fp)
     assert {:error, :agent_limit} = KillSwitch.configure(known <> "-new", %{enabled: true})
+    assert {:error, :agent_limit} = Observatory.AgentKeys.issue(known <> "-new")
     assert {:ok, nil} = KillSwitch.check_request(known, fp)
     assert Agents.get(known <> "-new") == nil
   end

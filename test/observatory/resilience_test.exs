@@ -22,7 +22,7 @@ defmodule Observatory.ResilienceTest do
       Application.get_all_env(:observatory)
       |> Keyword.put(:data_dir, tmp_dir())
       |> Keyword.put(:demo, false)
-      |> Keyword.put(ObservatoryWeb.Endpoint, port: 0)
+      |> Keyword.put(ObservatoryWeb.Endpoint, server: true, port: 0)
 
     on_exit(fn ->
       try do
@@ -207,7 +207,7 @@ defmodule Observatory.ResilienceTest do
     end
 
     test "a connection that sends nothing, or headers too slowly, is closed after idle_timeout_ms" do
-      endpoint = [port: 0, idle_timeout_ms: 300]
+      endpoint = [server: true, port: 0, idle_timeout_ms: 300]
       {_peer, node, {:ok, _}} = start_peer([{ObservatoryWeb.Endpoint, endpoint}])
       port = call(node, ObservatoryWeb.Endpoint, :port, [])
 
@@ -229,7 +229,9 @@ defmodule Observatory.ResilienceTest do
 
     test "max_connections caps the open connections" do
       {_peer, node, {:ok, _}} =
-        start_peer([{ObservatoryWeb.Endpoint, [port: 0, max_connections: 50, acceptors: 10]}])
+        start_peer([
+          {ObservatoryWeb.Endpoint, [server: true, port: 0, max_connections: 50, acceptors: 10]}
+        ])
 
       port = call(node, ObservatoryWeb.Endpoint, :port, [])
       sockets = open_idle(port, 80)

@@ -29,7 +29,7 @@ defmodule ObservatoryWeb.AgentPagesTest do
     body = JSON.encode!(Upstream.request("Attempt #{k}: deploy build 4821"))
 
     HTTP.post("/v1/chat/completions", body,
-      headers: [{"authorization", "Bearer " <> HTTP.agent_key()}, {"x-agent-id", agent}]
+      headers: [{"authorization", "Bearer " <> HTTP.key_for(agent)}, {"x-agent-id", agent}]
     )
   end
 

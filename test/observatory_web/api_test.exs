@@ -40,7 +40,8 @@ defmodule ObservatoryWeb.APITest do
     end
 
     test "the loop verdict is in the answer, with its reason and evidence", %{sid: sid} do
-      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", msg(sid))
+      failed = msg(sid, %{"action" => %{"result" => %{"error" => "ENOENT: config.yml"}}})
+      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", failed)
       assert %{"verdict" => %{"verdict" => "suspect", "rule" => "repeat"}} = second.body
 
       assert %{
@@ -50,7 +51,7 @@ defmodule ObservatoryWeb.APITest do
                  "previous" => "suspect",
                  "rule" => "repeat",
                  "evidence" => [1, 2, 3],
-                 "reason" => "the same call returned the same result 3 times in a row"
+                 "reason" => "the same call 3 times in a row, its result saying nothing new"
                }
              } = third.body
     end

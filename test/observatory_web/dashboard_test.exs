@@ -13,7 +13,9 @@ defmodule ObservatoryWeb.DashboardTest do
   defp loop_over_http(sid, steps \\ 5) do
     for _ <- 1..steps do
       msg = HTTP.envelope(%{"meta" => %{"session_id" => sid, "agent_id" => "agent-web"}})
-      assert HTTP.post_json("/api/v1/decision_logs", msg).status == 200
+
+      assert HTTP.post_json("/api/v1/decision_logs", msg, headers: HTTP.agent_headers("agent-web")).status ==
+               200
     end
   end
 

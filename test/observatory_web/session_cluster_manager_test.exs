@@ -460,7 +460,7 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       socket = feed(socket, [suspect, loop])
 
       assert %{verdict: :loop, verdict_reason: reason} = socket.assigns.fleet[sid]
-      assert reason =~ "same result 3 times"
+      assert reason =~ "3 times in a row, its result saying nothing new"
       page = html(socket)
       assert page =~ ~s(class="verdict verdict-loop" data-verdict="loop")
 

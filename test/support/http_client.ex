@@ -6,7 +6,24 @@ defmodule Observatory.Test.HTTP do
   @agent "test-agent-key"
   @operator "test-operator-token"
 
+  @doc "The seeded key of agent-http (config/test.exs)."
   def agent_key, do: @agent
+
+  @doc "A key of `agent_id`, issued (and the agent registered) on first use."
+  def key_for(agent_id) do
+    case :persistent_term.get({__MODULE__, :key, agent_id}, nil) do
+      nil ->
+        {:ok, %{key: key}} = Observatory.AgentKeys.issue(agent_id)
+        :persistent_term.put({__MODULE__, :key, agent_id}, key)
+        key
+
+      key ->
+        key
+    end
+  end
+
+  @doc "Headers that authenticate as `agent_id`."
+  def agent_headers(agent_id), do: [{"authorization", "Bearer " <> key_for(agent_id)}]
   def operator_token, do: @operator
 
   def url(path), do: ObservatoryWeb.Endpoint.url() <> path

@@ -27,8 +27,8 @@ defmodule Observatory.Test.Remote do
   Starts Observatory here as a release would (`:permanent`: if its top supervisor
   gives up, this VM ends), with `env` over the application environment. (A
   permanent application that fails to start ends the VM too: `:temporary` lets a
-  test read the error.) Logs are
-  off: the tests that use this kill processes on purpose.
+  test read the error.) Logs are off: the tests that use this kill processes on
+  purpose.
   """
   def start_app(env, type \\ :permanent) do
     :logger.set_primary_config(:level, :emergency)
@@ -71,5 +71,26 @@ defmodule Observatory.Test.Remote do
   def get(path) do
     %{status: status, body: body} = Observatory.Test.HTTP.get(path)
     {status, body}
+  end
+
+  @doc "Sends every log event of this node to `pid` as `{:peer_log, text, mfa}`, and nowhere else."
+  def forward_logs(pid) do
+    Application.put_env(:logger, :backends, [])
+    _ = :logger.remove_handler(:default)
+    :ok = :logger.set_primary_config(:level, :all)
+    :ok = :logger.add_handler(:observatory_test_forward, __MODULE__, %{config: %{pid: pid}})
+  end
+
+  @doc false
+  # :logger handler callback.
+  def log(%{msg: msg, meta: meta}, %{config: %{pid: pid}}) do
+    text =
+      case msg do
+        {:string, s} -> IO.chardata_to_string(s)
+        {:report, r} -> inspect(r)
+        {format, args} -> format |> :io_lib.format(args) |> IO.chardata_to_string()
+      end
+
+    send(pid, {:peer_log, text, Map.get(meta, :mfa)})
   end
 end

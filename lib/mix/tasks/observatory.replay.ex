@@ -3,11 +3,13 @@ defmodule Mix.Tasks.Observatory.Replay do
 
   @moduledoc """
   Replays recorded agent steps through Observatory's real ingest path — DecisionLog
-  validation, the EntropyTracker and the step detector — and reports, per session,
-  where it first reached WARNING and LOOP.
+  validation, the EntropyTracker, the step detector and the loop verdict — and reports,
+  per session, where it first reached WARNING and LOOP and where the verdict first said
+  loop, and why.
 
       mix observatory.replay examples/agent_steps.jsonl
       mix observatory.replay logs/*.jsonl.gz --window-size 10 --loop-threshold 0.3
+      mix observatory.replay logs/*.jsonl.gz --alert-source verdict --extra-volatile-keys job_token
       zcat old/*.gz | mix observatory.replay --json > report.json
 
   Input is JSONL files, or stdin when no file (or `-`) is given; plain or gzip
@@ -28,12 +30,15 @@ defmodule Mix.Tasks.Observatory.Replay do
   The task starts the application without its HTTP server and demo fleet, keeps one
   envelope per session in the session log instead of 20 (nothing reads it), and
   silences the per-line `schema_violation` warnings (the report lists the bad lines).
+  The report is all that goes to stdout: the application's logs go to stderr.
 
   ## Options
 
-    * `--json` — print the report as JSON instead of a table
-    * `--flagged` — list only sessions that reached WARNING or LOOP or that the step
-      detector warned or blocked (the summary still counts every session)
+    * `--json` — print the report as JSON instead of a table: stdout carries nothing
+      else (logs and the compiler's messages go to stderr)
+    * `--flagged` — list only sessions that reached WARNING or LOOP, that the step
+      detector warned or blocked, or that the verdict called suspect or loop (the
+      summary still counts every session)
     * `--window-size N` — entropy window (default: `:entropy_window_size`, 5)
     * `--loop-threshold X` — LOOP below this score (default 0.25)
     * `--warning-threshold X` — WARNING below this score (default 0.50)
@@ -41,6 +46,18 @@ defmodule Mix.Tasks.Observatory.Replay do
       approach and outcome (default 3 and 5)
     * `--stuck-warn N`, `--stuck-block N` — step detector, new approaches with a
       repeated outcome (default 5 and 8)
+    * `--alert-source entropy|verdict` — which signal's alarms the summary counts as
+      `alarmed` (default: `config :observatory, :alert_source`, `entropy`); both are
+      always in the table
+    * the loop verdict's thresholds (defaults: `config :observatory, :loop_verdict`):
+      `--history N` (steps remembered, 2..64), `--repeat-suspect N`, `--repeat-loop N`
+      (the same call saying nothing new, in a row; 2 and 3), `--blank-repeat-loop N`
+      (the same, every result empty; 4), `--max-period N` (longest cycle, 1..8; 5),
+      `--cycle-suspect N`, `--cycle-loop N` (2 and 3), `--failure-suspect N`,
+      `--failure-loop N|never` (different calls, the same failure; 3 and never)
+    * `--extra-volatile-keys k1,k2` — words whose numbers or string values are per-call
+      ids in your logs (`job_token`, `run`), added to the verdict's volatile words;
+      repeatable
     * `--workers N` — processes ingesting steps; sessions are spread over them by a
       hash of their id, each session's steps stay in order (default: one per
       scheduler)
@@ -51,10 +68,12 @@ defmodule Mix.Tasks.Observatory.Replay do
 
   Per session: its accepted steps; the step number (1-based, counting the session's
   accepted steps) of its first WARNING and first LOOP; its alerts; its lowest entropy
-  score; and the steps at which the step detector first warned and blocked. Then the
-  bad lines and a summary: sessions, steps, sessions with WARNING, sessions with LOOP
-  (a session that loops usually passes through WARNING first and counts in both),
-  alerts. An alert is an `EntropyAlertEvent`: the gateway sends one on every LOOP
+  score; the steps at which the step detector first warned and blocked; and where the
+  loop verdict first said suspect or loop, with its rule. Then, for every session the
+  verdict called a loop, the rule, the reason in words and the evidence steps; the bad
+  lines; and a summary: sessions, steps, sessions with WARNING, sessions with LOOP (a
+  session that loops usually passes through WARNING first and counts in both), alerts,
+  the verdict's suspects and loops, and the sessions alarmed under the alert source. An alert is an `EntropyAlertEvent`: the gateway sends one on every LOOP
   step (FR-9.4, FR-9.7), and `alerts` counts the steps scored LOOP, which is the same
   number.
 
@@ -79,7 +98,18 @@ defmodule Mix.Tasks.Observatory.Replay do
     stuck_block: :integer,
     workers: :integer,
     progress: :boolean,
-    quiet: :boolean
+    quiet: :boolean,
+    alert_source: :string,
+    history: :integer,
+    max_period: :integer,
+    repeat_suspect: :integer,
+    repeat_loop: :integer,
+    blank_repeat_loop: :integer,
+    cycle_suspect: :integer,
+    cycle_loop: :integer,
+    failure_suspect: :integer,
+    failure_loop: :string,
+    extra_volatile_keys: :keep
   ]
   @overrides [
     :window_size,
@@ -88,14 +118,25 @@ defmodule Mix.Tasks.Observatory.Replay do
     :stagnation_warn,
     :stagnation_block,
     :stuck_warn,
-    :stuck_block
+    :stuck_block,
+    :alert_source,
+    :history,
+    :max_period,
+    :repeat_suspect,
+    :repeat_loop,
+    :blank_repeat_loop,
+    :cycle_suspect,
+    :cycle_loop,
+    :failure_suspect,
+    :failure_loop,
+    :extra_volatile_keys
   ]
 
   @impl Mix.Task
   def run(argv) do
     {opts, files} = parse!(argv)
     sources = sources!(files)
-    start_app()
+    start_app(opts)
 
     try do
       Replay.configure(Keyword.take(opts, @overrides))
@@ -134,7 +175,7 @@ defmodule Mix.Tasks.Observatory.Replay do
   defp parse!(argv) do
     case OptionParser.parse(argv, strict: @switches, aliases: [q: :quiet]) do
       {opts, files, []} ->
-        {opts, files}
+        {typed(opts), files}
 
       {_opts, _files, invalid} ->
         bad =
@@ -147,6 +188,44 @@ defmodule Mix.Tasks.Observatory.Replay do
         )
     end
   end
+
+  # The flags that are not plain numbers: --alert-source, --failure-loop (N or never),
+  # --extra-volatile-keys (repeatable, comma-separated).
+  defp typed(opts) do
+    {words, opts} = Keyword.pop_values(opts, :extra_volatile_keys)
+    words = Enum.flat_map(words, &String.split(&1, ",", trim: true)) |> Enum.map(&String.trim/1)
+
+    opts
+    |> Keyword.new(fn
+      {:alert_source, "entropy"} ->
+        {:alert_source, :entropy}
+
+      {:alert_source, "verdict"} ->
+        {:alert_source, :verdict}
+
+      {:alert_source, other} ->
+        bad_flag!("--alert-source must be entropy or verdict, got: #{other}")
+
+      {:failure_loop, "never"} ->
+        {:failure_loop, :never}
+
+      {:failure_loop, n} ->
+        {:failure_loop, integer_flag!("--failure-loop", n)}
+
+      other ->
+        other
+    end)
+    |> then(&if(words == [], do: &1, else: Keyword.put(&1, :extra_volatile_keys, words)))
+  end
+
+  defp integer_flag!(flag, text) do
+    case Integer.parse(text) do
+      {n, ""} -> n
+      _ -> bad_flag!("#{flag} must be an integer or never, got: #{text}")
+    end
+  end
+
+  defp bad_flag!(message), do: Mix.raise("observatory.replay: #{message}")
 
   defp sources!([]), do: [:stdio]
 
@@ -161,13 +240,28 @@ defmodule Mix.Tasks.Observatory.Replay do
   end
 
   # The application, without the HTTP server and the demo fleet; read config first so
-  # that runtime.exs (e.g. OBSERVATORY_DEMO=1) cannot turn them back on.
-  defp start_app do
+  # that runtime.exs (e.g. OBSERVATORY_DEMO=1) cannot turn them back on. The report is
+  # the only thing on stdout: logs go to stderr, and with --json so does the compiler's
+  # chatter.
+  defp start_app(opts) do
     # Where Observatory already runs (its own test suite, an iex -S mix session),
     # configuring again would restart Logger under running code: only a fresh VM
     # configures and starts the application.
     running? = List.keymember?(Application.started_applications(), :observatory, 0)
-    unless running?, do: Mix.Task.run("app.config")
+
+    unless running? do
+      shell = Mix.shell()
+      if opts[:json], do: Mix.shell(Mix.Shell.Quiet)
+
+      try do
+        Mix.Task.run("app.config")
+      after
+        Mix.shell(shell)
+      end
+
+      Logger.configure_backend(:console, device: :standard_error)
+    end
+
     endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
 
     Application.put_env(

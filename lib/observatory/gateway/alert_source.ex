@@ -80,6 +80,7 @@ defmodule Observatory.Gateway.AlertSource do
            {:ok, event} <- EntropyAlertEvent.validate(event) do
         Observatory.Metrics.inc(:alerts)
         Events.broadcast(Events.entropy_alerts(), event)
+        emit_alert(event, :verdict)
       end
 
     if result != :ok do
@@ -100,6 +101,18 @@ defmodule Observatory.Gateway.AlertSource do
       do: Topology.broadcast(session_id, agent_id, "active")
 
   def act(_session_id, _agent_id, _verdict, _score, _opts), do: :ok
+
+  @doc false
+  # The `[:observatory, :alert]` telemetry event (`Observatory.Telemetry`), for an
+  # alert just broadcast by `source` (`:entropy` or `:verdict`).
+  @spec emit_alert(map(), :entropy | :verdict) :: :ok
+  def emit_alert(event, source) do
+    Observatory.Telemetry.execute(
+      [:observatory, :alert],
+      %{entropy_score: event.entropy_score, occurrence_count: event.occurrence_count},
+      %{session_id: event.session_id, agent_id: event.agent_id, source: source}
+    )
+  end
 
   defp alert_event(_session_id, _agent_id, _verdict, score, _opts) when not is_float(score),
     do: {:error, :no_entropy_score}

@@ -41,7 +41,8 @@ defmodule Observatory.Gateway.EntropyTracker do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.{ActionStatus, EntropyAlertEvent, EntropyConfig, Events, Topology}
+  alias Observatory.Gateway.{ActionStatus, AlertSource, EntropyAlertEvent, EntropyConfig, Events}
+  alias Observatory.Gateway.Topology
   alias Observatory.Native
 
   @type severity :: :loop | :warning | :normal
@@ -128,6 +129,7 @@ defmodule Observatory.Gateway.EntropyTracker do
         warning_threshold
       )
       |> act(session_id, Keyword.get(opts, :alerts, true) != false)
+      |> emit_score(session_id, agent_id)
     end
   end
 
@@ -135,6 +137,18 @@ defmodule Observatory.Gateway.EntropyTracker do
     do: {:error, :invalid_session_id}
 
   def record_and_score(_session_id, _tuple, _opts), do: {:error, :invalid_tuple}
+
+  defp emit_score({:ok, score, severity} = result, session_id, agent_id) do
+    Observatory.Telemetry.execute([:observatory, :entropy, :score], %{score: score}, %{
+      session_id: session_id,
+      agent_id: agent_id,
+      severity: severity
+    })
+
+    result
+  end
+
+  defp emit_score(error, _session_id, _agent_id), do: error
 
   @doc """
   The session's current state, or `nil` if it has no window.
@@ -252,6 +266,7 @@ defmodule Observatory.Gateway.EntropyTracker do
       with {:ok, event} <- EntropyAlertEvent.validate(event) do
         Observatory.Metrics.inc(:alerts)
         Events.broadcast(Events.entropy_alerts(), event)
+        AlertSource.emit_alert(event, :entropy)
         Topology.broadcast(session_id, agent_id, "alert_entropy")
         {:ok, score, :loop}
       end

@@ -188,6 +188,13 @@ defmodule Observatory.Gateway.HITL do
     )
 
     Events.broadcast(topic(), Map.put(entry, :event_type, "hitl_#{entry.action}"))
+
+    Observatory.Telemetry.execute(
+      [:observatory, :hitl, entry.action],
+      %{system_time: System.system_time()},
+      Map.take(entry, [:session_id, :operator, :reason])
+    )
+
     {agent_id, state_name} = node_state(entry)
     Topology.broadcast(entry.session_id, agent_id, state_name, force: true)
     state

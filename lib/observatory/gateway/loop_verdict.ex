@@ -19,7 +19,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       {:ok, result} = Observatory.Gateway.SchemaInterceptor.ingest(json)
       result.verdict
       #=> %{verdict: :loop, previous: :suspect, rule: :repeat,
-      #     reason: "the same call returned the same result 3 times in a row",
+      #     reason: "the same call 3 times in a row, its result saying nothing new",
       #     evidence: [4, 5, 6], step_number: 6}
 
   ## Rules
@@ -95,10 +95,11 @@ defmodule Observatory.Gateway.LoopVerdict do
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,
+    blank_repeat_loop: 4,
     cycle_suspect: 2,
     cycle_loop: 3,
     failure_suspect: 3,
-    failure_loop: 4,
+    failure_loop: :never,
     entropy_rule: true
   ]
   @normalization [
@@ -110,11 +111,19 @@ defmodule Observatory.Gateway.LoopVerdict do
     normalize_result_numbers: false
   ]
   @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
+  @rules_text "each suspect threshold must be >= 2 and <= its loop threshold (or :never " <>
+                "for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"
 
   @type level :: :progress | :suspect | :loop
   @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
-  @typedoc "What the DecisionLog parse computes for the verdict: `{call, outcome, has_result, failure}`."
-  @type keys :: {non_neg_integer(), non_neg_integer(), boolean(), boolean()}
+  @typedoc """
+  What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
+  lines, flags}` (64-bit hashes, a 128-byte line sketch, and flag bits: has a result,
+  failed, blank, long). Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
+  """
+  @type keys ::
+          {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
+           non_neg_integer()}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -138,6 +147,26 @@ defmodule Observatory.Gateway.LoopVerdict do
       env when is_list(env) -> Keyword.merge(@defaults, env)
       _other -> @defaults
     end
+  end
+
+  @doc "The names of the per-step thresholds (`:history`, `:repeat_loop`, …)."
+  @spec threshold_keys() :: [atom()]
+  def threshold_keys, do: Keyword.keys(@thresholds)
+
+  @doc """
+  Checks thresholds (merged over the settings in force) the way every step does:
+  `:ok`, or `{:error, message}` naming what is wrong.
+
+      iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_loop: 3)
+      :ok
+      iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_suspect: 4, repeat_loop: 3)
+      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"}
+  """
+  @spec check_thresholds(keyword()) :: :ok | {:error, String.t()}
+  def check_thresholds(thresholds) when is_list(thresholds) do
+    if valid_config?(to_tuple(Keyword.merge(settings(), thresholds))),
+      do: :ok,
+      else: {:error, "invalid :loop_verdict thresholds: " <> @rules_text}
   end
 
   @doc "The default volatile words (from the Rust core)."
@@ -263,8 +292,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       tuple
     else
       Logger.warning(
-        "invalid :loop_verdict thresholds #{inspect(env)}: each suspect threshold must be " <>
-          ">= 2 and <= its loop threshold, history 2..64, max_period 1..8; using the defaults"
+        "invalid :loop_verdict thresholds #{inspect(env)}: #{@rules_text}; using the defaults"
       )
 
       to_tuple(@defaults)
@@ -272,13 +300,18 @@ defmodule Observatory.Gateway.LoopVerdict do
   end
 
   defp to_tuple(s) do
-    {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop]},
-     {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], s[:failure_loop]},
+    {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop], s[:blank_repeat_loop]},
+     {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], never_as_zero(s[:failure_loop])},
      s[:entropy_rule]}
   end
 
-  defp valid_config?({history, period, {rs, rl}, {cs, cl}, {fs, fl}, entropy} = tuple) do
-    Enum.all?([history, period, rs, rl, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
+  # The NIF takes 0 for "never".
+  defp never_as_zero(:never), do: 0
+  defp never_as_zero(0), do: -1
+  defp never_as_zero(n), do: n
+
+  defp valid_config?({history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy} = tuple) do
+    Enum.all?([history, period, rs, rl, rb, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
       is_boolean(entropy) and Native.verdict_config_check(tuple) == :ok
   rescue
     _ in [ArgumentError, ErlangError] -> false

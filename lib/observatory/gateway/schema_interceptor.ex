@@ -63,9 +63,17 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   ## Options
     * `:tracker` — the `EntropyTracker` to score with (default: the application's).
+    * `:log_violations` — log a rejected message as a `schema_violation` (default
+      `true`); a batch caller that logs a capped summary itself turns it off.
+    * `:agent` — the authenticated agent sending it (issue 13): its `meta.agent_id`
+      must be this agent, and its session must not be one the gateway has recorded
+      for another agent; otherwise `{:error, {:forbidden, violation}}` and nothing is
+      touched. Unset (in-process callers, `:any_agent`): no check.
   """
   @spec ingest(binary() | map(), keyword()) ::
-          {:ok, result()} | {:error, {:invalid, [DecisionLog.violation()]}}
+          {:ok, result()}
+          | {:error,
+             {:invalid, [DecisionLog.violation()]} | {:forbidden, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
     started = System.monotonic_time(:microsecond)
 
@@ -74,12 +82,43 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
     result =
       case parsed do
-        {:ok, envelope, fields} -> {:ok, accept(envelope, fields, opts)}
-        {:error, violations} -> reject(violations)
+        {:ok, envelope, fields} ->
+          with :ok <- authorize(fields, opts[:agent], opts),
+               do: {:ok, accept(envelope, fields, opts)}
+
+        {:error, violations} ->
+          reject(violations, Keyword.get(opts, :log_violations, true))
       end
 
-    Metrics.observe_latency(System.monotonic_time(:microsecond) - started)
+    elapsed = System.monotonic_time(:microsecond) - started
+    Metrics.observe_latency(elapsed)
+    emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
     result
+  end
+
+  # An agent acts only as itself, and only in its own sessions.
+  defp authorize(_fields, agent, _opts) when agent in [nil, :any_agent], do: :ok
+
+  defp authorize(%{agent_id: agent, session_id: session_id}, agent, opts)
+       when is_binary(agent) do
+    tracker = Keyword.get(opts, :tracker, EntropyTracker)
+
+    case EntropyTracker.session(session_id, tracker: tracker) do
+      %{agent_id: owner} when is_binary(owner) and owner != agent ->
+        forbidden(%{path: "meta.session_id", reason: "is a session of another agent"})
+
+      _ ->
+        :ok
+    end
+  end
+
+  defp authorize(_fields, agent, _opts) do
+    forbidden(%{path: "meta.agent_id", reason: "is not #{inspect(agent)}, the agent of this key"})
+  end
+
+  defp forbidden(violation) do
+    Metrics.inc(:violations)
+    {:error, {:forbidden, violation}}
   end
 
   defp accept(envelope, fields, opts) do
@@ -197,14 +236,16 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   defp step_directives(_), do: []
 
-  defp reject(violations) do
+  defp reject(violations, log?) do
     Metrics.inc(:violations)
 
-    Logger.warning(
-      "schema_violation: DecisionLog rejected: " <>
-        Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
-      event: :schema_violation
-    )
+    if log? do
+      Logger.warning(
+        "schema_violation: DecisionLog rejected: " <>
+          Enum.map_join(Enum.take(violations, 20), "; ", &"#{&1.path} #{&1.reason}"),
+        event: :schema_violation
+      )
+    end
 
     {:error, {:invalid, violations}}
   end
@@ -220,5 +261,25 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         "since" => DateTime.to_iso8601(pause.at)
       }
     ]
+  end
+
+  # The [:observatory, :ingest, :stop] telemetry event (Observatory.Telemetry).
+  defp emit_ingest({:ok, result}, duration) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: :ok,
+      session_id: result.session_id,
+      agent_id: result.agent_id,
+      violations: 0
+    })
+  end
+
+  # `result` is the error's kind (`:invalid`, or any other a refusal may name).
+  defp emit_ingest({:error, {kind, details}}, duration) when is_atom(kind) do
+    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+      result: kind,
+      session_id: nil,
+      agent_id: nil,
+      violations: if(is_list(details), do: length(details), else: 1)
+    })
   end
 end

@@ -34,8 +34,8 @@ defmodule Observatory.KillSwitch.Agents do
   in a later release needs no table transform.
 
   `setup/1` runs before anything reads the tables (the kill switch supervisor calls it
-  in `init/1`). It starts Mnesia with its directory set to
-  `<:data_dir>/mnesia/<node>`, creating the schema on first start — one directory per
+  in `init/1`). It starts Mnesia in `dir/0` (the host's `config :mnesia, dir:`, or
+  `<:data_dir>/mnesia/<node>`), creating the schema on first start — one directory per
   node name, because a Mnesia schema belongs to the node that created it. If Mnesia is
   already running (a host application started it), its directory is used and a
   RAM-only schema is turned into a disc one.
@@ -47,7 +47,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   @agents :observatory_agents
   @events :observatory_agent_events
-  @tables [@agents, @events]
+  @keys Observatory.AgentKeys.table()
+  # Signed-out dashboard sessions (ObservatoryWeb.Dashboard.Session): sid → expiry.
+  @revoked_sessions :observatory_revoked_sessions
+  @tables [@agents, @events, @keys, @revoked_sessions]
 
   @type deactivated_by :: :kill_switch | :manual | nil
   @type agent :: %{
@@ -90,6 +93,9 @@ defmodule Observatory.KillSwitch.Agents do
 
     create_table(@agents, attributes: [:id, :agent], type: :set)
     create_table(@events, attributes: [:key, :event], type: :ordered_set)
+    # Agent keys (`Observatory.AgentKeys`): hash → agent, indexed by agent.
+    create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
+    create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
     case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
       :ok -> :ok
@@ -97,11 +103,25 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
-  @doc "Mnesia's directory for this node: `<:data_dir>/mnesia/<node>`."
+  @doc """
+  Mnesia's directory for this node: the host app's `config :mnesia, dir:` when it set
+  one (Mnesia is one per node: its tables go there), else `<:data_dir>/mnesia/<node>`.
+  Raises when neither is configured: no directory is shared by chance.
+  """
   @spec dir() :: String.t()
   def dir do
-    data_dir = Application.get_env(:observatory, :data_dir, "data")
-    Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
+    case {Application.get_env(:mnesia, :dir), Application.get_env(:observatory, :data_dir)} do
+      {nil, nil} ->
+        raise ArgumentError,
+              "Observatory keeps its agents in Mnesia: set config :observatory, :data_dir " <>
+                "or config :mnesia, :dir"
+
+      {nil, data_dir} ->
+        Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
+
+      {mnesia_dir, _data_dir} ->
+        Path.expand(to_string(mnesia_dir))
+    end
   end
 
   defp start(dir) do
@@ -157,6 +177,10 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
+  @doc "Whether the agent is registered (one local read, no record built)."
+  @spec exists?(String.t()) :: boolean()
+  def exists?(id) when is_binary(id), do: :mnesia.dirty_read(@agents, id) != []
+
   @doc "Every agent, sorted by id."
   @spec list() :: [agent()]
   def list do
@@ -193,14 +217,48 @@ defmodule Observatory.KillSwitch.Agents do
 
   @doc """
   The agent, registered with the default settings if it is new. Refuses a new agent
-  when `max_agents` are registered already.
+  when `max_agents` are registered already, unless `limit: false` (configured seeds).
+
+  Only operator actions register agents (issuing a key, configuring the switch);
+  requests never do (issue 13).
   """
-  @spec fetch_or_register(String.t()) :: {:ok, agent()} | {:error, :agent_limit}
-  def fetch_or_register(id) when is_binary(id) do
+  @spec fetch_or_register(String.t(), keyword()) :: {:ok, agent()} | {:error, :agent_limit}
+  def fetch_or_register(id, opts \\ []) when is_binary(id) do
     case get(id) do
-      nil -> transact(fn -> read_or_create(id) end)
+      nil -> transact(fn -> read_or_create(id, Keyword.get(opts, :limit, true)) end)
       agent -> {:ok, agent}
     end
+  end
+
+  @doc """
+  Inside a Mnesia transaction: whether the agent exists, read-locking its record so a
+  concurrent `delete/1` is ordered before or after the caller's writes.
+  """
+  @spec exists_in_transaction?(String.t()) :: boolean()
+  def exists_in_transaction?(id), do: :mnesia.read(@agents, id, :read) != []
+
+  @doc """
+  Deletes the agent, its events and its keys in one transaction. Returns the ids of
+  the revoked keys.
+  """
+  @spec delete(String.t()) :: {:ok, [String.t()]} | {:error, :not_found}
+  def delete(id) when is_binary(id) do
+    transact(fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        _agent ->
+          :mnesia.delete({@agents, id})
+
+          for {@events, key, _} <- :mnesia.match_object({@events, {id, :_, :_}, :_}),
+              do: :mnesia.delete({@events, key})
+
+          keys = :mnesia.index_read(@keys, id, :agent_id)
+          for {@keys, hash, ^id, _} <- keys, do: :mnesia.delete({@keys, hash})
+          {:ok, for({@keys, _, ^id, info} <- keys, do: info.key_id)}
+      end
+    end)
   end
 
   @doc """
@@ -212,7 +270,7 @@ defmodule Observatory.KillSwitch.Agents do
           {:ok, before :: agent(), after_ :: agent(), event()} | {:error, :agent_limit}
   def configure(id, changes, details \\ %{}) do
     transact(fn ->
-      with {:ok, before} <- read_or_create(id) do
+      with {:ok, before} <- read_or_create(id, true) do
         {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
         now = now()
 
@@ -299,10 +357,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   ## Internals
 
-  defp read_or_create(id) do
+  defp read_or_create(id, limit?) do
     case read(id) do
       nil ->
-        if count() >= max_agents() do
+        if limit? and count() >= max_agents() do
           {:error, :agent_limit}
         else
           agent = new(id, now())

@@ -22,8 +22,11 @@ defmodule Observatory.Replay.Report do
       "\n",
       "entropy: window #{s.window_size}, LOOP below #{s.loop_threshold}, WARNING below #{s.warning_threshold}; ",
       "step detector: stagnation warn #{s.stagnation_warn} block #{s.stagnation_block}, ",
-      "stuck warn #{s.stuck_warn} block #{s.stuck_block}\n\n",
+      "stuck warn #{s.stuck_warn} block #{s.stuck_block}\n",
+      verdict_settings(s),
+      "alert source: #{s.alert_source}\n\n",
       table(sessions, length(report.sessions)),
+      loop_verdicts(sessions),
       bad_lines(report),
       input_errors(report),
       summary(report)
@@ -139,6 +142,42 @@ defmodule Observatory.Replay.Report do
     ]
   end
 
+  defp verdict_settings(%{verdict: v} = s) do
+    failure_loop = if v.failure_loop == :never, do: "never", else: v.failure_loop
+
+    [
+      "verdict: repeat suspect #{v.repeat_suspect} loop #{v.repeat_loop} ",
+      "(blank results #{v.blank_repeat_loop}), cycles up to #{v.max_period} calls ",
+      "suspect #{v.cycle_suspect} loop #{v.cycle_loop}, same failure suspect ",
+      "#{v.failure_suspect} loop #{failure_loop}, history #{v.history}",
+      if(s.extra_volatile_keys == [],
+        do: "",
+        else: "; extra volatile keys: #{Enum.join(s.extra_volatile_keys, ", ")}"
+      ),
+      "\n"
+    ]
+  end
+
+  # Why each session's verdict first said loop: the rule, the reason, the evidence.
+  defp loop_verdicts(sessions) do
+    case Enum.filter(sessions, & &1.first_verdict_loop) do
+      [] ->
+        []
+
+      looped ->
+        [
+          "Loop verdicts (first loop: rule, reason, evidence steps)\n",
+          Enum.map(looped, fn s ->
+            [
+              "  #{s.session_id}  step #{s.first_verdict_loop.step}  #{s.verdict_rule}: ",
+              "#{s.verdict_reason} [#{Enum.join(s.verdict_evidence, ", ")}]\n"
+            ]
+          end),
+          "\n"
+        ]
+    end
+  end
+
   defp verdict(%{first_verdict_loop: %{step: n}, verdict_rule: rule}),
     do: "loop at #{n} (#{rule})"
 
@@ -204,6 +243,7 @@ defmodule Observatory.Replay.Report do
       line("step detector blocked", s.sessions_step_block),
       line("verdict SUSPECT", s.sessions_verdict_suspect),
       line("verdict LOOP", s.sessions_verdict_loop),
+      line("alarmed (#{s.alert_source})", s.sessions_alarmed),
       line("bad lines", s.bad_lines),
       "  #{String.pad_trailing("time", 24)}#{:erlang.float_to_binary(seconds, decimals: 2)} s (#{delimit(rate)} steps/s)\n"
     ]

@@ -24,17 +24,28 @@ defmodule ObservatoryWeb.AgentDetail.View do
   alias Observatory.KillSwitch.Settings
   alias ObservatoryWeb.API.Agents, as: AgentJSON
 
-  @doc "The whole page."
+  @doc "The whole page: its `parts/1`, in order."
   @spec render(map()) :: iodata()
-  def render(assigns) do
+  def render(assigns), do: Keyword.values(parts(assigns))
+
+  @doc """
+  The page in the parts that change independently (`ObservatoryWeb.LiveParts`): the
+  notice, the header, the panels, the events. Their concatenation is the page.
+  """
+  @spec parts(map()) :: [{atom(), iodata()}]
+  def parts(assigns) do
+    events = if assigns.agent == nil, do: "", else: events_panel(assigns.events)
+
     [
-      ~s(<div id="agent-detail" class="scm agent-detail" data-live-root data-agent-id="),
-      escape(assigns.agent_id),
-      ~s(">),
-      notice(assigns.notice),
-      header(assigns),
-      body(assigns),
-      "</div>"
+      html_notice: [
+        ~s(<div id="agent-detail" class="scm agent-detail" data-live-root data-agent-id="),
+        escape(assigns.agent_id),
+        ~s(">),
+        notice(assigns.notice)
+      ],
+      html_header: header(assigns),
+      html_panels: body(assigns),
+      html_events: [events, "</div>"]
     ]
   end
 
@@ -97,8 +108,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s(<header class="panel-head"><h2 id="missing-title">No such agent</h2></header>),
       ~s(<p>No agent is registered as <code>),
       escape(assigns.agent_id),
-      ~s(</code>. An agent is registered by its first request through ),
-      ~s(<code>POST /v1/chat/completions</code> with an <code>X-Agent-Id</code> header; ),
+      ~s(</code>. An operator registers an agent by issuing its key ),
+      ~s{(<code>POST /api/v1/agents/:id/keys</code>); },
       ~s(this page shows it as soon as that happens.</p><p><a href="),
       escape(assigns.agents_path),
       ~s(">All agents</a></p></section>)
@@ -113,8 +124,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s(</div><div class="ad-col">),
       status_panel(assigns.agent),
       score_panel(assigns.agent, assigns.score),
-      "</div></div>",
-      events_panel(assigns.events)
+      "</div></div>"
     ]
   end
 

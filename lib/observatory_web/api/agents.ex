@@ -11,7 +11,13 @@ defmodule ObservatoryWeb.API.Agents do
       it is new; `422` with every violation; the answer carries `warnings` (alert
       notifications not configured, a threshold the window can never exceed);
     * `POST /api/v1/agents/:id/activate`, `POST /api/v1/agents/:id/deactivate` —
-      optional body `{"reason": "..."}`; `404` unknown agent, `409` already so.
+      optional body `{"reason": "..."}`; `404` unknown agent, `409` already so;
+    * `DELETE /api/v1/agents/:id` — deletes the agent, its events and its keys; `404`;
+    * `POST /api/v1/agents/:id/keys` — issues a key (registering the agent if new):
+      `201` with the key, shown this once; `409` at `:max_agents` or 10 keys;
+    * `GET /api/v1/agents/:id/keys` — the agent's keys (ids and dates, never the keys);
+    * `POST /api/v1/agents/:id/keys/rotate` — a new key, every other key revoked; `404`;
+    * `DELETE /api/v1/agents/:id/keys/:key_id` — revokes one key; `404`.
 
   An agent as JSON:
 
@@ -29,7 +35,7 @@ defmodule ObservatoryWeb.API.Agents do
   `score` is null while the switch is off (no window).
   """
 
-  alias Observatory.JSON
+  alias Observatory.{AgentKeys, JSON}
   alias Observatory.KillSwitch
   alias Observatory.KillSwitch.Settings
   alias ObservatoryWeb.{Auth, Conn}
@@ -77,6 +83,89 @@ defmodule ObservatoryWeb.API.Agents do
           Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
       end
     end
+  end
+
+  def delete(conn, id) do
+    with {:ok, operator} <- authorize(conn) do
+      case KillSwitch.delete(id, operator: operator) do
+        {:ok, revoked} ->
+          Conn.json(conn, 200, %{agent_id: id, deleted: true, revoked_keys: revoked})
+
+        {:error, :not_found} ->
+          Conn.error(conn, 404, "not_found", "no such agent")
+      end
+    end
+  end
+
+  def issue_key(conn, id) do
+    with {:ok, operator} <- authorize(conn) do
+      case AgentKeys.issue(id, operator: operator) do
+        {:ok, issued} ->
+          Conn.json(conn, 201, key_json(issued))
+
+        {:error, :invalid_agent_id} ->
+          Conn.error(conn, 400, "invalid_agent_id", "an agent id is 1 to 256 bytes of UTF-8")
+
+        {:error, :agent_limit} ->
+          Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
+
+        {:error, :not_found} ->
+          Conn.error(conn, 404, "not_found", "the agent was deleted meanwhile")
+
+        {:error, :too_many_keys} ->
+          Conn.error(
+            conn,
+            409,
+            "too_many_keys",
+            "the agent holds #{AgentKeys.max_keys_per_agent()} keys; revoke one first"
+          )
+      end
+    end
+  end
+
+  def rotate_key(conn, id) do
+    with {:ok, operator} <- authorize(conn) do
+      case AgentKeys.rotate(id, operator: operator) do
+        {:ok, issued} -> Conn.json(conn, 201, key_json(issued))
+        {:error, _} -> Conn.error(conn, 404, "not_found", "no such agent")
+      end
+    end
+  end
+
+  def keys(conn, id) do
+    with {:ok, _} <- authorize(conn),
+         {:ok, _agent} <- fetch(conn, id) do
+      keys =
+        for info <- AgentKeys.list(id) do
+          %{
+            key_id: info.key_id,
+            created_at: DateTime.to_iso8601(info.created_at),
+            seeded: info.seeded
+          }
+        end
+
+      Conn.json(conn, 200, %{agent_id: id, keys: keys})
+    end
+  end
+
+  def revoke_key(conn, id, key_id) do
+    with {:ok, operator} <- authorize(conn) do
+      case AgentKeys.revoke(id, key_id, operator: operator) do
+        :ok -> Conn.json(conn, 200, %{agent_id: id, key_id: key_id, revoked: true})
+        {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such key for this agent")
+      end
+    end
+  end
+
+  # The only answer that ever carries a key in clear.
+  defp key_json(issued) do
+    %{
+      agent_id: issued.agent_id,
+      key_id: issued.key_id,
+      key: issued.key,
+      created_at: DateTime.to_iso8601(issued.created_at),
+      revoked: Map.get(issued, :revoked, [])
+    }
   end
 
   def activate(conn, id), do: command(conn, id, &KillSwitch.activate/2)

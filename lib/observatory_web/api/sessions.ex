@@ -2,8 +2,8 @@ defmodule ObservatoryWeb.API.Sessions do
   @moduledoc """
   Session state and the HITL commands (design.md §5).
 
-    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause (agent key
-      or operator);
+    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause (operator,
+      or the agent key of the session's own agent);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
       `{"reason": "..."}`; `409` when already paused / not paused;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
@@ -15,18 +15,30 @@ defmodule ObservatoryWeb.API.Sessions do
   alias ObservatoryWeb.{Auth, Conn}
 
   def show(conn, id) do
-    with {:ok, _} <- authorize(conn, &Auth.agent_or_operator/1) do
+    with {:ok, principal} <- authorize(conn, &Auth.agent_or_operator/1) do
       session = EntropyTracker.session(id)
       pause = HITL.pause_of(id)
 
-      if session == nil and pause == nil and StepDetector.state(id) == nil and
-           LoopVerdict.session(id) == nil do
-        Conn.error(conn, 404, "not_found", "no such session")
-      else
-        Conn.json(conn, 200, view(id, session, pause))
+      cond do
+        not readable?(principal, session) ->
+          Conn.error(conn, 404, "not_found", "no such session")
+
+        session == nil and pause == nil and StepDetector.state(id) == nil and
+            LoopVerdict.session(id) == nil ->
+          Conn.error(conn, 404, "not_found", "no such session")
+
+        true ->
+          Conn.json(conn, 200, view(id, session, pause))
       end
     end
   end
+
+  # An agent reads only its own sessions (the same 404 as for a session that does
+  # not exist, so session ids cannot be probed); operators read every session.
+  defp readable?({:operator, _}, _session), do: true
+  defp readable?({:agent, :any_agent}, _session), do: true
+  defp readable?({:agent, agent}, %{agent_id: agent}), do: true
+  defp readable?({:agent, _agent}, _session), do: false
 
   def pause(conn, id), do: command(conn, id, &HITL.pause/2)
   def resume(conn, id), do: command(conn, id, &HITL.resume/2)

@@ -5,7 +5,8 @@ defmodule ObservatoryWeb.API.ToolCalls do
 
   `200` with `{"decision": "allow", "count": n}` or
   `{"decision": "deny", "reason": "...", "count": n, "retry_after_ms": ms}`;
-  `422` for a body without a session id or tool.
+  `422` for a body without a session id or tool; `403` for a session the gateway has
+  recorded for another agent than the key's.
   """
 
   alias Observatory.Gateway.CallBreaker
@@ -13,9 +14,10 @@ defmodule ObservatoryWeb.API.ToolCalls do
   alias ObservatoryWeb.{Auth, Conn}
 
   def check(conn) do
-    with {:ok, _} <- Auth.agent(conn) |> or_401(conn),
+    with {:ok, agent} <- Auth.agent(conn) |> or_401(conn),
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
-         {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn) do
+         {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
+         :ok <- own_session(conn, agent, session_id) do
       case CallBreaker.check(session_id, tool, arguments) do
         {:allow, count} ->
           Conn.json(conn, 200, %{decision: "allow", count: count})
@@ -33,6 +35,14 @@ defmodule ObservatoryWeb.API.ToolCalls do
           Conn.error(conn, 422, "invalid_arguments", reason)
       end
     end
+  end
+
+  # An agent checks calls in its own sessions only: another agent's breaker is not
+  # its to fill.
+  defp own_session(conn, agent, session_id) do
+    if Auth.may_use_session?(agent, session_id),
+      do: :ok,
+      else: halt(Conn.error(conn, 403, "forbidden", "the session belongs to another agent"))
   end
 
   defp parse(body) do

@@ -122,7 +122,15 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     html = html(module, socket)
     write(resp, ["retry: 1000\n", event("mount", %{page_id: page_id, html: html})])
     schedule_heartbeat()
-    loop(%{resp: resp, req: conn.req, module: module, socket: socket, html: html})
+
+    loop(%{
+      resp: resp,
+      req: conn.req,
+      module: module,
+      socket: socket,
+      html: html,
+      session: session
+    })
   end
 
   defp loop(state) do
@@ -150,7 +158,9 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
     state
   end
 
+  # A stream opened before a sign-out (or expiry) ends at the next heartbeat.
   defp handle(state, @heartbeat) do
+    unless Session.valid?(state.session), do: exit(:normal)
     write(state.resp, ": heartbeat\n\n")
     schedule_heartbeat()
     state
@@ -183,7 +193,7 @@ defmodule ObservatoryWeb.Dashboard.EventStream do
   defp html(%{module: module, socket: socket}), do: html(module, socket)
   defp html(module, socket), do: socket.assigns |> module.render() |> IO.iodata_to_binary()
 
-  defp event(name, data), do: ["event: ", name, "\ndata: ", JSON.encode!(data), "\n\n"]
+  defp event(name, data), do: ["event: ", name, "\ndata: ", JSON.encode_lossy!(data), "\n\n"]
 
   # A failed write exits the process normally (MochiWeb's own behaviour).
   defp write(resp, data), do: :mochiweb_response.write_chunk(data, resp)

@@ -7,9 +7,11 @@ defmodule ObservatoryWeb.Dashboard.Login do
       (a double-submit CSRF token: another site can neither read the cookie nor, with
       SameSite=Strict, make the browser send it).
     * `POST /login` — `403` when the two do not match; `401` and the form again for a
-      wrong token; otherwise the signed session cookie (`ObservatoryWeb.Dashboard.Session`)
+      wrong token (counted by `ObservatoryWeb.AuthThrottle`: `429` with `Retry-After`
+      and the form once a client has failed too often); otherwise the signed session cookie (`ObservatoryWeb.Dashboard.Session`)
       and `303` to `/`.
-    * `POST /logout` — needs the session's CSRF token; clears the cookie, `303` to `/login`.
+    * `POST /logout` — needs the session's CSRF token; revokes the session on the server
+      (a copy of the cookie no longer signs in), clears the cookie, `303` to `/login`.
   """
 
   import ObservatoryWeb.HTML, only: [escape: 1]
@@ -33,7 +35,7 @@ defmodule ObservatoryWeb.Dashboard.Login do
   def create(conn) do
     with {:ok, fields} <- form_fields(conn),
          true <- csrf_ok?(Conn.cookie(conn, @csrf_cookie), fields["_csrf_token"]) do
-      case Auth.operator_for_token(blank_to_nil(fields["token"])) do
+      case Auth.sign_in(conn, blank_to_nil(fields["token"])) do
         {:ok, operator} ->
           Conn.redirect(conn, "/", [
             Session.cookie_header(Session.new(operator)),
@@ -49,12 +51,24 @@ defmodule ObservatoryWeb.Dashboard.Login do
     end
   end
 
+  @doc "The answer to a sign-in while the client is locked out (`ObservatoryWeb.AuthThrottle`)."
+  @spec throttled(Conn.t(), pos_integer()) :: :ok
+  def throttled(conn, retry_after_s) do
+    form(
+      conn,
+      429,
+      "Too many failed sign-ins from this address. Try again in #{retry_after_s} s.",
+      [{"Retry-After", Integer.to_string(retry_after_s)}]
+    )
+  end
+
   @doc "POST /logout"
   @spec delete(Conn.t()) :: :ok
   def delete(conn) do
     with {:ok, session} <- Session.fetch(conn),
          {:ok, fields} <- form_fields(conn),
          true <- Session.valid_csrf?(session, fields["_csrf_token"]) do
+      :ok = Session.revoke(session)
       Conn.redirect(conn, "/login", [Session.clear_cookie_header()])
     else
       {:error, :unauthenticated} -> Conn.redirect(conn, "/login")
@@ -73,7 +87,7 @@ defmodule ObservatoryWeb.Dashboard.Login do
     ArgumentError -> {:ok, %{}}
   end
 
-  defp form(conn, status, error) do
+  defp form(conn, status, error, headers \\ []) do
     token = Session.random()
 
     body = [
@@ -96,7 +110,7 @@ defmodule ObservatoryWeb.Dashboard.Login do
       status,
       Layout.page("Sign in · Observatory", body, body_class: "login-page"),
       [
-        Session.set_cookie(@csrf_cookie, token, "/login", 3600) | Layout.headers()
+        Session.set_cookie(@csrf_cookie, token, "/login", 3600) | headers ++ Layout.headers()
       ]
     )
   end

@@ -9,8 +9,15 @@ defmodule ObservatoryWeb.Dashboard.Session do
 
       Set-Cookie: observatory_session=<payload>.<mac>; Path=/; HttpOnly; SameSite=Strict
 
-  A session is valid while its signature checks, it has not expired and its operator
-  is still configured: removing an operator's token signs them out everywhere.
+  A session is valid while its signature checks, it has not expired, it has not been
+  signed out and its operator is still configured: removing an operator's token signs
+  them out everywhere.
+
+  Signing out revokes the session on the server (issue 13, finding 13): each session
+  has a random id, and sign-out records it in Mnesia (`:observatory_revoked_sessions`,
+  disc copies, until the session would have expired), so a copy of the cookie taken
+  before sign-out is refused too, across restarts. Entries past their expiry are
+  dropped at the next sign-out; only signed-in operators can add one.
 
   Every state-changing request from the dashboard also carries a CSRF token, derived
   from a random value stored in the signed cookie; `valid_csrf?/2` compares it in
@@ -31,8 +38,9 @@ defmodule ObservatoryWeb.Dashboard.Session do
 
   @cookie "observatory_session"
   @default_ttl_s 12 * 60 * 60
+  @revoked :observatory_revoked_sessions
 
-  @type t :: %{operator: String.t(), csrf: String.t(), expires: integer()}
+  @type t :: %{operator: String.t(), sid: String.t(), csrf: String.t(), expires: integer()}
 
   @doc "The session cookie's name."
   def cookie_name, do: @cookie
@@ -42,21 +50,57 @@ defmodule ObservatoryWeb.Dashboard.Session do
   def new(operator) when is_binary(operator) do
     %{
       operator: operator,
+      sid: random(),
       csrf: random(),
       expires: System.system_time(:second) + ttl_s()
     }
   end
+
+  @doc false
+  def revocations_table, do: @revoked
 
   @doc "The request's session: `{:ok, session}` or `{:error, :unauthenticated}`."
   @spec fetch(Conn.t()) :: {:ok, t()} | {:error, :unauthenticated}
   def fetch(conn) do
     with value when is_binary(value) <- Conn.cookie(conn, @cookie),
          {:ok, session} <- verify(value),
-         true <- operator_configured?(session.operator) do
+         true <- valid?(session) do
       {:ok, session}
     else
       _ -> {:error, :unauthenticated}
     end
+  end
+
+  @doc "Whether a verified session still holds: not expired, not signed out, operator configured."
+  @spec valid?(t()) :: boolean()
+  def valid?(session) do
+    session.expires > System.system_time(:second) and not revoked?(session.sid) and
+      operator_configured?(session.operator)
+  end
+
+  @doc "Signs the session out everywhere: its cookie, and every copy of it, stops working."
+  @spec revoke(t()) :: :ok
+  def revoke(%{sid: sid, expires: expires}) do
+    now = System.system_time(:second)
+
+    {:atomic, :ok} =
+      :mnesia.sync_transaction(fn ->
+        expired =
+          :mnesia.select(@revoked, [{{@revoked, :"$1", :"$2"}, [{:<, :"$2", now}], [:"$1"]}])
+
+        Enum.each(expired, &:mnesia.delete({@revoked, &1}))
+        :mnesia.write({@revoked, sid, expires})
+      end)
+
+    _ = :mnesia.sync_log()
+    :ok
+  end
+
+  # Fails closed: when the store cannot be read, the session is not trusted.
+  defp revoked?(sid) do
+    :mnesia.dirty_read(@revoked, sid) != []
+  catch
+    :exit, _ -> true
   end
 
   @doc "The session as a signed cookie value."
@@ -65,6 +109,7 @@ defmodule ObservatoryWeb.Dashboard.Session do
     payload =
       Observatory.JSON.encode!(%{
         "op" => session.operator,
+        "sid" => session.sid,
         "csrf" => session.csrf,
         "exp" => session.expires
       })
@@ -79,11 +124,11 @@ defmodule ObservatoryWeb.Dashboard.Session do
     with [payload, given] <- String.split(value, ".", parts: 2),
          true <- same?(mac(payload), given),
          {:ok, json} <- Base.url_decode64(payload, padding: false),
-         {:ok, %{"op" => op, "csrf" => csrf, "exp" => exp}}
-         when is_binary(op) and is_binary(csrf) and is_integer(exp) <-
+         {:ok, %{"op" => op, "sid" => sid, "csrf" => csrf, "exp" => exp}}
+         when is_binary(op) and is_binary(sid) and is_binary(csrf) and is_integer(exp) <-
            Observatory.JSON.decode(json) do
       if exp > System.system_time(:second),
-        do: {:ok, %{operator: op, csrf: csrf, expires: exp}},
+        do: {:ok, %{operator: op, sid: sid, csrf: csrf, expires: exp}},
         else: {:error, :expired}
     else
       _ -> {:error, :invalid}

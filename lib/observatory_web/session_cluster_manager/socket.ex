@@ -10,10 +10,10 @@ defmodule ObservatoryWeb.SessionClusterManager.Socket do
 
     * Observatory's own page server (`ObservatoryWeb.Dashboard.EventStream`) and the
       ExUnit tests pass a `%Socket{}`;
-    * `ObservatoryWeb.SessionClusterManagerLive` and `ObservatoryWeb.AgentDetailLive`
-      pass a `Phoenix.LiveView.Socket`, and `assign/3` and `connected?/1` defer to
-      `Phoenix.Component.assign/3` and `Phoenix.LiveView.connected?/1` so LiveView's
-      change tracking keeps working.
+    * `ObservatoryWeb.SessionClusterManagerLive`, `ObservatoryWeb.AgentListLive` and
+      `ObservatoryWeb.AgentDetailLive` pass a `Phoenix.LiveView.Socket`, and `assign/3`
+      and `connected?/1` defer to `Phoenix.Component.assign/3` and
+      `Phoenix.LiveView.connected?/1` so LiveView's change tracking keeps working.
 
   Phoenix is not a dependency, so those two calls go through `apply/3`: the module
   compiles, without warnings, whether Phoenix is there or not.

@@ -25,23 +25,28 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     "paused" => "paused"
   }
 
-  @doc "The whole manager."
+  @doc "The whole manager: its `parts/1`, in order."
   @spec render(map()) :: iodata()
-  def render(assigns) do
+  def render(assigns), do: Keyword.values(parts(assigns))
+
+  @doc """
+  The manager in the parts that change independently (`ObservatoryWeb.LiveParts`):
+  the notice, the summary, the alerts, the Inspect panel, the topology, the step
+  detector's blocks. Their concatenation is the page.
+  """
+  @spec parts(map()) :: [{atom(), iodata()}]
+  def parts(assigns) do
     fleet = assigns.fleet
 
     [
-      ~s(<div id="scm" class="scm" data-live-root>),
-      notice(assigns.notice),
-      summary(fleet),
-      ~s(<div class="scm-grid">),
-      alerts_panel(assigns.alerts, fleet),
-      inspector(assigns.inspect, fleet),
-      "</div>",
-      topology(fleet, Map.get(assigns, :agents_path, "/agents")),
-      steps_panel(Map.get(assigns, :steps, [])),
-      "</div>"
+      html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
+      html_summary: summary(fleet),
+      html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet)],
+      html_inspect: [inspector(assigns.inspect, fleet), "</div>"],
+      html_steps: [steps_panel(Map.get(assigns, :steps, [])), "</div>"]
     ]
+    |> List.insert_at(4, topology(fleet, Map.get(assigns, :agents_path, "/agents")))
+    |> List.flatten()
   end
 
   @doc "The label shown for a node state."
@@ -320,20 +325,30 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Topology
 
+  # The topology in parts: its head, one part per state (the nodes are sorted by
+  # state, so each state's nodes are a run of `<li>`s in the one list), its end. A
+  # node that changes state resends its old and new state's nodes, not the fleet's.
   defp topology(fleet, agents_path) do
     nodes = Fleet.nodes(fleet)
+    by_state = Enum.group_by(nodes, &Fleet.state/1)
 
     [
-      ~s(<section id="topology-panel" class="panel topology" aria-labelledby="topology-title">),
-      ~s(<header class="panel-head"><h2 id="topology-title">Fleet topology</h2>),
-      ~s(<ul class="legend" aria-label="Legend">),
+      html_topology: [
+        ~s(<section id="topology-panel" class="panel topology" aria-labelledby="topology-title">),
+        ~s(<header class="panel-head"><h2 id="topology-title">Fleet topology</h2>),
+        ~s(<ul class="legend" aria-label="Legend">),
+        for state <- Fleet.states() do
+          [~s(<li class="state-), state, ~s("><span class="dot"></span>), label(state), "</li>"]
+        end,
+        "</ul></header>",
+        if(nodes == [], do: empty_fleet(), else: ~s(<ul class="nodes">))
+      ]
+    ] ++
       for state <- Fleet.states() do
-        [~s(<li class="state-), state, ~s("><span class="dot"></span>), label(state), "</li>"]
-      end,
-      "</ul></header>",
-      nodes_body(nodes, agents_path),
-      "</section>"
-    ]
+        {:"html_nodes_#{state}",
+         Enum.map(Map.get(by_state, state, []), &fleet_node(&1, agents_path))}
+      end ++
+      [html_topology_end: [if(nodes == [], do: "", else: "</ul>"), "</section>"]]
   end
 
   ## Step detector (seed 002)
@@ -389,12 +404,8 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     ]
   end
 
-  defp nodes_body([], _agents_path) do
+  defp empty_fleet do
     ~s(<p class="empty">No sessions yet. An agent shows here once it sends a DecisionLog.</p>)
-  end
-
-  defp nodes_body(nodes, agents_path) do
-    [~s(<ul class="nodes">), Enum.map(nodes, &fleet_node(&1, agents_path)), "</ul>"]
   end
 
   defp fleet_node(node, agents_path) do

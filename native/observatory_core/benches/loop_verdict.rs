@@ -30,6 +30,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use observatory_core::decision_log::{step_digests, step_hashes, verdict_keys};
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::{keys_from_canonical, Normalization};
+use observatory_core::loop_verdict::shape::{collapse_whitespace, shape, Scratch};
 use observatory_core::loop_verdict::{Config, EntropySignal, StepKeys, VerdictState};
 use observatory_core::session_store::{Observation, Settings, Store};
 use observatory_core::severity::Severity;
@@ -204,6 +205,30 @@ fn bench_verdict(c: &mut Criterion) {
                     black_box(input),
                     Some(result),
                     rules,
+                ))
+            })
+        });
+
+        // Its parts (issue 11): the input's whitespace collapsed, the result's shape.
+        let mut out = Vec::new();
+        let mut i = 0usize;
+        group.bench_function("keys_collapse_input", |b| {
+            b.iter(|| {
+                i = (i + 1) % texts.len();
+                out.clear();
+                collapse_whitespace(black_box(texts[i].0.as_bytes()), &mut out);
+                black_box(out.len())
+            })
+        });
+        let mut scratch = Scratch::default();
+        let mut i = 0usize;
+        group.bench_function("keys_shape_result", |b| {
+            b.iter(|| {
+                i = (i + 1) % texts.len();
+                black_box(shape(
+                    "success",
+                    black_box(texts[i].1.as_bytes()),
+                    &mut scratch,
                 ))
             })
         });

@@ -4,36 +4,43 @@
 //!
 //! FRD-009's uniqueness ratio looks at `{intent, tool_call, status}` only: it cannot
 //! tell reading eight different files from reading one file eight times, and it never
-//! sees an agent that alternates edit/build or tries `grep`, `rg`, `find` and `ack` for
-//! the same missing symbol. The verdict looks at what the gateway also has: each
-//! step's **call** (the tool and its input) and its **outcome** (the status and the
-//! result), each reduced to a 64-bit hash of canonical JSON with per-call ids
-//! normalized away ([`keys`]).
+//! sees an agent that alternates edit/build. The verdict looks at what the gateway also
+//! has: each step's **call** (the tool and its input, whitespace in strings collapsed)
+//! and its **outcome** (the status and the result), hashed from canonical JSON with
+//! per-call ids normalized away ([`keys`]), and read loosely ([`shape`]): the result's
+//! lines with digits masked, as a set and as a sketch, and its numbers.
+//!
+//! Real agents repeat themselves with incidental differences (issue 11): an error line
+//! that counts up (`bash: line 12`, `line 13`), stderr and stdout interleaved in
+//! another order, a file echo that grows by the same lines, a long log whose timing
+//! or size changed. The rules below treat those as the same answer.
 //!
 //! # Rules
 //!
-//! Each session keeps its last `history` steps (default 16): call hash, outcome hash,
-//! whether the step had a result, whether its status is a failure (`failure`, `error`,
-//! `timeout`) and its step number (1, 2, … per session). On every step:
+//! Each session keeps its last `history` steps (default 16). On every step:
 //!
-//! * **(a) repeat** — the newest steps are the same call, `n` times in a row. When the
-//!   last `repeat_suspect` (2) of them also have the same outcome: suspect; the last
-//!   `repeat_loop` (3): loop. When the outcome changed since the previous call:
-//!   **progress** — polling a job that moves 10 % → 80 % is work, not a loop.
-//! * **(b) cycle** — the newest calls are a block of `p` calls (2 ≤ p ≤ `max_period`,
-//!   default 5) repeated `r ≥ 2` times: A B A B, A B C A B C, edit/build/edit/build.
-//!   When the outcomes at every position of the block also repeat, over the last
-//!   `cycle_suspect` (2) blocks: suspect; `cycle_loop` (3) blocks: loop. When an outcome
-//!   in the cycle changed since the previous block (the build gets further each time):
-//!   **progress**. Rules (a) and (b) are one scan: the smallest period with two
-//!   repetitions wins, period 1 being rule (a). When its outcomes changed, a longer
-//!   period over which the outcomes repeat too is still a cycle: the same call
-//!   answered X, Y, X, Y (a flapping result) is going round in circles.
-//! * **(c) same failure** — the step failed with a result, and that same outcome ended
-//!   `failure_suspect` (3) / `failure_loop` (4) *different* calls among the last
-//!   `history` steps: suspect / loop. This is the agent that tries grep, rg, find and
-//!   ack for a symbol that does not exist. A failure without a result is not counted
-//!   (a bare "failed" says nothing about the cause).
+//! * **(a) repeat** — the newest steps are the same call, `n` times in a row. A repeat
+//!   *says nothing new* when its result is the previous one, or when it holds no line
+//!   the run of that call has not shown (a new line counts when it is at least a tenth
+//!   of the result's lines) and it failed (numbers in an error are counters), or its
+//!   lines came in another order or number, or only a third or less of its numbers
+//!   changed (a timing, a speed, a size). When the last `repeat_suspect` (2) calls in a
+//!   row said nothing new: suspect; `repeat_loop` (3): loop — or `blank_repeat_loop`
+//!   (4) when every one of those results was blank (`cd ..`, an empty `grep`: an empty
+//!   result can show neither progress nor its absence). When the newest call said
+//!   something new: **progress** — polling a job that moves 10 % → 80 % is work.
+//! * **(b) cycle** — the newest calls are a block of `p` different calls
+//!   (2 ≤ p ≤ `max_period`, default 5) repeated: A B A B, A B C A B C, edit/build.
+//!   When the outcomes at every position of the block also repeat (a failure compared
+//!   by its masked lines, a success exactly), over the last `cycle_suspect` (2) blocks:
+//!   suspect; `cycle_loop` (3) blocks: loop. When an outcome in the cycle changed since
+//!   the previous block (the build gets further each time): **progress**.
+//! * **(c) same failure** — the step failed with a non-blank result, and that same
+//!   outcome ended `failure_suspect` (3) *different* calls among the last `history`
+//!   steps: suspect; loop only with a `failure_loop` threshold (none by default: an
+//!   agent trying different calls that fail alike is struggling, and on real runs the
+//!   rule raised more false alarms than it caught loops). A blank failure (a `grep`
+//!   that found nothing) is an answer, not a cause: not counted.
 //! * **(d) entropy** — only when (a)–(c) say nothing: the entropy tracker's severity is
 //!   WARNING or LOOP. If every `(call, outcome)` pair in the entropy window is distinct,
 //!   the repetition the ratio saw is explained by different arguments or different
@@ -45,12 +52,12 @@
 //! among equals, the first in the order above. The reason names the rule; the
 //! evidence is the step numbers involved (at most [`MAX_EVIDENCE`], the most recent).
 //!
-//! A step without `action.result` has the status as its only outcome, so (a) and (b)
-//! compare statuses for it.
+//! A step without `action.result` has the status as its only outcome: it is blank.
 //!
 //! # Cost
 //!
-//! A session is a ring of 24-byte entries; a step is one push and scans of at most
+//! A session is a ring of 40-byte entries plus two sketches (the run's lines, the
+//! newest result's numbers: 160 bytes); a step is one push and scans of at most
 //! `history` entries per rule (the cycle scan compares at most `max_period × history`
 //! hashes). `benches/loop_verdict.rs` measures it with the hashing.
 
@@ -61,6 +68,9 @@ use crate::severity::Severity;
 use crate::Error;
 
 pub mod keys;
+pub mod shape;
+
+use shape::{LineSketch, NumberSketch};
 
 /// Longest history a session may keep.
 pub const MAX_HISTORY: usize = 64;
@@ -119,9 +129,10 @@ impl Rule {
 pub enum Reason {
     /// Nothing repeats.
     NoRepetition { steps: usize },
-    /// (a) the same call and the same outcome `times` times in a row.
-    Repeated { times: u32 },
-    /// (a) the same call `times` times in a row, the outcome changed.
+    /// (a) the same call `times` times in a row, its result saying nothing new (each
+    /// time blank: `blank`).
+    Repeated { times: u32, blank: bool },
+    /// (a) the same call `times` times in a row, the result saying something new.
     Polling { times: u32 },
     /// (b) a cycle of `period` calls, `blocks` times with the same outcomes.
     Cycle { period: u32, blocks: u32 },
@@ -144,12 +155,20 @@ impl fmt::Display for Reason {
             Reason::NoRepetition { steps } => {
                 write!(f, "no repeated call pattern in the last {steps} steps")
             }
-            Reason::Repeated { times } => {
-                write!(f, "the same call returned the same result {times} times in a row")
-            }
+            Reason::Repeated {
+                times,
+                blank: false,
+            } => write!(
+                f,
+                "the same call {times} times in a row, its result saying nothing new"
+            ),
+            Reason::Repeated { times, blank: true } => write!(
+                f,
+                "the same call {times} times in a row, each time with an empty result"
+            ),
             Reason::Polling { times } => write!(
                 f,
-                "the same call {times} times in a row, and its result changed: progress"
+                "the same call {times} times in a row, and its result showed something new: progress"
             ),
             Reason::Cycle { period, blocks } => write!(
                 f,
@@ -222,16 +241,49 @@ pub struct Verdict {
     pub previous: Option<Level>,
 }
 
-/// What the verdict knows of one step: see [`keys`] for how they are computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What the verdict knows of one step: see [`keys`] and [`shape`] for how they are
+/// computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepKeys {
-    /// Tool name and normalized canonical input.
+    /// Tool name and normalized canonical input, whitespace in strings collapsed.
     pub call: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
+    /// Status and the set of the result's lines, digits masked ([`shape`]).
+    pub gist: u64,
+    /// Status and the result's text, digits masked, in order ([`shape`]).
+    pub skeleton: u64,
+    /// The result's lines, for "did this say anything new?".
+    pub lines: LineSketch,
     pub has_result: bool,
     /// Status `failure`, `error` or `timeout`.
     pub failure: bool,
+    /// No result, or one whose strings hold only whitespace.
+    pub blank: bool,
+    /// The result's numbers, for "did most of them change?".
+    pub numbers: NumberSketch,
+}
+
+impl StepKeys {
+    /// Keys from a call and an outcome hash alone, as if the result were one line:
+    /// every view of the outcome is the outcome itself.
+    pub fn exact(call: u64, outcome: u64, has_result: bool, failure: bool) -> Self {
+        Self {
+            call,
+            outcome,
+            gist: outcome,
+            skeleton: outcome,
+            lines: if has_result {
+                LineSketch::single(outcome)
+            } else {
+                LineSketch::default()
+            },
+            has_result,
+            failure,
+            blank: !has_result,
+            numbers: NumberSketch::default(),
+        }
+    }
 }
 
 /// The entropy tracker's view of the same step, for rule (d).
@@ -250,6 +302,10 @@ pub struct Config {
     /// (a) same call, same outcome this many times in a row: suspect / loop.
     pub repeat_suspect: u32,
     pub repeat_loop: u32,
+    /// (a) the same, when every one of those results is blank (`cd ..`, `sleep 5`):
+    /// a blank result can show neither progress nor its absence. Never below
+    /// `repeat_loop`.
+    pub blank_repeat_loop: u32,
     /// (b) longest cycle looked for, 1..=[`MAX_PERIOD`] (1: cycles off, only repeats).
     pub max_period: usize,
     /// (b) blocks of a cycle with the same outcomes: suspect / loop.
@@ -257,7 +313,10 @@ pub struct Config {
     pub cycle_loop: u32,
     /// (c) different calls ending in the same failure: suspect / loop.
     pub failure_suspect: u32,
-    pub failure_loop: u32,
+    /// `None`: a same failure is never more than suspect (the default: an agent
+    /// trying different calls that fail alike is struggling, and on real runs
+    /// it raised more false alarms than loops caught).
+    pub failure_loop: Option<u32>,
     /// (d) on or off.
     pub entropy: bool,
 }
@@ -268,11 +327,12 @@ impl Default for Config {
             history: 16,
             repeat_suspect: 2,
             repeat_loop: 3,
+            blank_repeat_loop: 4,
             max_period: 5,
             cycle_suspect: 2,
             cycle_loop: 3,
             failure_suspect: 3,
-            failure_loop: 4,
+            failure_loop: None,
             entropy: true,
         }
     }
@@ -280,14 +340,17 @@ impl Default for Config {
 
 impl Config {
     /// Each suspect threshold at least 2 (once is not a repetition) and at most its
-    /// loop threshold (equal: no suspect stage); history and period in range.
+    /// loop threshold (equal: no suspect stage), the blank repeat threshold at least 2
+    /// (below `repeat_loop` it has no effect); history and period in range.
     pub fn validate(&self) -> Result<(), Error> {
         let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
         let ok = (2..=MAX_HISTORY).contains(&self.history)
             && (1..=MAX_PERIOD).contains(&self.max_period)
             && pair(self.repeat_suspect, self.repeat_loop)
+            && self.blank_repeat_loop >= 2
             && pair(self.cycle_suspect, self.cycle_loop)
-            && pair(self.failure_suspect, self.failure_loop);
+            && self.failure_suspect >= 2
+            && self.failure_loop.is_none_or(|l| l >= self.failure_suspect);
         if ok {
             Ok(())
         } else {
@@ -300,9 +363,16 @@ impl Config {
 struct Entry {
     call: u64,
     outcome: u64,
+    /// What cycles compare: the gist of a failure (its numbers are counters), the exact
+    /// outcome of a success.
+    fuzzy: u64,
+    skeleton: u64,
     step: u32,
     has_result: bool,
     failure: bool,
+    blank: bool,
+    /// The same call as the step before, and its result said nothing new.
+    stale: bool,
 }
 
 /// A rule's finding.
@@ -320,6 +390,10 @@ pub struct VerdictState {
     ring: VecDeque<Entry>,
     steps: u32,
     last: Option<Verdict>,
+    /// The lines every result of the current run of the same call has shown.
+    run_lines: LineSketch,
+    /// The numbers of the newest step's result.
+    newest_numbers: NumberSketch,
 }
 
 impl VerdictState {
@@ -340,18 +414,38 @@ impl VerdictState {
         while self.ring.len() >= history {
             self.ring.pop_front();
         }
+        let same_call = self.ring.back().is_some_and(|prev| prev.call == keys.call);
+        let stale = same_call && self.says_nothing_new(&keys);
+        if same_call {
+            self.run_lines.union_with(&keys.lines);
+        } else {
+            self.run_lines = keys.lines;
+        }
+        self.newest_numbers = keys.numbers;
         self.ring.push_back(Entry {
             call: keys.call,
             outcome: keys.outcome,
+            fuzzy: if keys.failure {
+                keys.gist
+            } else {
+                keys.outcome
+            },
+            skeleton: keys.skeleton,
             step: self.steps,
             has_result: keys.has_result,
             failure: keys.failure,
+            blank: keys.blank,
+            stale,
         });
 
-        let specific = [self.repetition(config), self.same_failure(config)]
-            .into_iter()
-            .flatten()
-            .reduce(|best, next| if next.level > best.level { next } else { best });
+        let specific = [
+            self.repeat(config),
+            self.cycle(config),
+            self.same_failure(config),
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(|best, next| if next.level > best.level { next } else { best });
         let finding = specific
             .or_else(|| self.entropy(entropy, config))
             .unwrap_or(Finding {
@@ -394,84 +488,124 @@ impl VerdictState {
         &self.ring[self.ring.len() - 1 - back]
     }
 
-    /// Rules (a) and (b): the smallest period whose block of calls repeats at least
-    /// twice at the end of the history, judged by its outcomes. When those changed
-    /// (progress), a longer period over which the outcomes repeat too still makes a
-    /// cycle: the same call answered X, Y, X, Y is going round in circles.
-    fn repetition(&self, config: &Config) -> Option<Finding> {
+    /// Whether `keys`, the same call as the newest step, says nothing the run of that
+    /// call has not said: the same result; or no new line (a new line is progress when
+    /// it is at least a tenth of the result's lines) and either a failure (numbers in
+    /// an error are counters: `line 12`, `line 13`), the same lines in another order
+    /// or number, or the same text with at most a third of its numbers changed (a
+    /// timing, a speed, a size in a long log). A successful result whose numbers
+    /// mostly changed (`{"progress": 40}`, then 60) is the answer moving: progress.
+    fn says_nothing_new(&self, keys: &StepKeys) -> bool {
+        let prev = self.ring.back().expect("the newest step");
+        if keys.outcome == prev.outcome {
+            return true;
+        }
+        let new = keys.lines.new_against(&self.run_lines);
+        if new > 0 && new * 10 >= keys.lines.len() {
+            return false;
+        }
+        keys.failure
+            || keys.skeleton != prev.skeleton
+            || keys.numbers.mostly_same_as(&self.newest_numbers)
+    }
+
+    /// Rule (a): the same call several times in a row, the last of them saying
+    /// nothing new.
+    fn repeat(&self, config: &Config) -> Option<Finding> {
+        let run = self
+            .ring
+            .iter()
+            .rev()
+            .take_while(|e| e.call == self.at(0).call)
+            .count();
+        if run < 2 {
+            return None;
+        }
+        let stale = self
+            .ring
+            .iter()
+            .rev()
+            .take_while(|e| e.stale)
+            .count()
+            .min(run - 1);
+        let times = (stale + 1) as u32;
+        let blank = (0..=stale).all(|k| self.at(k).blank);
+        let loop_at = if blank {
+            config.blank_repeat_loop.max(config.repeat_loop)
+        } else {
+            config.repeat_loop
+        };
+        let (level, reason, shown) = if stale == 0 {
+            let times = run as u32;
+            (Level::Progress, Reason::Polling { times }, run)
+        } else if times >= loop_at {
+            (Level::Loop, Reason::Repeated { times, blank }, stale + 1)
+        } else if times >= config.repeat_suspect {
+            (Level::Suspect, Reason::Repeated { times, blank }, stale + 1)
+        } else {
+            (Level::Progress, Reason::Polling { times: run as u32 }, run)
+        };
+        Some(Finding {
+            level,
+            rule: Rule::Repeat,
+            reason,
+            evidence: self.newest(shown),
+        })
+    }
+
+    /// Rule (b): the smallest period of 2..=max_period whose block of calls repeats at
+    /// least twice at the end of the history, judged by its outcomes (compared as
+    /// `fuzzy`: see [`Entry`]).
+    fn cycle(&self, config: &Config) -> Option<Finding> {
         let n = self.ring.len();
         let max_period = config.max_period.clamp(1, MAX_PERIOD).min(n / 2);
-        let mut primary: Option<Finding> = None;
-        for p in 1..=max_period {
-            // Calls equal to the call `p` steps earlier, counting back from the newest.
+        for p in 2..=max_period {
             let calls = (0..n - p)
                 .take_while(|&k| self.at(k).call == self.at(k + p).call)
                 .count();
             let blocks = ((calls + p) / p) as u32;
-            if blocks < 2 {
+            // A block of one call repeated is rule (a)'s.
+            if blocks < 2 || (0..p).all(|k| self.at(k).call == self.at(0).call) {
                 continue;
             }
             let outcomes = (0..calls)
-                .take_while(|&k| self.at(k).outcome == self.at(k + p).outcome)
+                .take_while(|&k| self.at(k).fuzzy == self.at(k + p).fuzzy)
                 .count();
             let stable = ((outcomes + p) / p) as u32;
-            if primary.is_none() {
-                let finding = self.judge_repetition(p, blocks, stable, config);
-                if finding.level > Level::Progress {
-                    return Some(finding);
-                }
-                primary = Some(finding);
-            } else if p >= 2 && stable >= 2 {
-                let finding = self.judge_repetition(p, stable, stable, config);
-                if finding.level > Level::Progress {
-                    return Some(finding);
-                }
-            }
+            let level = if stable >= config.cycle_loop {
+                Level::Loop
+            } else if stable >= config.cycle_suspect {
+                Level::Suspect
+            } else {
+                Level::Progress
+            };
+            let period = p as u32;
+            let (shown, reason) = if level == Level::Progress {
+                (blocks, Reason::CycleProgress { period, blocks })
+            } else {
+                (
+                    stable,
+                    Reason::Cycle {
+                        period,
+                        blocks: stable,
+                    },
+                )
+            };
+            return Some(Finding {
+                level,
+                rule: Rule::Cycle,
+                reason,
+                evidence: self.newest(shown as usize * p),
+            });
         }
-        primary
-    }
-
-    /// The level of a block of `p` calls repeated `blocks` times, the last `stable` of
-    /// them with the same outcomes.
-    fn judge_repetition(&self, p: usize, blocks: u32, stable: u32, config: &Config) -> Finding {
-        let (suspect, lp) = if p == 1 {
-            (config.repeat_suspect, config.repeat_loop)
-        } else {
-            (config.cycle_suspect, config.cycle_loop)
-        };
-        let level = if stable >= lp {
-            Level::Loop
-        } else if stable >= suspect {
-            Level::Suspect
-        } else {
-            Level::Progress
-        };
-        let period = p as u32;
-        let (shown, reason) = match (p, level) {
-            (1, Level::Progress) => (blocks, Reason::Polling { times: blocks }),
-            (1, _) => (stable, Reason::Repeated { times: stable }),
-            (_, Level::Progress) => (blocks, Reason::CycleProgress { period, blocks }),
-            _ => (
-                stable,
-                Reason::Cycle {
-                    period,
-                    blocks: stable,
-                },
-            ),
-        };
-        Finding {
-            level,
-            rule: if p == 1 { Rule::Repeat } else { Rule::Cycle },
-            reason,
-            evidence: self.newest(shown as usize * p),
-        }
+        None
     }
 
     /// Rule (c): distinct calls among the recent steps that failed with this step's
     /// outcome.
     fn same_failure(&self, config: &Config) -> Option<Finding> {
         let current = self.at(0);
-        if !(current.failure && current.has_result) {
+        if !(current.failure && current.has_result) || current.blank {
             return None;
         }
         // Newest first: the latest step of each distinct call is the evidence.
@@ -479,7 +613,7 @@ impl VerdictState {
         let mut steps = [0u32; MAX_HISTORY];
         let mut count = 0;
         for entry in self.ring.iter().rev() {
-            let same = entry.failure && entry.has_result && entry.outcome == current.outcome;
+            let same = entry.failure && entry.outcome == current.outcome;
             if same && !calls[..count].contains(&entry.call) {
                 calls[count] = entry.call;
                 steps[count] = entry.step;
@@ -487,7 +621,7 @@ impl VerdictState {
             }
         }
         let distinct = count as u32;
-        let level = if distinct >= config.failure_loop {
+        let level = if config.failure_loop.is_some_and(|l| distinct >= l) {
             Level::Loop
         } else if distinct >= config.failure_suspect {
             Level::Suspect

@@ -67,12 +67,7 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRu
                     binary(env, &approach),
                     outcome.map(|digest| binary(env, &digest)),
                 ),
-                (
-                    verdict.call,
-                    verdict.outcome,
-                    verdict.has_result,
-                    verdict.failure,
-                ),
+                crate::loop_verdict::keys_term(env, &verdict),
             )
                 .encode(env)
         }

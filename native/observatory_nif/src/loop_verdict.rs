@@ -3,12 +3,13 @@
 
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::Normalization;
+use observatory_core::loop_verdict::shape::{LineSketch, NumberSketch, SKETCH_BITS};
 use observatory_core::loop_verdict::{
     Config, EntropySignal, Level, Rule, StepKeys, Verdict, VerdictState,
 };
 use observatory_core::normalize::{IdRules, VolatileWords, DEFAULT_VOLATILE_WORDS};
 use observatory_core::severity::Severity;
-use rustler::{Atom, Encoder, Env, NifResult, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 
 use crate::atoms;
 use crate::error::to_nif;
@@ -25,9 +26,80 @@ pub struct VerdictRules(pub Normalization);
 #[rustler::resource_impl]
 impl rustler::Resource for VerdictRules {}
 
-/// `{history, max_period, {repeat_suspect, repeat_loop}, {cycle_suspect, cycle_loop},
-/// {failure_suspect, failure_loop}, entropy_rule}`.
-type ConfigTuple = (usize, usize, (u32, u32), (u32, u32), (u32, u32), bool);
+/// `{history, max_period, {repeat_suspect, repeat_loop, blank_repeat_loop},
+/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop (0: never)}, entropy_rule}`.
+type ConfigTuple = (usize, usize, (u32, u32, u32), (u32, u32), (u32, u32), bool);
+
+/// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
+/// flags}`, `sketches` the line and number sketches (see [`sketches_to_bytes`]),
+/// `flags` has_result (1), failure (2), blank (4).
+type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8);
+
+const HAS_RESULT: u8 = 1;
+const FAILURE: u8 = 2;
+const BLANK: u8 = 4;
+
+/// The keys of a step as the DecisionLog parse returns them (see [`KeysTuple`]).
+pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
+    let flags = [
+        (keys.has_result, HAS_RESULT),
+        (keys.failure, FAILURE),
+        (keys.blank, BLANK),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0u8, |acc, (_, bit)| acc | bit);
+    (
+        keys.call,
+        keys.outcome,
+        keys.gist,
+        keys.skeleton,
+        crate::json::binary(env, &sketches_to_bytes(keys)),
+        flags,
+    )
+        .encode(env)
+}
+
+fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
+    let (call, outcome, gist, skeleton, lines, flags) = t;
+    let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
+    Ok(StepKeys {
+        call,
+        outcome,
+        gist,
+        skeleton,
+        lines,
+        has_result: flags & HAS_RESULT != 0,
+        failure: flags & FAILURE != 0,
+        blank: flags & BLANK != 0,
+        numbers,
+    })
+}
+
+const LINE_BYTES: usize = SKETCH_BITS / 8;
+
+/// The line sketch, the number sketch's 4 words and its count, little-endian.
+fn sketches_to_bytes(keys: &StepKeys) -> Vec<u8> {
+    let mut out = keys.lines.to_bytes().to_vec();
+    for word in keys.numbers.bits {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out.extend_from_slice(&keys.numbers.count.to_le_bytes());
+    out
+}
+
+fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch)> {
+    if bytes.len() != LINE_BYTES + 36 {
+        return None;
+    }
+    let (lines, rest) = bytes.split_at(LINE_BYTES);
+    let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let numbers = NumberSketch {
+        bits: [word(0), word(1), word(2), word(3)],
+        count: u32::from_le_bytes(rest[32..36].try_into().expect("4 bytes")),
+    };
+    Some((LineSketch::from_bytes(lines)?, numbers))
+}
 
 #[rustler::nif]
 fn verdict_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'_> {
@@ -79,17 +151,12 @@ fn verdict_observe<'a>(
     env: Env<'a>,
     store: ResourceArc<VerdictStore>,
     session_id: &str,
-    keys: (u64, u64, bool, bool),
+    keys: KeysTuple<'a>,
     entropy: Option<(Atom, usize)>,
     config: ConfigTuple,
 ) -> NifResult<Term<'a>> {
     let config = to_config(config)?;
-    let keys = StepKeys {
-        call: keys.0,
-        outcome: keys.1,
-        has_result: keys.2,
-        failure: keys.3,
-    };
+    let keys = keys_from_term(keys)?;
     let signal = entropy.and_then(|(severity, window)| {
         severity_of(severity).map(|severity| EntropySignal { severity, window })
     });
@@ -160,10 +227,12 @@ fn to_config(t: ConfigTuple) -> NifResult<Config> {
         max_period,
         repeat_suspect: repeat.0,
         repeat_loop: repeat.1,
+        blank_repeat_loop: repeat.2,
         cycle_suspect: cycle.0,
         cycle_loop: cycle.1,
         failure_suspect: failure.0,
-        failure_loop: failure.1,
+        // 0: never (`failure_loop: :never` in Elixir).
+        failure_loop: (failure.1 > 0).then_some(failure.1),
         entropy,
     };
     config.validate().map_err(to_nif)?;

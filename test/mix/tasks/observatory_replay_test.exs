@@ -6,7 +6,14 @@ defmodule Mix.Tasks.Observatory.ReplayTest do
   alias Observatory.Replay.ExampleDataset
 
   @task Mix.Tasks.Observatory.Replay
-  @keys [:step_detection, :session_log_size, :demo, ObservatoryWeb.Endpoint]
+  @keys [
+    :step_detection,
+    :session_log_size,
+    :demo,
+    :alert_source,
+    :loop_verdict,
+    ObservatoryWeb.Endpoint
+  ]
 
   setup do
     restore_env_on_exit(@keys)
@@ -181,5 +188,121 @@ defmodule Mix.Tasks.Observatory.ReplayTest do
 
     # A small input is done before the first redraw (every 200 ms): only the clearing.
     assert err =~ "\r"
+  end
+
+  describe "issue 11: the loop verdict's flags" do
+    test "--alert-source verdict and verdict thresholds; the report names the rule, reason and evidence",
+         %{prefix: prefix} do
+      sid = "#{prefix}verdict"
+      args = ~w(--json --alert-source verdict --repeat-loop 4)
+      out = capture_io(identical(sid, 5), fn -> @task.run(args) end)
+      {:ok, report} = Observatory.JSON.decode(out)
+
+      assert %{"alert_source" => "verdict", "verdict" => %{"repeat_loop" => 4}} =
+               report["settings"]
+
+      assert [s] = report["sessions"]
+
+      assert %{
+               "first_verdict_loop" => %{"step" => 4},
+               "verdict_rule" => "repeat",
+               "verdict_reason" =>
+                 "the same call 4 times in a row, its result saying nothing new",
+               "verdict_evidence" => [1, 2, 3, 4]
+             } = s
+
+      assert %{"alert_source" => "verdict", "sessions_alarmed" => 1, "alarms" => 2} =
+               report["summary"]
+
+      text = capture_io(identical("#{sid}-text", 5), fn -> @task.run(args -- ["--json"]) end)
+      assert text =~ "alert source: verdict"
+      assert text =~ "verdict: repeat suspect 2 loop 4"
+
+      assert text =~
+               "#{sid}-text  step 4  repeat: the same call 4 times in a row, its result saying nothing new [1, 2, 3, 4]"
+
+      assert text =~ ~r/alarmed \(verdict\)\s+1\n/
+    end
+
+    test "without the flags the alert source is the configured one (entropy)", %{prefix: prefix} do
+      out = capture_io(identical("#{prefix}entropy", 5), fn -> @task.run(["--json"]) end)
+      {:ok, report} = Observatory.JSON.decode(out)
+
+      assert %{"alert_source" => "entropy", "sessions_alarmed" => 1, "alarms" => 1} =
+               report["summary"]
+    end
+
+    test "--extra-volatile-keys makes a per-call token an id, so the repeat shows", %{
+      prefix: prefix
+    } do
+      lines = fn sid ->
+        Enum.map_join(1..3, "\n", fn n ->
+          ~s({"session_id": "#{sid}", "intent": "wait", "tool_call": "queue", "status": "success", "result": {"state": "queued", "job_token": "tok-#{n * 7}"}})
+        end)
+      end
+
+      run = fn sid, args ->
+        out = capture_io(lines.(sid), fn -> @task.run(["--json" | args]) end)
+        {:ok, %{"sessions" => [s]}} = Observatory.JSON.decode(out)
+        s
+      end
+
+      # The token moves: a short successful answer whose number changed is progress.
+      assert %{"first_verdict_loop" => nil} = run.("#{prefix}token-a", [])
+
+      assert %{"first_verdict_loop" => %{"step" => 3}} =
+               run.("#{prefix}token-b", ~w(--extra-volatile-keys job_token,run_id))
+
+      assert "job_token" in Application.get_env(:observatory, :loop_verdict)[:extra_volatile_keys]
+      Observatory.Gateway.LoopVerdict.reload_rules()
+    end
+
+    test "bad verdict flags stop before any step is replayed" do
+      assert_raise Mix.Error, ~r/--alert-source must be entropy or verdict, got: both/, fn ->
+        @task.run(["--alert-source", "both"])
+      end
+
+      assert_raise Mix.Error, ~r/--failure-loop must be an integer or never, got: x/, fn ->
+        @task.run(["--failure-loop", "x"])
+      end
+
+      assert_raise Mix.Error,
+                   ~r/each suspect threshold must be >= 2 and <= its loop threshold/,
+                   fn ->
+                     @task.run(~w(--repeat-suspect 5 --repeat-loop 3))
+                   end
+
+      assert_raise Mix.Error, ~r/expected history to be a positive integer, got: 0/, fn ->
+        @task.run(~w(--history 0))
+      end
+    end
+
+    # A fresh VM in the dev environment, where the application logs at info level while it
+    # starts (Mnesia's schema in a new data directory): those lines must not reach stdout.
+    # The dev build is made first: on a project that was never compiled, Mix itself
+    # compiles (and says so on stdout) before it can find the task.
+    @tag timeout: 300_000
+    test "--json: stdout is the JSON report alone, logs go to stderr (a fresh VM)", %{dir: dir} do
+      path = Path.join(dir, "steps.jsonl")
+      err = Path.join(dir, "stderr.txt")
+      File.write!(path, identical("json-purity", 3))
+
+      {out, status} =
+        System.cmd(
+          "sh",
+          [
+            "-c",
+            ~s(mix compile >/dev/null 2>&1; exec mix observatory.replay --json "$1" 2>"$2"),
+            "sh",
+            path,
+            err
+          ],
+          env: [{"MIX_ENV", "dev"}, {"OBSERVATORY_DATA_DIR", Path.join(dir, "data")}]
+        )
+
+      assert status == 0, File.read!(err)
+      assert {:ok, %{"summary" => %{"sessions" => 1}}} = Observatory.JSON.decode(out)
+      assert File.read!(err) =~ "[info] created the Mnesia schema"
+    end
   end
 end

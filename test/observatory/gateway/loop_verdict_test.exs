@@ -6,6 +6,8 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   alias Observatory.Gateway.{DecisionLog, Events, LoopVerdict, SchemaInterceptor}
   alias Observatory.Test.HTTP
 
+  doctest LoopVerdict
+
   setup do
     saved = Application.get_env(:observatory, :loop_verdict)
 
@@ -56,7 +58,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert %{verdict: :loop, rule: :repeat, evidence: [1, 2, 3], reason: reason} =
                ingest(sid, @fail)
 
-      assert reason == "the same call returned the same result 3 times in a row"
+      assert reason == "the same call 3 times in a row, its result saying nothing new"
       assert %{verdict: :loop, step_number: 3} = LoopVerdict.session(sid)
       assert Enum.any?(LoopVerdict.flagged(), &(&1.session_id == sid and &1.verdict == :loop))
     end
@@ -83,9 +85,12 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       }
     end
 
-    test "a step without a result is judged on its status", %{sid: sid} do
+    test "a step without a result is judged on its status, as a blank result", %{sid: sid} do
+      # Nothing to show progress or its absence: blank_repeat_loop (4) repeats, not 3.
       for _ <- 1..2, do: ingest(sid, %{})
-      assert %{verdict: :loop} = ingest(sid, %{})
+      assert %{verdict: :suspect} = ingest(sid, %{})
+      assert %{verdict: :loop, reason: reason} = ingest(sid, %{})
+      assert reason == "the same call 4 times in a row, each time with an empty result"
     end
 
     test "forget starts the session over", %{sid: sid} do
@@ -151,10 +156,24 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are two 64-bit integers and two flags" do
-      assert {call, outcome, true, true} = keys(@fail)
-      assert call in 0..0xFFFF_FFFF_FFFF_FFFF and outcome in 0..0xFFFF_FFFF_FFFF_FFFF
-      assert {_, _, false, false} = keys(%{"status" => "success"})
+    test "the keys are four 64-bit hashes, the line and number sketches and flags" do
+      assert {call, outcome, gist, skeleton, sketches, flags} = keys(@fail)
+
+      for hash <- [call, outcome, gist, skeleton],
+          do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
+
+      # 1024 bits of lines, 256 bits and a count of numbers
+      assert byte_size(sketches) == 128 + 32 + 4
+      # has a result (1) and failed (2), not blank (4)
+      assert flags == 3
+      assert {_, _, _, _, _, 4} = keys(%{"status" => "success"})
+    end
+
+    test "whitespace inside the input's strings does not make a new call" do
+      cmd = fn c -> elem(keys(%{"tool_input" => %{"command" => c}}), 0) end
+      assert cmd.("python run.py") == cmd.("python  run.py ")
+      assert cmd.("python run.py") == cmd.("python\trun.py\n")
+      assert cmd.("python run.py") != cmd.("python run2.py")
     end
 
     test "reload_rules/0 applies new volatile keys and number rules" do

@@ -1,10 +1,12 @@
 //! A step's call and outcome keys: 64-bit hashes of canonical JSON with per-call ids
-//! normalized away.
+//! normalized away, and the outcome's loose views ([`shape`](super::shape)).
 //!
 //! * **call** = hash of `action.tool_call` and the normalized canonical
-//!   `action.tool_input` (missing = `null`);
+//!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
+//!   (`python  run.py ` is `python run.py`);
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
-//!   (missing or `null` = no result: the status alone).
+//!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
+//!   number sketches and blankness come from the same normalized text.
 //!
 //! The canonical text is [`stable_stringify`]'s — the very text the step detector
 //! hashes with SHA-256, so the gateway writes it once per step
@@ -36,6 +38,7 @@ use std::sync::LazyLock;
 
 use serde_json::Value;
 
+use super::shape::{collapse_whitespace, shape, Scratch};
 use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
 use crate::stable_json::stable_stringify;
@@ -91,29 +94,50 @@ pub fn keys_from_canonical(
     result: Option<&str>,
     rules: &Normalization,
 ) -> StepKeys {
-    BUFFER.with_borrow_mut(|buf| {
+    BUFFER.with_borrow_mut(|(buf, text, lines)| {
         buf.clear();
         buf.extend_from_slice(tool.as_bytes());
         buf.push(SEPARATOR);
-        normalize_json_ids_into(input, &rules.input, buf);
+        text.clear();
+        normalize_json_ids_into(input, &rules.input, text);
+        collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
         buf.push(SEPARATOR);
-        match result {
-            Some(result) => normalize_json_ids_into(result, &rules.result, buf),
-            None => buf.push(ABSENT),
-        }
+        let result_shape = match result {
+            Some(result) => {
+                text.clear();
+                normalize_json_ids_into(result, &rules.result, text);
+                buf.extend_from_slice(text);
+                Some(shape(status, text, lines))
+            }
+            None => {
+                buf.push(ABSENT);
+                None
+            }
+        };
         let outcome = hash64(buf, OUTCOME_SEED);
-        if buf.capacity() > MAX_KEPT_BUFFER {
-            *buf = Vec::new();
+        for kept in [&mut *buf, &mut *text] {
+            if kept.capacity() > MAX_KEPT_BUFFER {
+                *kept = Vec::new();
+            }
+        }
+        if lines.capacity() > MAX_KEPT_BUFFER {
+            *lines = Scratch::default();
         }
         StepKeys {
             call,
             outcome,
+            // Without a result, the status is all there is: every view is the outcome.
+            gist: result_shape.map_or(outcome, |s| s.gist),
+            skeleton: result_shape.map_or(outcome, |s| s.skeleton),
+            lines: result_shape.map(|s| s.lines).unwrap_or_default(),
             has_result: result.is_some(),
             failure: is_failure(status),
+            blank: result_shape.is_none_or(|s| s.blank),
+            numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
         }
     })
 }
@@ -123,7 +147,9 @@ pub fn keys_from_canonical(
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The hashed bytes, the normalized text, the result's shape buffers.
+    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch)> =
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default()));
 }
 
 /// The normalized canonical text of `value`, as hashed (for tests and debugging).

@@ -197,6 +197,18 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "A/B ping-pong with the same results",
         "a health check flapping between two answers",
         "three different fixes, the same build failure",
+        "prose resubmitted to the shell, the error's line number counting up",
+        "different scripts, each failing with its own line number",
+        "the same insertion applied again and again, the file echo growing by the same lines",
+        "different insertions one after another, the file echo growing by new lines",
+        "the same failing command retried with whitespace-only differences",
+        "a retry with other whitespace that succeeds",
+        "a long build log that differs only in its timing and size fields",
+        "tailing a build log that gains new lines each time",
+        "the same search for a missing symbol, repeated",
+        "walking up with cd .., each empty, then listing",
+        "cd .. at the root, pwd answering / each time",
+        "the same failing command, stderr and stdout interleaved differently each run",
     ];
     assert_eq!(names, tested);
 }
@@ -279,17 +291,13 @@ fn must_flag_an_a_b_c_cycle_with_the_same_outcomes() {
 }
 
 #[test]
-fn must_flag_grep_rg_find_ack_for_the_same_missing_symbol() {
+fn must_not_flag_grep_rg_find_ack_for_the_same_missing_symbol() {
+    // Issue 11: an empty search miss is an answer, not a failure that counts for (c).
     let run = check(
         "grep, rg, find and ack for the same missing symbol",
-        "must-flag",
+        "must-not-flag",
     );
-    let last = run.verdicts.last().unwrap();
-    assert_eq!(
-        (last.rule, last.reason),
-        (Rule::SameFailure, Reason::SameFailure { calls: 4 })
-    );
-    assert_eq!(last.evidence.as_slice(), [2, 3, 4, 5]);
+    assert!(run.verdicts.iter().all(|v| v.rule != Rule::SameFailure));
 }
 
 #[test]
@@ -314,8 +322,10 @@ fn must_flag_the_same_call_and_result_with_a_changing_pid_and_timestamp() {
             volatile: VolatileWords::new(Vec::<&str>::new()),
         },
     };
+    // Without the id rules the pid and the timestamp stay, but the step failed: its
+    // numbers are counters, masked in the result's shape, so the repeat still shows.
     let run = run(&scenario, &raw);
-    assert!(run.verdicts.iter().all(|v| v.level == Level::Progress));
+    assert_eq!(run.first_loop(), Some(3));
 }
 
 #[test]
@@ -325,19 +335,109 @@ fn must_flag_a_b_ping_pong_with_the_same_results() {
 
 #[test]
 fn must_flag_a_health_check_flapping_between_two_answers() {
+    // X, Y, X, Y: from the third answer on, nothing the same call had not said.
     let run = check("a health check flapping between two answers", "must-flag");
     let last = run.verdicts.last().unwrap();
-    assert_eq!(
-        last.reason,
-        Reason::Cycle {
-            period: 2,
-            blocks: 3
-        }
-    );
+    assert_eq!(last.rule, Rule::Repeat);
 }
 
 #[test]
 fn suspect_three_different_fixes_the_same_build_failure() {
     let run = check("three different fixes, the same build failure", "suspect");
     assert_eq!(run.verdicts.last().unwrap().rule, Rule::Entropy);
+}
+
+// Issue 11: each way real runs fooled the verdict, the loop and its near-miss.
+
+#[test]
+fn must_flag_prose_resubmitted_to_the_shell_error_line_counting_up() {
+    check(
+        "prose resubmitted to the shell, the error's line number counting up",
+        "must-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_different_scripts_each_failing_with_its_own_line_number() {
+    check(
+        "different scripts, each failing with its own line number",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_the_same_insertion_reapplied_file_echo_growing() {
+    check(
+        "the same insertion applied again and again, the file echo growing by the same lines",
+        "must-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_different_insertions_file_echo_growing_by_new_lines() {
+    check(
+        "different insertions one after another, the file echo growing by new lines",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_the_same_failing_command_with_whitespace_only_differences() {
+    check(
+        "the same failing command retried with whitespace-only differences",
+        "must-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_a_retry_with_other_whitespace_that_succeeds() {
+    check(
+        "a retry with other whitespace that succeeds",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_a_long_build_log_differing_only_in_timing_and_size() {
+    check(
+        "a long build log that differs only in its timing and size fields",
+        "must-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_tailing_a_build_log_that_gains_new_lines() {
+    check(
+        "tailing a build log that gains new lines each time",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_the_same_search_for_a_missing_symbol_repeated() {
+    check(
+        "the same search for a missing symbol, repeated",
+        "must-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_walking_up_with_cd_dot_dot() {
+    check(
+        "walking up with cd .., each empty, then listing",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_cd_dot_dot_at_the_root() {
+    check("cd .. at the root, pwd answering / each time", "must-flag");
+}
+
+#[test]
+fn must_flag_stderr_and_stdout_interleaved_differently() {
+    check(
+        "the same failing command, stderr and stdout interleaved differently each run",
+        "must-flag",
+    );
 }

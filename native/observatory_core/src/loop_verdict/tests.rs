@@ -6,12 +6,7 @@ use proptest::prelude::*;
 
 /// A step: call `c`, outcome `o`, with a result, failed or not.
 fn step(c: u64, o: u64, failure: bool) -> StepKeys {
-    StepKeys {
-        call: c,
-        outcome: o,
-        has_result: true,
-        failure,
-    }
+    StepKeys::exact(c, o, true, failure)
 }
 
 fn ok(c: u64, o: u64) -> StepKeys {
@@ -57,7 +52,13 @@ fn a_same_call_same_outcome_is_suspect_at_2_and_loop_at_3() {
     let v = run(&[ok(9, 9), fail(1, 5), fail(1, 5), fail(1, 5), fail(1, 5)]);
     assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop]);
     assert_eq!(v[3].rule, Rule::Repeat);
-    assert_eq!(v[3].reason, Reason::Repeated { times: 3 });
+    assert_eq!(
+        v[3].reason,
+        Reason::Repeated {
+            times: 3,
+            blank: false
+        }
+    );
     assert_eq!(v[3].evidence.as_slice(), [2, 3, 4]);
     assert_eq!(v[4].evidence.as_slice(), [2, 3, 4, 5]);
     assert_eq!((v[3].previous, v[4].previous), (Some(Suspect), Some(Loop)));
@@ -170,9 +171,9 @@ fn b_a_cycle_whose_outcomes_change_is_progress() {
 }
 
 #[test]
-fn b_a_flapping_result_is_a_cycle_of_outcomes() {
-    // The same call answered X, Y, X, Y: the call repeats (period 1, results change),
-    // the call and its results repeat with period 2.
+fn a_a_flapping_result_says_nothing_new() {
+    // The same call answered X, Y, X, Y: from the third answer on, nothing that call
+    // had not already said.
     let v = run(&[
         ok(1, 10),
         ok(1, 20),
@@ -181,21 +182,70 @@ fn b_a_flapping_result_is_a_cycle_of_outcomes() {
         ok(1, 10),
         ok(1, 20),
     ]);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop, Loop]);
     assert_eq!(
-        levels(&v),
-        [Progress, Progress, Progress, Suspect, Suspect, Loop]
-    );
-    assert_eq!(
-        v[5].reason,
-        Reason::Cycle {
-            period: 2,
-            blocks: 3
+        v[3].reason,
+        Reason::Repeated {
+            times: 3,
+            blank: false
         }
     );
     // Once the answer moves on, progress again.
     let mut steps = vec![ok(1, 10), ok(1, 20), ok(1, 10), ok(1, 20)];
     steps.push(ok(1, 30));
     assert_eq!(run(&steps)[4].level, Progress);
+}
+
+#[test]
+fn a_blank_results_need_more_repeats() {
+    // `cd ..` three times says nothing either way: suspect, not yet a loop.
+    let blank = |c| StepKeys::exact(c, 5, false, false);
+    let v = run(&[blank(1), blank(1), blank(1), blank(1)]);
+    assert_eq!(levels(&v), [Progress, Suspect, Suspect, Loop]);
+    assert_eq!(
+        v[3].reason,
+        Reason::Repeated {
+            times: 4,
+            blank: true
+        }
+    );
+    // With an informative result, the third call is already a loop.
+    assert_eq!(run(&[ok(1, 5); 3])[2].level, Loop);
+}
+
+#[test]
+fn a_a_failure_whose_lines_are_all_known_is_stale() {
+    // The same failing call, its result another mix of lines already seen (stderr and
+    // stdout interleaved differently): not progress.
+    let mut a = fail(1, 100);
+    let mut b = fail(1, 200);
+    let mut c = fail(1, 300);
+    let mut lines = shape::LineSketch::single(1);
+    lines.union_with(&shape::LineSketch::single(2));
+    for k in [&mut a, &mut b, &mut c] {
+        k.lines = lines;
+    }
+    assert_eq!(levels(&run(&[a, b, c])), [Progress, Suspect, Loop]);
+    // A successful result whose numbers all changed (same skeleton) is progress.
+    let numbers = |text: String| {
+        shape::shape("success", text.as_bytes(), &mut shape::Scratch::default()).numbers
+    };
+    let poll = |o: u64| StepKeys {
+        skeleton: 9,
+        lines,
+        numbers: numbers(format!("\"{o}\"")),
+        ..ok(1, o)
+    };
+    assert_eq!(levels(&run(&[poll(1), poll(2), poll(3)])), [Progress; 3]);
+    // One number of eight changed (a timing in a long log) is a detail.
+    let long = |o: u64| StepKeys {
+        numbers: numbers(format!("\"1 2 3 4 5 6 7 {o}\"")),
+        ..poll(o)
+    };
+    assert_eq!(
+        levels(&run(&[long(1), long(2), long(3)])),
+        [Progress, Suspect, Loop]
+    );
 }
 
 #[test]
@@ -213,14 +263,26 @@ fn b_the_smallest_period_wins() {
     );
 }
 
+/// The same-failure rule with a loop threshold (off by default).
+fn failure_loop_at(n: u32) -> Config {
+    Config {
+        failure_loop: Some(n),
+        ..Config::default()
+    }
+}
+
 #[test]
 fn c_the_same_failure_under_different_calls() {
-    // grep, rg, find, ack: the same "not found".
-    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)]);
-    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
+    // Four different calls, the same "permission denied": suspect by default.
+    let steps = [fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)];
+    let v = run(&steps);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Suspect]);
     assert_eq!(v[3].rule, Rule::SameFailure);
     assert_eq!(v[3].reason, Reason::SameFailure { calls: 4 });
     assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    // With a loop threshold, a loop.
+    let v = run_with(&steps, &failure_loop_at(4));
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
 }
 
 #[test]
@@ -253,12 +315,7 @@ fn c_counts_distinct_calls_within_the_history_and_ignores_successes() {
 
 #[test]
 fn c_needs_a_result() {
-    let no_result = |c| StepKeys {
-        call: c,
-        outcome: 7,
-        has_result: false,
-        failure: true,
-    };
+    let no_result = |c| StepKeys::exact(c, 7, false, true);
     let v = run(&[no_result(1), no_result(2), no_result(3), no_result(4)]);
     assert!(levels(&v).iter().all(|&l| l == Progress));
 }
@@ -266,7 +323,10 @@ fn c_needs_a_result() {
 #[test]
 fn strongest_rule_wins() {
     // The poll moves (a: progress), but four different calls fail the same way (c: loop).
-    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 3), fail(4, 7)]);
+    let v = run_with(
+        &[fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 3), fail(4, 7)],
+        &failure_loop_at(4),
+    );
     assert_eq!(v[4].level, Loop);
     assert_eq!(v[4].rule, Rule::SameFailure);
 }
@@ -383,8 +443,18 @@ fn reasons_read_as_sentences() {
             "no repeated call pattern in the last 4 steps",
         ),
         (
-            Reason::Repeated { times: 3 },
-            "the same call returned the same result 3 times in a row",
+            Reason::Repeated {
+                times: 3,
+                blank: false,
+            },
+            "the same call 3 times in a row, its result saying nothing new",
+        ),
+        (
+            Reason::Repeated {
+                times: 4,
+                blank: true,
+            },
+            "the same call 4 times in a row, each time with an empty result",
         ),
         (
             Reason::Cycle {
@@ -437,6 +507,15 @@ fn invalid_configs_are_refused() {
         },
         Config {
             failure_suspect: 5,
+            failure_loop: Some(4),
+            ..ok
+        },
+        Config {
+            failure_suspect: 1,
+            ..ok
+        },
+        Config {
+            blank_repeat_loop: 1,
             ..ok
         },
     ];
@@ -488,7 +567,7 @@ proptest! {
         let mut state = VerdictState::new();
         let mut previous = None;
         for (i, &(c, o, has_result, failure)) in steps.iter().enumerate() {
-            let v = state.observe(StepKeys { call: c, outcome: o, has_result, failure }, entropy(Severity::Warning, 5), &config);
+            let v = state.observe(StepKeys::exact(c, o, has_result, failure), entropy(Severity::Warning, 5), &config);
             prop_assert_eq!(v.step as usize, i + 1);
             prop_assert_eq!(v.previous, previous);
             let ev = v.evidence.as_slice();
@@ -508,4 +587,10 @@ proptest! {
         let v = run(&vec![step(c, o, failure); n]);
         prop_assert_eq!(v.last().unwrap().level, Loop);
     }
+}
+
+#[test]
+fn a_history_entry_is_forty_bytes() {
+    // Four hashes, the step number and four flags: what a session pays per step kept.
+    assert_eq!(std::mem::size_of::<Entry>(), 40);
 }

@@ -1,0 +1,155 @@
+defmodule ObservatoryWeb.AuthThrottle do
+  @moduledoc """
+  Throttles credential guessing (issue 13, finding 14): failed credentials are counted
+  per client, and a client with `max_failures` failures within `window_s` is locked
+  out for `lockout_s` — every request of it that presents a credential is answered
+  `429` with `Retry-After`, whether the credential is right or not.
+
+      config :observatory, :auth_throttle,
+        max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000
+
+  A client is its TCP peer address (`ObservatoryWeb.Conn`'s `remote_ip`; proxies'
+  `X-Forwarded-For` is not trusted). The table is bounded: once it holds `max_clients`
+  clients, failures of clients not yet in it share one `:overflow` entry, so a flood
+  of addresses throttles itself instead of growing memory. Entries whose window and
+  lockout are over are swept every `window_s`.
+
+  Counting and checking are ETS operations in the caller; this process only owns the
+  table and sweeps it. Settings are read on every call.
+  """
+
+  use GenServer
+  require Logger
+
+  @table __MODULE__
+  @defaults [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000]
+
+  def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+
+  @doc "The settings in force."
+  @spec settings() :: keyword()
+  def settings,
+    do: Keyword.merge(@defaults, Application.get_env(:observatory, :auth_throttle, []))
+
+  @doc "`:ok`, or `{:error, retry_after_s}` while the client is locked out."
+  @spec check(String.t() | nil) :: :ok | {:error, pos_integer()}
+  def check(client) do
+    now = now_ms()
+
+    # One ETS read for a known client; the settings only for a newcomer.
+    entry = lookup(key(client)) || lookup(admit(key(client), settings()[:max_clients]))
+
+    case entry do
+      {_, _failures, _started, locked_until} when locked_until > now ->
+        {:error, max(div(locked_until - now + 999, 1000), 1)}
+
+      _ ->
+        :ok
+    end
+  end
+
+  @doc "Counts a failed credential of the client; locks it out at `max_failures`."
+  @spec failure(String.t() | nil) :: :ok
+  def failure(client) do
+    settings = settings()
+    now = now_ms()
+    key = admit(key(client), settings[:max_clients])
+    window_ms = settings[:window_s] * 1000
+
+    failures =
+      case lookup(key) do
+        {_, _, started, locked_until} when now - started < window_ms or locked_until > now ->
+          :ets.update_counter(@table, key, {2, 1})
+
+        _ ->
+          # Not locked: `locked_until` is now (monotonic time may be negative, never 0).
+          :ets.insert(@table, {key, 1, now, now})
+          1
+      end
+
+    # At the limit and beyond (a failure after a short lockout), lock (again).
+    if failures >= settings[:max_failures] do
+      :ets.update_element(@table, key, {4, now + settings[:lockout_s] * 1000})
+
+      Logger.warning(
+        "#{failures} failed credentials from #{inspect(key)} within #{settings[:window_s]} s: " <>
+          "locked out for #{settings[:lockout_s]} s"
+      )
+    end
+
+    :ok
+  rescue
+    # No table (the web server is off): nothing to count.
+    ArgumentError -> :ok
+  end
+
+  @doc "How many clients the table holds (for tests and metrics)."
+  @spec size() :: non_neg_integer()
+  def size, do: :ets.info(@table, :size)
+
+  @doc "Forgets every client (tests)."
+  def reset, do: :ets.delete_all_objects(@table)
+
+  @doc false
+  def sweep, do: GenServer.call(__MODULE__, :sweep)
+
+  ## The owner
+
+  @impl true
+  def init(_opts) do
+    :ets.new(@table, [:named_table, :public, :set, write_concurrency: true])
+    schedule_sweep()
+    {:ok, nil}
+  end
+
+  @impl true
+  def handle_call(:sweep, _from, state) do
+    sweep_expired()
+    {:reply, :ok, state}
+  end
+
+  @impl true
+  def handle_info(:sweep, state) do
+    sweep_expired()
+    schedule_sweep()
+    {:noreply, state}
+  end
+
+  def handle_info(message, state) do
+    Logger.debug("AuthThrottle ignored #{inspect(message)}")
+    {:noreply, state}
+  end
+
+  defp sweep_expired do
+    now = now_ms()
+    window_start = now - settings()[:window_s] * 1000
+
+    :ets.select_delete(@table, [
+      {{:_, :_, :"$1", :"$2"}, [{:<, :"$1", window_start}, {:"=<", :"$2", now}], [true]}
+    ])
+  end
+
+  defp schedule_sweep,
+    do: Process.send_after(self(), :sweep, settings()[:window_s] * 1000)
+
+  ## Internals
+
+  defp key(nil), do: "unknown"
+  defp key(client), do: client
+
+  # A client not in a full table shares the overflow entry.
+  defp admit(key, max_clients) do
+    if lookup(key) == nil and :ets.info(@table, :size) >= max_clients, do: :overflow, else: key
+  end
+
+  defp lookup(key) do
+    case :ets.lookup(@table, key) do
+      [entry] -> entry
+      [] -> nil
+    end
+  rescue
+    ArgumentError -> nil
+  end
+
+  defp now_ms, do: System.monotonic_time(:millisecond)
+end

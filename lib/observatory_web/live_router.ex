@@ -1,0 +1,125 @@
+defmodule ObservatoryWeb.LiveRouter do
+  @moduledoc """
+  Mounts Observatory's pages in a Phoenix router with one line, the way
+  `live_dashboard "/dashboard"` mounts Phoenix LiveDashboard:
+
+      # lib/my_app_web/router.ex
+      import ObservatoryWeb.LiveRouter
+
+      scope "/ops" do
+        pipe_through [:browser, :require_operator]
+
+        observatory_dashboard "/observatory",
+          session: {MyAppWeb.OperatorAuth, :observatory_session, []}
+      end
+
+  mounts, in one `live_session`:
+
+  | path | LiveView | action |
+  |---|---|---|
+  | `/ops/observatory` | `ObservatoryWeb.SessionClusterManagerLive` | `:index` |
+  | `/ops/observatory/agents` | `ObservatoryWeb.AgentListLive` | `:index` |
+  | `/ops/observatory/agents/:agent_id` | `ObservatoryWeb.AgentDetailLive` | `:show` |
+
+  Links between the pages (fleet nodes to agents, the agents list to an agent, an
+  agent back to the list, the navigation) point under the path they are mounted at,
+  whatever scopes surround the line.
+
+  ## Options
+
+    * `:session` — `{module, function, args}`: `apply(module, function, [conn | args])`
+      returns a map; its `"operator"` is the name the HITL audit log and the agents'
+      events record for actions taken on these pages (default `"dashboard"`). Your own
+      pipeline does the sign-in: Observatory trusts this name.
+    * `:on_mount` — passed to `live_session` (your LiveView auth hooks).
+    * `:live_session_name` — default `:observatory`; set it to mount twice.
+
+  The router needs `Phoenix.LiveView.Router`'s `live/4` and `live_session/3`, which
+  this macro imports when LiveView is there.
+  """
+
+  @doc "Mounts the pages under `path`; see the module doc."
+  defmacro observatory_dashboard(path, opts \\ []) do
+    opts =
+      if Macro.quoted_literal?(opts),
+        do: Macro.prewalk(opts, &expand_alias(&1, __CALLER__)),
+        else: opts
+
+    imports =
+      if Code.ensure_loaded?(Phoenix.LiveView.Router) do
+        quote do: import(Phoenix.LiveView.Router, only: [live: 4, live_session: 3])
+      end
+
+    quote do
+      prefix = ObservatoryWeb.LiveRouter.__prefix__(__MODULE__, unquote(path))
+
+      scope unquote(path), alias: false, as: false do
+        unquote(imports)
+
+        {name, session_opts} = ObservatoryWeb.LiveRouter.__live_session__(prefix, unquote(opts))
+
+        live_session name, session_opts do
+          live("/", ObservatoryWeb.SessionClusterManagerLive, :index, as: :observatory_manager)
+          live("/agents", ObservatoryWeb.AgentListLive, :index, as: :observatory_agents)
+          live("/agents/:agent_id", ObservatoryWeb.AgentDetailLive, :show, as: :observatory_agent)
+        end
+      end
+    end
+  end
+
+  defp expand_alias({:__aliases__, _, _} = alias, env),
+    do: Macro.expand(alias, %{env | function: {:observatory_dashboard, 2}})
+
+  defp expand_alias(other, _env), do: other
+
+  @doc false
+  # The full path of `path` in `router`, scopes included (Phoenix's scoped_path/2).
+  # Without Phoenix (Observatory's own tests of the macro) the path as given.
+  @spec __prefix__(module(), String.t()) :: String.t()
+  def __prefix__(router, path) do
+    full =
+      if Code.ensure_loaded?(Phoenix.Router),
+        do: apply(Phoenix.Router, :scoped_path, [router, path]),
+        else: path
+
+    String.trim_trailing(full, "/")
+  end
+
+  @doc false
+  # The live_session's name and options: the session MFA that gives every page its
+  # operator and where the pages are.
+  @spec __live_session__(String.t(), keyword()) :: {atom(), keyword()}
+  def __live_session__(prefix, opts) do
+    host_session = Keyword.get(opts, :session)
+
+    unless host_session == nil or
+             match?({m, f, a} when is_atom(m) and is_atom(f) and is_list(a), host_session) do
+      raise ArgumentError,
+            "observatory_dashboard :session must be {module, function, args}, got: #{inspect(host_session)}"
+    end
+
+    session_opts =
+      [session: {__MODULE__, :__session__, [prefix, host_session]}] ++
+        Keyword.take(opts, [:on_mount])
+
+    {Keyword.get(opts, :live_session_name, :observatory), session_opts}
+  end
+
+  @doc false
+  # Called by LiveView for each page: the host's session map, and where the pages are.
+  @spec __session__(term(), String.t(), {module(), atom(), list()} | nil) :: map()
+  def __session__(conn, prefix, host_session) do
+    host =
+      case host_session do
+        nil -> %{}
+        {module, function, args} -> apply(module, function, [conn | args])
+      end
+
+    unless is_map(host) do
+      raise ArgumentError,
+            "observatory_dashboard's :session function must return a map, got: #{inspect(host)}"
+    end
+
+    Map.merge(host, %{"observatory_path" => prefix, "agents_path" => prefix <> "/agents"})
+  end
+end

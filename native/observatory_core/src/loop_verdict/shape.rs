@@ -1,0 +1,519 @@
+//! What a step's canonical JSON says, read loosely: the verdict's fuzzy views of a
+//! call and of a result, so that real agents' repeats compare as repeats.
+//!
+//! Real runs repeat themselves with incidental differences (issue 11):
+//!
+//! * a command resubmitted with other whitespace (`python  run.py`, `python run.py `);
+//! * an error carrying a counter: `bash: line 12: …`, then `line 13`, `line 14`;
+//! * stderr and stdout interleaved in another order on every run;
+//! * the same edit applied again, the tool echoing a file that grows by the same lines;
+//! * a long output that differs in a timing, a speed or a size deep inside.
+//!
+//! [`collapse_whitespace`] gives the call its whitespace-insensitive form. [`shape`]
+//! reads a result's text (each JSON string is a line of its own, and `\n` and `\r`
+//! inside it end lines) with every run of digits masked and whitespace collapsed, and
+//! gives:
+//!
+//! * `skeleton`: a hash of that text, in order: two results with the same skeleton
+//!   differ at most in their numbers;
+//! * `gist`: a hash of the *set* of its lines: order, repeated lines and numbers
+//!   do not count;
+//! * `lines`: a 1024-bit sketch of the same lines, so that the verdict can tell
+//!   whether a result says anything the same call had not already said;
+//! * `blank`: no string value holds anything but whitespace (`{"exit_code":1,
+//!   "stdout":""}`, `""`): the result says nothing either way;
+//! * `numbers`: a sketch of its first [`MAX_NUMBERS`] runs of digits with their
+//!   positions, so that two results with the same skeleton can tell how many of their
+//!   numbers differ: one of many (a timing, a speed, a size in a long log) is a detail,
+//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving.
+
+use super::keys::hash64;
+
+/// Bits in a line sketch.
+pub const SKETCH_BITS: usize = 1024;
+/// Runs of digits of a result put in its number sketch (the first ones).
+pub const MAX_NUMBERS: u32 = 64;
+/// Lines of a result looked at for its gist and sketch (the first ones).
+pub const MAX_LINES: usize = 512;
+
+const LINE_SEED: u64 = 0x0801_f2e2_8a3c_1d55;
+const GIST_SEED: u64 = 0xa409_3822_299f_31d0;
+const SKELETON_SEED: u64 = 0x082e_fa98_ec4e_6c89;
+const NUMBER_SEED: u64 = 0x4528_21e6_38d0_1377;
+
+/// A set of line hashes, one bit each (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct LineSketch(pub [u64; SKETCH_BITS / 64]);
+
+impl LineSketch {
+    /// A sketch of one line.
+    pub fn single(line_hash: u64) -> Self {
+        let mut sketch = Self::default();
+        sketch.insert(line_hash);
+        sketch
+    }
+
+    fn insert(&mut self, line_hash: u64) {
+        let bit = (line_hash % SKETCH_BITS as u64) as usize;
+        self.0[bit / 64] |= 1 << (bit % 64);
+    }
+
+    /// Lines (bits) in the sketch.
+    pub fn len(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Lines of `self` that `seen` does not hold.
+    pub fn new_against(&self, seen: &LineSketch) -> u32 {
+        self.0
+            .iter()
+            .zip(seen.0.iter())
+            .map(|(mine, old)| (mine & !old).count_ones())
+            .sum()
+    }
+
+    pub fn union_with(&mut self, other: &LineSketch) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0.iter()) {
+            *mine |= theirs;
+        }
+    }
+
+    /// The sketch as bytes (little-endian words), as the NIF passes it.
+    pub fn to_bytes(&self) -> [u8; SKETCH_BITS / 8] {
+        let mut out = [0u8; SKETCH_BITS / 8];
+        for (i, word) in self.0.iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    /// The sketch from [`to_bytes`](Self::to_bytes)' form; `None` for another length.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != SKETCH_BITS / 8 {
+            return None;
+        }
+        let mut out = Self::default();
+        for (i, word) in out.0.iter_mut().enumerate() {
+            *word = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().ok()?);
+        }
+        Some(out)
+    }
+}
+
+impl std::fmt::Debug for LineSketch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LineSketch({} lines)", self.len())
+    }
+}
+
+/// The numbers of a result, each hashed with its position (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct NumberSketch {
+    pub bits: [u64; 4],
+    /// Runs of digits in the sketch (at most [`MAX_NUMBERS`]).
+    pub count: u32,
+}
+
+impl NumberSketch {
+    fn insert(&mut self, position: u32, number_hash: u64) {
+        let bit = (number_hash ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15)) % 256;
+        self.bits[(bit / 64) as usize] |= 1 << (bit % 64);
+        self.count += 1;
+    }
+
+    /// About how many numbers differ from `other`'s at the same positions: a changed
+    /// number clears one bit and sets another.
+    pub fn changed_against(&self, other: &NumberSketch) -> u32 {
+        let flipped: u32 = self
+            .bits
+            .iter()
+            .zip(other.bits.iter())
+            .map(|(a, b)| (a ^ b).count_ones())
+            .sum();
+        flipped.div_ceil(2) + self.count.abs_diff(other.count)
+    }
+
+    /// Whether, compared with `other`, at most a third of the numbers changed: a
+    /// detail, not the answer.
+    pub fn mostly_same_as(&self, other: &NumberSketch) -> bool {
+        self.changed_against(other) * 3 <= self.count.max(other.count)
+    }
+}
+
+/// A result's fuzzy views (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub skeleton: u64,
+    pub gist: u64,
+    pub lines: LineSketch,
+    pub numbers: NumberSketch,
+    pub blank: bool,
+}
+
+/// JSON text `src` with runs of whitespace inside its strings (spaces and the `\n`,
+/// `\r`, `\t` escapes) collapsed to one space and trimmed at both ends of each string,
+/// appended to `out`. Text outside strings is copied as it is (canonical JSON has no
+/// whitespace there).
+pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
+    let mut i = 0;
+    while i < src.len() {
+        // Outside a string: up to and with its opening quote.
+        let Some(quote) = src[i..].iter().position(|&b| b == b'"') else {
+            out.extend_from_slice(&src[i..]);
+            return;
+        };
+        out.extend_from_slice(&src[i..=i + quote]);
+        i += quote + 1;
+        // Inside: words copied, whitespace runs become one space between words.
+        let mut pending_space = false;
+        let mut at_start = true;
+        while i < src.len() && src[i] != b'"' {
+            let (end, whitespace) = string_token(src, i, false);
+            if whitespace {
+                pending_space = true;
+            } else {
+                if pending_space && !at_start {
+                    out.push(b' ');
+                }
+                pending_space = false;
+                at_start = false;
+                out.extend_from_slice(&src[i..end]);
+            }
+            i = end;
+        }
+        if i < src.len() {
+            out.push(b'"');
+            i += 1;
+        }
+    }
+}
+
+/// Where the token at `i` inside a JSON string ends, and whether it is whitespace: an
+/// escape (`\n`, `\r`, `\t` are whitespace), a space, or a run of words with single
+/// spaces between them (copied as they are: the common case, in one piece). With
+/// `digits`, a run also stops before a digit (the shape masks them).
+fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
+    match src[i] {
+        b'\\' if i + 1 < src.len() => match src[i + 1] {
+            b'n' | b'r' | b't' => (i + 2, true),
+            b'u' => ((i + 6).min(src.len()), false),
+            _ => (i + 2, false),
+        },
+        b' ' => (i + 1, true),
+        _ => (word_run(src, i + 1, digits), false),
+    }
+}
+
+fn word_run(src: &[u8], mut j: usize, digits: bool) -> usize {
+    let stop = |b: u8| matches!(b, b'"' | b' ' | b'\\') || (digits && b.is_ascii_digit());
+    loop {
+        while j < src.len() && !stop(src[j]) {
+            j += 1;
+        }
+        // One space between two words stays inside the run.
+        if j + 1 < src.len() && src[j] == b' ' && !stop(src[j + 1]) {
+            j += 2;
+            continue;
+        }
+        return j;
+    }
+}
+
+/// Buffers [`shape`] reuses from step to step.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    masked: Vec<u8>,
+    lines: Vec<u64>,
+}
+
+impl Scratch {
+    /// Bytes held, for giving back a buffer that grew for a huge step.
+    pub fn capacity(&self) -> usize {
+        self.masked.capacity() + self.lines.capacity() * 8
+    }
+}
+
+/// Reads normalized canonical JSON text (see the module docs).
+pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
+    scratch.masked.clear();
+    scratch.lines.clear();
+    let mut reader = Reader {
+        masked: &mut scratch.masked,
+        lines: &mut scratch.lines,
+        line_start: 0,
+        pending_space: false,
+        numbers: NumberSketch::default(),
+    };
+    let blank = reader.read(text);
+    reader.end_line();
+    let numbers = reader.numbers;
+    let skeleton = hash64(&scratch.masked, hash64(status.as_bytes(), SKELETON_SEED));
+    let hashes = &mut scratch.lines;
+    hashes.sort_unstable();
+    hashes.dedup();
+    let mut lines = LineSketch::default();
+    let mut gist = hash64(status.as_bytes(), GIST_SEED);
+    for &h in hashes.iter() {
+        lines.insert(h);
+        gist = hash64(&h.to_le_bytes(), gist);
+    }
+    Shape {
+        skeleton,
+        gist,
+        lines,
+        numbers,
+        blank,
+    }
+}
+
+/// Writes the masked text (digit runs as `#`, whitespace collapsed, a `\n` between
+/// lines) and the hash of each line.
+struct Reader<'a> {
+    masked: &'a mut Vec<u8>,
+    lines: &'a mut Vec<u64>,
+    line_start: usize,
+    pending_space: bool,
+    numbers: NumberSketch,
+}
+
+impl Reader<'_> {
+    /// Feeds the text; returns whether no string value holds anything but whitespace.
+    fn read(&mut self, text: &[u8]) -> bool {
+        let mut blank = true;
+        // Whether the next string is an object key: after `{` or `,` in an object.
+        let mut objects: Vec<bool> = Vec::new();
+        let mut expect_key = false;
+        let mut i = 0;
+        while i < text.len() {
+            let b = text[i];
+            if b.is_ascii_digit() {
+                i = self.number(text, i);
+                continue;
+            }
+            match b {
+                b'"' => {
+                    // A string is a line of its own (its quotes are not content).
+                    self.end_line();
+                    let is_key = expect_key;
+                    i += 1;
+                    while i < text.len() && text[i] != b'"' {
+                        if text[i].is_ascii_digit() {
+                            blank &= is_key;
+                            i = self.number(text, i);
+                            continue;
+                        }
+                        let (end, whitespace) = string_token(text, i, true);
+                        if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
+                            self.end_line();
+                        } else if whitespace {
+                            self.pending_space = true;
+                        } else {
+                            blank &= is_key;
+                            self.content(&text[i..end]);
+                        }
+                        i = end;
+                    }
+                    self.end_line();
+                }
+                b'{' => {
+                    objects.push(true);
+                    expect_key = true;
+                    self.content(&[b]);
+                }
+                b'[' => {
+                    objects.push(false);
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                b'}' | b']' => {
+                    objects.pop();
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                b',' => {
+                    expect_key = objects.last() == Some(&true);
+                    self.content(&[b]);
+                }
+                b':' => {
+                    expect_key = false;
+                    self.content(&[b]);
+                }
+                _ => self.content(&[b]),
+            }
+            i += 1;
+        }
+        blank
+    }
+
+    /// The run of digits at `i`: `#` in the text, its value in the number sketch.
+    /// Returns where it ends.
+    fn number(&mut self, text: &[u8], i: usize) -> usize {
+        let end = text[i..]
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .map_or(text.len(), |p| i + p);
+        if self.numbers.count < MAX_NUMBERS {
+            let position = self.numbers.count;
+            self.numbers
+                .insert(position, hash64(&text[i..end], NUMBER_SEED));
+        }
+        self.content(b"#");
+        end
+    }
+
+    fn content(&mut self, bytes: &[u8]) {
+        if self.pending_space && self.masked.len() > self.line_start {
+            self.masked.push(b' ');
+        }
+        self.pending_space = false;
+        self.masked.extend_from_slice(bytes);
+    }
+
+    fn end_line(&mut self) {
+        if self.masked.len() > self.line_start {
+            if self.lines.len() < MAX_LINES {
+                self.lines
+                    .push(hash64(&self.masked[self.line_start..], LINE_SEED));
+            }
+            self.masked.push(b'\n');
+            self.line_start = self.masked.len();
+        }
+        self.pending_space = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stable_json::stable_stringify;
+    use serde_json::{json, Value};
+
+    fn shaped(status: &str, value: Value) -> Shape {
+        shape(
+            status,
+            stable_stringify(&value).as_bytes(),
+            &mut Scratch::default(),
+        )
+    }
+
+    fn collapsed(value: Value) -> String {
+        let mut out = Vec::new();
+        collapse_whitespace(stable_stringify(&value).as_bytes(), &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn whitespace_in_strings_collapses_and_trims() {
+        assert_eq!(
+            collapsed(json!({"command": "  python   run.py\n\t--fast  "})),
+            r#"{"command":"python run.py --fast"}"#
+        );
+        assert_eq!(
+            collapsed(json!({"command": "python run.py --fast"})),
+            collapsed(json!({"command": "python run.py\n--fast "}))
+        );
+        // Escaped quotes and backslashes are content, not string ends.
+        assert_eq!(
+            collapsed(json!({"a": "say \"hi  there\" \\  now"})),
+            r#"{"a":"say \"hi there\" \\ now"}"#
+        );
+        assert_eq!(collapsed(json!(["", "  "])), r#"["",""]"#);
+    }
+
+    #[test]
+    fn counters_in_lines_do_not_change_the_skeleton() {
+        let a = shaped(
+            "failure",
+            json!("bash: line 12: DISCUSSION: command not found\n"),
+        );
+        let b = shaped(
+            "failure",
+            json!("bash: line 13: DISCUSSION: command not found\n"),
+        );
+        assert_eq!(a.skeleton, b.skeleton);
+        assert_eq!(a.gist, b.gist);
+        assert_ne!(
+            a.skeleton,
+            shaped(
+                "success",
+                json!("bash: line 13: DISCUSSION: command not found\n")
+            )
+            .skeleton,
+            "the status is part of it"
+        );
+    }
+
+    #[test]
+    fn the_gist_ignores_line_order_and_repeated_lines() {
+        let a = shaped("failure", json!("tar: cannot open\n/system/a\n/system/b\n"));
+        let b = shaped("failure", json!("/system/a\ntar: cannot open\n/system/b\n"));
+        let c = shaped(
+            "failure",
+            json!("/system/a\n/system/b\n/system/b\ntar: cannot open"),
+        );
+        assert_eq!(a.gist, b.gist);
+        assert_eq!(a.gist, c.gist);
+        assert_ne!(a.skeleton, b.skeleton);
+        assert_eq!(a.lines, c.lines);
+        assert_eq!(a.lines.len(), 3);
+    }
+
+    #[test]
+    fn new_lines_are_counted_against_a_sketch() {
+        let old = shaped("success", json!("a\nb\nc"));
+        let grown = shaped("success", json!("a\nb\nb\nc\nc"));
+        let moved = shaped("success", json!("a\nb\nc\nd"));
+        assert_eq!(grown.lines.new_against(&old.lines), 0);
+        assert_eq!(moved.lines.new_against(&old.lines), 1);
+        let mut union = old.lines;
+        union.union_with(&moved.lines);
+        assert_eq!(union.len(), 4);
+        assert_eq!(LineSketch::from_bytes(&union.to_bytes()), Some(union));
+        assert_eq!(LineSketch::from_bytes(&[0; 3]), None);
+    }
+
+    #[test]
+    fn blank_results_say_nothing() {
+        assert!(
+            shaped(
+                "failure",
+                json!({"exit_code": 1, "stdout": "", "stderr": " \n"})
+            )
+            .blank
+        );
+        assert!(shaped("success", json!("")).blank);
+        assert!(shaped("success", json!({"slept": 5})).blank);
+        assert!(!shaped("failure", json!({"error": "no matches"})).blank);
+        assert!(!shaped("success", json!(["x"])).blank);
+    }
+
+    #[test]
+    fn numbers_changed_few_or_most() {
+        let poll = |p: u32| shaped("success", json!({"state": "running", "progress": p}));
+        assert_eq!(poll(40).skeleton, poll(60).skeleton);
+        assert_eq!(poll(40).numbers.count, 1);
+        assert!(!poll(60).numbers.mostly_same_as(&poll(40).numbers));
+        assert!(poll(40).numbers.mostly_same_as(&poll(40).numbers));
+        let curl = |speed: u32| {
+            shaped(
+                "success",
+                json!(format!(
+                    "  % Total  % Received\n100  1256  100  1256    0     0  {speed}      0 --:--:-- {speed}\n"
+                )),
+            )
+        };
+        assert_eq!(curl(40740).skeleton, curl(46577).skeleton);
+        assert_eq!(curl(40740).numbers.count, 9);
+        assert!(curl(46577).numbers.mostly_same_as(&curl(40740).numbers));
+    }
+
+    #[test]
+    fn lines_past_the_limit_are_not_read() {
+        let text = format!("{}late\n", "same\n".repeat(MAX_LINES));
+        assert_eq!(shaped("success", json!(text)).lines.len(), 1);
+    }
+}

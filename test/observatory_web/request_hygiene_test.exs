@@ -1,0 +1,163 @@
+defmodule ObservatoryWeb.RequestHygieneTest do
+  # Issue 13, findings 3 and 4: what the server does with bytes it cannot trust —
+  # invalid UTF-8 in a path, a query or a header, a Content-Length that is not a
+  # number — and how big an error answer and its log may get.
+  use Observatory.TrackerCase, async: false
+
+  import ExUnit.CaptureLog
+
+  alias Observatory.Gateway.HITL
+  alias Observatory.Test.DashboardClient, as: Client
+  alias Observatory.Test.HTTP
+
+  defp raw_request(lines), do: HTTP.raw([Enum.join(lines, "\r\n"), "\r\n\r\n"])
+
+  describe "finding 3: invalid UTF-8 in a path or header is a 400 before any state changes" do
+    test "pausing bad%FFid answers 400 and applies no pause" do
+      bad = <<"bad", 0xFF, "id">>
+      resp = HTTP.post("/api/v1/sessions/bad%FFid/pause", "", headers: HTTP.operator_headers())
+
+      assert resp.status == 400
+      assert resp.body["error"] == "bad_request"
+      assert resp.body["message"] =~ "not valid UTF-8"
+      refute HITL.paused?(bad)
+      refute HITL.paused?("bad%FFid")
+      assert HTTP.get("/api/v1/hitl/audit", HTTP.operator_headers()).status == 200
+    end
+
+    test "a malformed percent-escape in a path is a 400, not a literal segment" do
+      response =
+        raw_request([
+          "POST /api/v1/sessions/bad%G1id/pause HTTP/1.1",
+          "Host: localhost",
+          "Authorization: Bearer #{HTTP.operator_token()}",
+          "Content-Length: 0"
+        ])
+
+      assert response =~ "HTTP/1.1 400"
+      refute HITL.paused?("bad%G1id")
+    end
+
+    test "invalid UTF-8 in the query string is a 400" do
+      resp = HTTP.get("/api/v1/hitl/audit?session_id=%FF", HTTP.operator_headers())
+      assert resp.status == 400
+    end
+
+    test "a header that is not UTF-8 is a 400 (raw bytes, not mojibake)" do
+      response =
+        raw_request([
+          "POST /api/v1/sessions/s-hdr/pause HTTP/1.1",
+          "Host: localhost",
+          "Authorization: Bearer #{HTTP.operator_token()}",
+          <<"X-Note: caf", 0xE9>>,
+          "Content-Length: 0"
+        ])
+
+      assert response =~ "HTTP/1.1 400"
+      assert response =~ "a header is not valid UTF-8"
+      refute HITL.paused?("s-hdr")
+    end
+
+    test "a negative or malformed Content-Length is a 400, not a 500" do
+      for length <- ["-5", "abc", "1e3", "5, 5"] do
+        response =
+          raw_request([
+            "POST /api/v1/decision_logs HTTP/1.1",
+            "Host: localhost",
+            "Authorization: Bearer #{HTTP.agent_key()}",
+            "Content-Type: application/json",
+            "Content-Length: #{length}"
+          ])
+
+        assert response =~ "HTTP/1.1 400", "Content-Length: #{length} gave #{response}"
+        assert response =~ "Content-Length must be a decimal number"
+      end
+
+      assert HTTP.get("/healthz").status == 200
+    end
+
+    test "a stored string that is not UTF-8 cannot break the audit API" do
+      bad = <<"stored-", 0xFF, "-", System.unique_integer([:positive])::32>>
+      {:ok, _} = HITL.pause(bad, operator: "test", reason: <<"why ", 0xC3>>)
+      on_exit(fn -> HITL.resume(bad, operator: "test") end)
+
+      resp = HTTP.get("/api/v1/hitl/audit", HTTP.operator_headers())
+      assert resp.status == 200
+      assert Enum.any?(resp.body["entries"], &(&1["reason"] == "why \uFFFD"))
+    end
+
+    test "a stored string that is not UTF-8 cannot stop the dashboard's event stream" do
+      auth = Client.sign_in()
+      stream = Client.open_stream(auth.cookie)
+      {{:event, "mount", _}, stream} = Client.next_event(stream)
+
+      bad = <<"stream-", 0xFF, "-", System.unique_integer([:positive])::32>>
+      {:ok, _} = HITL.pause(bad, operator: "test", reason: "bad bytes")
+      on_exit(fn -> HITL.resume(bad, operator: "test") end)
+
+      sid = unique_session("sess-after-bad")
+
+      for _ <- 1..5 do
+        msg = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
+        assert HTTP.post_json("/api/v1/decision_logs", msg).status == 200
+      end
+
+      {{:event, "render", %{"html" => html}}, stream} =
+        Client.await_event(
+          stream,
+          fn
+            {:event, "render", %{"html" => h}} -> h =~ sid
+            _ -> false
+          end,
+          3_000
+        )
+
+      assert html =~ sid
+      Client.close_stream(stream)
+    end
+  end
+
+  describe "finding 4: error answers and logs are capped" do
+    test "1 MiB of bad NDJSON lines gives a small answer and a small log" do
+      body = String.duplicate("x\n", div(1024 * 1024, 2))
+      lines = div(byte_size(body), 2)
+
+      {resp, log} =
+        with_log([level: :warning], fn ->
+          HTTP.post("/api/v1/decision_logs", body, content_type: "application/x-ndjson")
+        end)
+
+      assert resp.status == 422
+      assert %{"accepted" => 0, "rejected" => ^lines, "omitted" => omitted} = resp.body
+      assert omitted == lines - 20
+      assert length(resp.body["results"]) == 20
+
+      assert [%{"line" => 1, "accepted" => false, "violation_count" => 1} | _] =
+               resp.body["results"]
+
+      answer_bytes = byte_size(Observatory.JSON.encode!(resp.body))
+      assert answer_bytes < 16 * 1024, "answer of #{answer_bytes} bytes"
+      assert byte_size(log) < 4 * 1024, "log of #{byte_size(log)} bytes"
+      assert log =~ "#{lines} of #{lines} batch lines rejected"
+    end
+
+    test "a batch still answers every accepted line, with the rejected ones capped" do
+      sid = unique_session("sess-batch-cap")
+      good = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+      body = Enum.join([good | List.duplicate("{}", 30)] ++ [good], "\n")
+
+      resp = HTTP.post("/api/v1/decision_logs", body, content_type: "application/x-ndjson")
+      assert resp.status == 200
+      assert %{"accepted" => 2, "rejected" => 30, "omitted" => 10} = resp.body
+      lines = Enum.map(resp.body["results"], & &1["line"])
+      assert lines == Enum.to_list(1..21) ++ [32]
+    end
+
+    test "one envelope's answer lists at most 20 violations and counts them all" do
+      resp = HTTP.post("/api/v1/decision_logs", "{}", [])
+      assert resp.status == 422
+      assert resp.body["violation_count"] == length(resp.body["violations"])
+      assert resp.body["violation_count"] <= 20
+    end
+  end
+end

@@ -1,0 +1,149 @@
+defmodule ObservatoryWeb.SignInSecurityTest do
+  # Issue 13, findings 13 and 14: sign-out revokes the dashboard session on the server,
+  # and credential guessing is throttled per client.
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Test.DashboardClient, as: Client
+  alias Observatory.Test.HTTP
+  alias ObservatoryWeb.AuthThrottle
+  alias ObservatoryWeb.Dashboard.Session
+
+  describe "finding 13: sign-out revokes the dashboard session server-side" do
+    test "a cookie copied before sign-out no longer signs in" do
+      auth = Client.sign_in()
+      copy = auth.cookie
+      assert Client.request(:get, "/", cookie: copy).status == 200
+
+      resp = Client.post_form("/logout", %{"_csrf_token" => auth.csrf}, cookie: auth.cookie)
+      assert resp.status == 303
+
+      page = Client.request(:get, "/", cookie: copy)
+      assert page.status == 303
+      assert Client.header(page, "location") == "/login"
+      assert Client.request(:get, "/dashboard/events", cookie: copy).status == 401
+
+      # Another sign-in of the same operator is a session of its own.
+      assert Client.request(:get, "/", cookie: Client.sign_in().cookie).status == 200
+    end
+
+    test "an event stream opened before sign-out ends at its next heartbeat" do
+      restore_env_on_exit([:dashboard_heartbeat_ms])
+      Application.put_env(:observatory, :dashboard_heartbeat_ms, 100)
+      auth = Client.sign_in()
+      stream = Client.open_stream(auth.cookie)
+      {{:event, "mount", _}, stream} = Client.next_event(stream)
+      assert {{:comment, "heartbeat"}, stream} = Client.next_event(stream, 1_000)
+
+      assert Client.post_form("/logout", %{"_csrf_token" => auth.csrf}, cookie: auth.cookie).status ==
+               303
+
+      assert ended?(stream)
+    end
+
+    test "a revocation is durable and expired ones are dropped at the next sign-out" do
+      table = Session.revocations_table()
+      old = %{Session.new("test-operator") | expires: System.system_time(:second) - 10}
+      :ok = Session.revoke(old)
+      assert :mnesia.dirty_read(table, old.sid) != []
+      assert :mnesia.table_info(table, :storage_type) == :disc_copies
+
+      current = Session.new("test-operator")
+      :ok = Session.revoke(current)
+      assert :mnesia.dirty_read(table, old.sid) == []
+      refute Session.valid?(current)
+    end
+  end
+
+  describe "finding 14: sign-in attempts are throttled per client" do
+    setup do
+      restore_env_on_exit([:auth_throttle])
+
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 5,
+        window_s: 60,
+        lockout_s: 30,
+        max_clients: 100
+      )
+
+      AuthThrottle.reset()
+      on_exit(&AuthThrottle.reset/0)
+    end
+
+    test "after 5 wrong operator tokens the API answers 429 with Retry-After, even to the right one" do
+      wrong = [{"authorization", "Bearer guess"}]
+      for _ <- 1..5, do: assert(HTTP.get("/api/v1/agents", wrong).status == 401)
+
+      locked = HTTP.get("/api/v1/agents", wrong)
+      assert locked.status == 429
+      assert locked.body["error"] == "too_many_attempts"
+      assert String.to_integer(locked.headers["retry-after"]) in 1..30
+
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 429
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 429
+      # Requests without a credential are not guesses: health stays open.
+      assert HTTP.get("/healthz").status == 200
+    end
+
+    test "the sign-in form is throttled too, with a clear page and Retry-After" do
+      form = Client.request(:get, "/login")
+      login_cookie = Client.cookie(form, "observatory_login_csrf")
+      "observatory_login_csrf=" <> csrf = login_cookie
+
+      attempt = fn token ->
+        Client.post_form("/login", %{"_csrf_token" => csrf, "token" => token},
+          cookie: login_cookie
+        )
+      end
+
+      for _ <- 1..5, do: assert(attempt.("guess").status == 401)
+
+      locked = attempt.(HTTP.operator_token())
+      assert locked.status == 429
+      assert locked.body =~ "Too many failed sign-ins from this address"
+      assert Client.header(locked, "retry-after") =~ ~r/^\d+$/
+      assert Client.cookie(locked, "observatory_session") == nil
+    end
+
+    test "X-Forwarded-For does not make a new client" do
+      for n <- 1..5 do
+        headers = [{"authorization", "Bearer guess"}, {"x-forwarded-for", "10.0.0.#{n}"}]
+        assert HTTP.get("/api/v1/agents", headers).status == 401
+      end
+
+      assert HTTP.get("/api/v1/agents", [
+               {"x-forwarded-for", "10.9.9.9"} | HTTP.operator_headers()
+             ]).status ==
+               429
+    end
+
+    test "a lockout ends; the failures of a window are forgotten after it" do
+      Application.put_env(:observatory, :auth_throttle, max_failures: 2, window_s: 1, lockout_s: 1)
+
+      for _ <- 1..2, do: AuthThrottle.failure("192.0.2.1")
+      assert {:error, 1} = AuthThrottle.check("192.0.2.1")
+      assert AuthThrottle.check("192.0.2.2") == :ok
+      Process.sleep(1_100)
+      assert AuthThrottle.check("192.0.2.1") == :ok
+      AuthThrottle.sweep()
+      assert AuthThrottle.size() == 0
+    end
+
+    test "the table is bounded: past max_clients, new clients share one bucket" do
+      for n <- 1..1_000, do: AuthThrottle.failure("198.51.100.#{n}")
+      assert AuthThrottle.size() == 101
+
+      # The shared bucket took the other 900 failures: it is locked, for every newcomer.
+      assert {:error, _} = AuthThrottle.check("203.0.113.7")
+      assert AuthThrottle.check("198.51.100.1") == :ok
+    end
+  end
+
+  # Reads until the server closes the stream (heartbeats may still be in flight).
+  defp ended?(stream, tries \\ 20) do
+    case Client.next_event(stream, 1_000) do
+      {{:error, :closed}, _} -> true
+      {{:comment, _}, stream} when tries > 0 -> ended?(stream, tries - 1)
+      _ -> false
+    end
+  end
+end
