@@ -1,8 +1,8 @@
 defmodule Observatory.DataDirLock do
   @moduledoc """
   One gateway per data directory: an exclusive OS lock (`flock`) on
-  `<:data_dir>/LOCK`, taken before anything else starts and held while the
-  application runs.
+  `<:data_dir>/LOCK` (in a host app with no `:data_dir`, `LOCK` in its Mnesia
+  directory), taken before anything else starts and held while the application runs.
 
   A second gateway on the same directory — another OS process, a node with another
   name, a second application in the same VM — does not get the lock and refuses to
@@ -25,9 +25,18 @@ defmodule Observatory.DataDirLock do
   @spec path(String.t()) :: String.t()
   def path(dir), do: Path.join(dir, "LOCK")
 
-  @doc "The data directory, expanded: `:data_dir`, default `\"data\"`."
+  @doc """
+  The directory locked: `:data_dir`, or when a host app configured none, the Mnesia
+  directory it set (`Observatory.KillSwitch.Agents.dir/0`, which raises when there
+  is neither).
+  """
   @spec dir() :: String.t()
-  def dir, do: Path.expand(Application.get_env(:observatory, :data_dir, "data"))
+  def dir do
+    case Application.get_env(:observatory, :data_dir) do
+      nil -> Observatory.KillSwitch.Agents.dir()
+      data_dir -> Path.expand(data_dir)
+    end
+  end
 
   @doc "Whether this application holds the lock."
   @spec held?() :: boolean()
