@@ -42,6 +42,8 @@ config :observatory,
   # The OpenAI-compatible API the chat-completions proxy forwards to (base URL).
   llm_upstream: nil,
   llm_upstream_api_key: nil,
+  # PEM file of the CAs an HTTPS upstream's certificate is checked against (nil: the system's).
+  llm_upstream_cacertfile: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
   # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at

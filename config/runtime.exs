@@ -51,6 +51,10 @@ if key = System.get_env("OBSERVATORY_LLM_API_KEY") do
   config :observatory, llm_upstream_api_key: key
 end
 
+if cacertfile = System.get_env("OBSERVATORY_LLM_CACERTFILE") do
+  config :observatory, llm_upstream_cacertfile: cacertfile
+end
+
 if upstream = System.get_env("OBSERVATORY_ANTHROPIC_UPSTREAM") do
   config :observatory, anthropic_upstream: upstream
 end

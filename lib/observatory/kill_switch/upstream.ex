@@ -118,7 +118,8 @@ defmodule Observatory.KillSwitch.Upstream do
       timeout: timeout,
       deadline: if(opts[:stream], do: nil, else: System.monotonic_time(:millisecond) + timeout),
       max_bytes: max_response_bytes(),
-      watch: opts[:watch]
+      watch: opts[:watch],
+      cacertfile: Application.get_env(:observatory, :llm_upstream_cacertfile)
     ]
 
     headers = [{"content-type", "application/json"} | headers] ++ credentials(api)

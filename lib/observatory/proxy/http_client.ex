@@ -185,21 +185,37 @@ defmodule Observatory.Proxy.HTTPClient do
   end
 
   defp connect(:ssl, host, port, opts) do
-    options = [
-      :binary,
-      active: false,
-      packet: :raw,
-      verify: :verify_peer,
-      cacerts: :public_key.cacerts_get(),
-      server_name_indication: host,
-      customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
-    ]
-
     with :ok <- ensure_ssl(),
+         {:ok, cas} <- trusted_cas(opts[:cacertfile]),
+         options = [
+           :binary,
+           active: false,
+           packet: :raw,
+           verify: :verify_peer,
+           cacerts: cas,
+           server_name_indication: host,
+           customize_hostname_check: [
+             match_fun: :public_key.pkix_verify_hostname_match_fun(:https)
+           ]
+         ],
          {:ok, socket} <- :ssl.connect(host, port || 443, options, connect_timeout(opts)) do
       {:ok, socket}
     else
       {:error, reason} -> {:error, {:connect, reason}}
+    end
+  end
+
+  # The system's CA store, or the certificates of a PEM file an operator configured
+  # (`:llm_upstream_cacertfile`: an upstream behind a private CA).
+  defp trusted_cas(nil), do: {:ok, :public_key.cacerts_get()}
+
+  defp trusted_cas(path) do
+    case File.read(path) do
+      {:ok, pem} ->
+        {:ok, for({:Certificate, der, :not_encrypted} <- :public_key.pem_decode(pem), do: der)}
+
+      {:error, reason} ->
+        {:error, {:cacertfile, reason}}
     end
   end
 

@@ -47,26 +47,36 @@ defmodule Observatory.Proxy.Steps do
   """
   @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
   def record(format, agent_id, session_id, body) do
+    format
+    |> envelopes(agent_id, session_id, body)
+    |> Enum.count(fn {key, envelope} ->
+      StepMemory.claim(session_id, key) and ingest(envelope, agent_id, session_id)
+    end)
+  end
+
+  @doc """
+  The steps of the request's previous assistant turn as DecisionLog envelopes, each
+  with its key (see the module doc: the same on every later turn that carries it).
+  Nothing is ingested; `mix observatory.replay` reads recorded requests with it.
+  """
+  @spec envelopes(Conversation.format(), String.t(), String.t(), map()) :: [{String.t(), map()}]
+  def envelopes(format, agent_id, session_id, body) do
     case Conversation.last_turn(format, body) do
       nil ->
-        0
+        []
 
       turn ->
         prefix = hash(Conversation.prefix(body, turn.position), 16)
 
-        turn.calls
-        |> Enum.with_index()
-        |> Enum.count(fn {call, index} ->
+        for {call, index} <- Enum.with_index(turn.calls) do
           key = prefix <> "-" <> Integer.to_string(index)
-
-          StepMemory.claim(session_id, key) and
-            ingest(format, agent_id, session_id, key, turn.intent, call)
-        end)
+          {key, envelope(format, agent_id, session_id, key, turn.intent, call)}
+        end
     end
   end
 
-  defp ingest(format, agent_id, session_id, key, intent, call) do
-    envelope = %{
+  defp envelope(format, agent_id, session_id, key, intent, call) do
+    %{
       "meta" => %{
         "step_id" => "proxy-" <> key,
         "session_id" => session_id,
@@ -82,7 +92,9 @@ defmodule Observatory.Proxy.Steps do
       },
       "proxy" => %{"api" => api_name(format), "tool_call_id" => call.id}
     }
+  end
 
+  defp ingest(envelope, agent_id, session_id) do
     # As the key's agent (issue 13): a session another agent took meanwhile is refused.
     case SchemaInterceptor.ingest(envelope, agent: agent_id) do
       {:ok, _result} ->
