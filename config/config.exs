@@ -10,6 +10,11 @@ config :observatory,
   entropy_sweep_interval_ms: :timer.minutes(1),
   entropy_clock_tick_ms: 1_000,
   pubsub: {Observatory.PubSub, Observatory.PubSub},
+  # The session log's caps (Observatory.Gateway.SessionLog): sessions, bytes per
+  # envelope kept whole, envelope bytes in all.
+  session_log_max_sessions: 100_000,
+  session_log_max_envelope_bytes: 16_384,
+  session_log_max_bytes: 268_435_456,
   # Who raises EntropyAlertEvents and topology states: :entropy (FRD-009) or :verdict.
   alert_source: :entropy,
   # The loop verdict (issue 8): thresholds read per step, normalization at start.
@@ -37,6 +42,8 @@ config :observatory,
   # The OpenAI-compatible API the chat-completions proxy forwards to (base URL).
   llm_upstream: nil,
   llm_upstream_api_key: nil,
+  # PEM file of the CAs an HTTPS upstream's certificate is checked against (nil: the system's).
+  llm_upstream_cacertfile: nil,
   llm_timeout_ms: 120_000,
   llm_connect_timeout_ms: 5_000,
   # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at
@@ -47,12 +54,22 @@ config :observatory,
   insecure_shared_agent_keys: false,
   # Failed credentials per client (TCP address) before 429 + Retry-After.
   auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
+  # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
+  anthropic_upstream: nil,
+  anthropic_upstream_api_key: nil,
+  # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
+  llm_max_response_bytes: 8 * 1024 * 1024,
+  llm_max_concurrent: 256,
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  proxy_step_memory: 100_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,
     threshold: 10.0,
     max_agents: 10_000,
-    notification_webhook: nil
+    notification_webhook: nil,
+    # Webhooks may not point at loopback/private/link-local addresses unless true.
+    webhook_allow_private_networks: false
   ]
 
 # Observatory's own HTTP API and dashboard (bin/start): on, loopback, port 4000. Code

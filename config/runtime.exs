@@ -38,6 +38,7 @@ end
 
 #   OBSERVATORY_DATA_DIR=/var/lib/observatory
 #   OBSERVATORY_LLM_UPSTREAM=https://api.openai.com/v1  OBSERVATORY_LLM_API_KEY=sk-...
+#   OBSERVATORY_ANTHROPIC_UPSTREAM=https://api.anthropic.com  OBSERVATORY_ANTHROPIC_API_KEY=sk-ant-...
 if dir = System.get_env("OBSERVATORY_DATA_DIR") do
   config :observatory, data_dir: dir
 end
@@ -48,6 +49,18 @@ end
 
 if key = System.get_env("OBSERVATORY_LLM_API_KEY") do
   config :observatory, llm_upstream_api_key: key
+end
+
+if cacertfile = System.get_env("OBSERVATORY_LLM_CACERTFILE") do
+  config :observatory, llm_upstream_cacertfile: cacertfile
+end
+
+if upstream = System.get_env("OBSERVATORY_ANTHROPIC_UPSTREAM") do
+  config :observatory, anthropic_upstream: upstream
+end
+
+if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
+  config :observatory, anthropic_upstream_api_key: key
 end
 
 if demo = System.get_env("OBSERVATORY_DEMO") do

@@ -16,3 +16,6 @@ config :observatory, ObservatoryWeb.Endpoint, port: 0
 
 # A fresh Mnesia directory per test run (removed when the suite ends).
 config :observatory, data_dir: Path.join(System.tmp_dir!(), "observatory-test-#{System.pid()}")
+
+# The tests' webhook receivers listen on loopback (Observatory.KillSwitch.WebhookURL).
+config :observatory, :kill_switch, webhook_allow_private_networks: true

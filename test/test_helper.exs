@@ -21,10 +21,14 @@ rescue
     System.halt(1)
 end
 
-ExUnit.start(exclude: [:property, :browser])
+# :python — the proxy driven by the real openai / anthropic SDKs, from the venv that
+# bin/setup makes with OBSERVATORY_PYTHON_TESTS=1 (bin/test includes them).
+ExUnit.start(exclude: [:property, :browser, :python])
 
 # The test run's Mnesia directory (config/test.exs) goes when the suite ends.
+# The application first: it would start a stopped Mnesia again (Observatory.Storage).
 ExUnit.after_suite(fn _ ->
+  :ok = Application.stop(:observatory)
   :stopped = :mnesia.stop()
   File.rm_rf!(Application.fetch_env!(:observatory, :data_dir))
 end)

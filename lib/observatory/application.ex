@@ -8,21 +8,35 @@ defmodule Observatory.Application do
     Observatory.Metrics.setup()
     ensure_secret_key_base()
 
+    # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
+    # restarts cleanly instead of colliding with its orphaned children.
     children =
       [
-        {Observatory.PubSub, name: Observatory.PubSub},
-        Observatory.Gateway.EntropyTracker,
-        Observatory.Gateway.HITL,
-        Observatory.Gateway.StepDetector,
-        Observatory.Gateway.LoopVerdict,
-        Observatory.Gateway.CallBreaker,
-        Observatory.Gateway.SessionLog,
-        Observatory.KillSwitch.Supervisor
+        Observatory.DataDirLock,
+        Observatory.Storage,
+        Observatory.Supervision.child_spec({Observatory.PubSub, name: Observatory.PubSub}),
+        Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
+        Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
+        # The dashboard's shared listings; the LiveViews use it in a host app too.
+        ObservatoryWeb.SnapshotCache
       ] ++ web_children()
 
     # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
     children = Observatory.Cluster.wrap(children)
-    Supervisor.start_link(children, strategy: :one_for_one, name: Observatory.Supervisor)
+
+    # The lock and Mnesia come first, so nothing reads or writes before they are up.
+    # :one_for_one: no child keeps a reference into another that a restart would make
+    # stale (Mnesia's tables are read by name; pages die with the PubSub registry
+    # they subscribed in, which links them). Each supervisor below absorbs its own
+    # children's crash bursts, and so does this one: killing a child here five times
+    # in a second must not end the application (with OTP's default, 3 restarts in
+    # 5 s, it did, and a permanent application ends the VM).
+    Supervisor.start_link(children,
+      strategy: :one_for_one,
+      max_restarts: 20,
+      max_seconds: 5,
+      name: Observatory.Supervisor
+    )
   end
 
   # The HTTP server and the demo fleet run only when configured on: Observatory's own
@@ -31,11 +45,7 @@ defmodule Observatory.Application do
   defp web_children do
     server =
       if ObservatoryWeb.Endpoint.server?(),
-        do: [
-          {Registry, keys: :unique, name: ObservatoryWeb.Dashboard.EventStream.registry()},
-          ObservatoryWeb.AuthThrottle,
-          ObservatoryWeb.Endpoint
-        ],
+        do: [Observatory.Supervision.child_spec(ObservatoryWeb.Supervisor)],
         else: []
 
     demo =

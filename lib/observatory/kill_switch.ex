@@ -100,17 +100,24 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Reads a chat-completions request body: the fingerprint of its last user message
-  (`nil` when it has no text), the signatures of the tool calls of the current turn,
-  and whether it asks for streaming.
+  Reads a request body: the fingerprint of its last user message (`nil` when it has
+  no text), the signatures of the tool calls of the current turn, and whether it asks
+  for streaming. `api` is `:chat_completions` (OpenAI, the default) or `:messages`
+  (Anthropic: text blocks, `tool_use` blocks; a user message of tool results only is
+  not a prompt).
   """
-  @spec fingerprint_request(binary()) ::
+  @spec fingerprint_request(binary(), :chat_completions | :messages) ::
           {:ok, fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
-  def fingerprint_request(body) when is_binary(body) do
+  def fingerprint_request(body, api \\ :chat_completions) when is_binary(body) do
+    dirty? = byte_size(body) > @dirty_bytes
+
     result =
-      if byte_size(body) > @dirty_bytes,
-        do: Native.kill_switch_request_fingerprint_dirty(body),
-        else: Native.kill_switch_request_fingerprint(body)
+      case api do
+        :chat_completions when dirty? -> Native.kill_switch_request_fingerprint_dirty(body)
+        :chat_completions -> Native.kill_switch_request_fingerprint(body)
+        :messages when dirty? -> Native.kill_switch_anthropic_request_fingerprint_dirty(body)
+        :messages -> Native.kill_switch_anthropic_request_fingerprint(body)
+      end
 
     case result do
       {:ok, prompt, signatures, stream} ->
@@ -122,17 +129,23 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Reads a chat-completions response body: `{:ok, fingerprint | nil}` (nil when the
-  first choice has no text), or an error when it is not JSON or not a completion.
+  Reads a response body: `{:ok, fingerprint | nil}` (nil when it has no text — a
+  chat completion's first choice, or an Anthropic message's text blocks), or an error
+  when it is not JSON or not a completion (a message).
   """
-  @spec fingerprint_response(binary()) ::
+  @spec fingerprint_response(binary(), :chat_completions | :messages) ::
           {:ok, non_neg_integer() | nil}
           | {:error, {:invalid_json, String.t()} | :not_a_completion}
-  def fingerprint_response(body) when is_binary(body) and byte_size(body) > @dirty_bytes,
-    do: Native.kill_switch_response_fingerprint_dirty(body)
+  def fingerprint_response(body, api \\ :chat_completions) when is_binary(body) do
+    dirty? = byte_size(body) > @dirty_bytes
 
-  def fingerprint_response(body) when is_binary(body),
-    do: Native.kill_switch_response_fingerprint(body)
+    case api do
+      :chat_completions when dirty? -> Native.kill_switch_response_fingerprint_dirty(body)
+      :chat_completions -> Native.kill_switch_response_fingerprint(body)
+      :messages when dirty? -> Native.kill_switch_anthropic_response_fingerprint_dirty(body)
+      :messages -> Native.kill_switch_anthropic_response_fingerprint(body)
+    end
+  end
 
   ## The request path
 

@@ -88,6 +88,16 @@ defmodule Observatory.Native do
   def kill_switch_request_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_response_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_anthropic_request_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_request_fingerprint_dirty(_body),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_response_fingerprint_dirty(_body),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def kill_switch_fingerprint(_text), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_fingerprint_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_normalize(_text), do: :erlang.nif_error(:nif_not_loaded)
@@ -107,6 +117,9 @@ defmodule Observatory.Native do
   def kill_switch_status(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_window(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
+
+  def data_dir_lock(_path), do: :erlang.nif_error(:nif_not_loaded)
+  def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)
 
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)

@@ -12,8 +12,10 @@ defmodule Observatory.Replay do
   ## Input
 
   JSONL, one step per line, plain or gzip (see `Observatory.Replay.Input`), each line
-  either a full DecisionLog envelope or a flat step record (see
-  `Observatory.Replay.Record`). A line that is not JSON, not an object, or that the
+  either a full DecisionLog envelope, a flat step record (see
+  `Observatory.Replay.Record`), or a recorded LLM request whose previous assistant
+  turn's tool calls are the steps, each ingested once (see
+  `Observatory.Replay.ProxyRequest`). A line that is not JSON, not an object, or that the
   gateway rejects is a *bad line*: counted, reported with its source and line number,
   never fatal. A read or gzip error ends that source only and is reported apart.
 
@@ -50,7 +52,7 @@ defmodule Observatory.Replay do
     StepDetector
   }
 
-  alias Observatory.Replay.{Input, Record}
+  alias Observatory.Replay.{Input, ProxyRequest, Record}
 
   @batch 256
   @in_flight 4
@@ -280,7 +282,9 @@ defmodule Observatory.Replay do
         errors: [],
         bad: new_bad(max_bad),
         progress: Keyword.get(opts, :progress),
-        total_bytes: total_bytes
+        total_bytes: total_bytes,
+        # Per session, the keys of the steps recorded LLM requests have carried.
+        request_keys: %{}
       }
 
       reader =
@@ -325,6 +329,27 @@ defmodule Observatory.Replay do
   defp read_line({line_no, text}, reader, name) do
     reader = %{reader | lines: reader.lines + 1}
 
+    case ProxyRequest.read(text) do
+      :not_request -> read_step(text, line_no, reader, name)
+      {:ok, session_id, steps} -> read_request_steps(reader, session_id, steps, name, line_no)
+      {:error, reason} -> %{reader | bad: add_bad(reader.bad, name, line_no, reason)}
+    end
+  end
+
+  # A recorded LLM request: the steps it carries that no earlier request of the session
+  # carried (a conversation is re-sent on every turn).
+  defp read_request_steps(reader, session_id, steps, name, line_no) do
+    seen = Map.get(reader.request_keys, session_id, MapSet.new())
+    new = Enum.reject(steps, fn {key, _json} -> MapSet.member?(seen, key) end)
+    seen = Enum.reduce(new, seen, fn {key, _json}, seen -> MapSet.put(seen, key) end)
+    reader = %{reader | request_keys: Map.put(reader.request_keys, session_id, seen)}
+
+    Enum.reduce(new, reader, fn {_key, json}, reader ->
+      dispatch(reader, session_id, {:envelope, name, line_no, json})
+    end)
+  end
+
+  defp read_step(text, line_no, reader, name) do
     case Record.read(text, reader.timestamp) do
       {:flat, session_id, head, tail} ->
         dispatch(reader, session_id, {:flat, name, line_no, session_id, head, tail})

@@ -1,7 +1,8 @@
 defmodule ObservatoryWeb.Auth do
   @moduledoc """
   Who a request is: an agent (by its agent key) or an operator (by an operator token),
-  both sent as `Authorization: Bearer …` (an agent may send `X-Agent-Key` instead).
+  both sent as `Authorization: Bearer …` (an agent may send `X-Agent-Key` or
+  `X-Api-Key` instead — the latter is where the Anthropic SDK puts its `api_key`).
 
   Every agent key is bound to one agent id (`Observatory.AgentKeys`): `agent/1`
   answers that id, and the handlers let the request act as that agent only —
@@ -94,7 +95,8 @@ defmodule ObservatoryWeb.Auth do
 
   defp count_failure(result, _conn, _presented), do: result
 
-  defp agent_key(conn), do: bearer(conn) || Conn.header(conn, "x-agent-key")
+  defp agent_key(conn),
+    do: bearer(conn) || Conn.header(conn, "x-agent-key") || Conn.header(conn, "x-api-key")
 
   @typedoc "An error for a proxied API to render in its own shape."
   @type proxy_error :: {pos_integer(), type :: String.t(), code :: String.t(), String.t()}

@@ -4,16 +4,34 @@ defmodule ObservatoryWeb.Endpoint do
   with `ObservatoryWeb.Router` as its request loop.
 
       config :observatory, ObservatoryWeb.Endpoint,
-        server: true,         # default false: a host app gets no second HTTP server
-        ip: {127, 0, 0, 1},   # loopback unless you say otherwise
-        port: 4000            # required with server: true; 0 picks a free port (tests)
+        server: true,              # default false: a host app gets no second HTTP server
+        ip: {127, 0, 0, 1},        # loopback unless you say otherwise
+        port: 4000,                # required with server: true; 0 picks a free port (tests)
+        max_connections: 8_192,    # open connections at most; more wait in the backlog
+        idle_timeout_ms: 10_000    # a connection with no request under way is closed after this
 
   Observatory's own config (`config/config.exs`) sets `server: true, port: 4000`; a
   Phoenix host, which does not load that file, gets no server, so no port of its own
   to clash with and no need for MochiWeb, which is started here, with the server.
+
+  ## Idle connections
+
+  MochiWeb waits 300 s for a connection's first request line (and for the next one
+  on a kept-alive connection), and stops accepting at `max_connections`: two
+  thousand sockets that send nothing were enough to keep everyone else out. So each
+  connection is given `idle_timeout_ms` to *complete* its request's headers (a
+  slow-header client is cut off too) and, between requests, to start the next one;
+  past that it is closed. A request under way — a slow upload within the body
+  limits, a dashboard's event stream — is not cut.
+
+  The deadline costs no process and no message per request: a BIF timer that each
+  request cancels and re-arms, aimed at `ObservatoryWeb.Endpoint.IdleReaper`, which
+  closes a connection whose timer fired while it was still idle.
   """
 
   require Logger
+
+  @state_key {__MODULE__, :idle}
 
   @doc false
   def child_spec(_opts) do
@@ -34,17 +52,25 @@ defmodule ObservatoryWeb.Endpoint do
     port =
       Keyword.get(config, :port) || raise(ArgumentError, "no :port for #{inspect(__MODULE__)}")
 
+    idle_ms = Keyword.get(config, :idle_timeout_ms, 10_000)
     start_mochiweb!()
+
+    # What :mochiweb_http.start_link/1 does, with this module's loop around its own.
+    case :mochiweb_clock.start() do
+      {:ok, _} -> :ok
+      {:error, {:already_started, _}} -> :ok
+    end
 
     options = [
       name: __MODULE__,
       ip: ip,
       port: port,
-      loop: &ObservatoryWeb.Router.call/1,
-      acceptor_pool_size: Keyword.get(config, :acceptors, 32)
+      loop: {__MODULE__, :connection, [idle_ms]},
+      acceptor_pool_size: Keyword.get(config, :acceptors, 32),
+      max: Keyword.get(config, :max_connections, 8_192)
     ]
 
-    case :mochiweb_http.start_link(options) do
+    case :mochiweb_socket_server.start_link(options) do
       {:ok, pid} ->
         Logger.info("Observatory API and dashboard listening on #{url()}")
         {:ok, pid}
@@ -62,14 +88,73 @@ defmodule ObservatoryWeb.Endpoint do
     end
   end
 
+  @doc false
+  # One connection, in its acceptor process: MochiWeb's HTTP loop, with the idle
+  # deadline armed while no request is under way.
+  def connection(socket, opts, idle_ms) do
+    arm(idle_ms, 0)
+
+    :mochiweb_http.loop(socket, opts, fn req ->
+      {timer, seq} = Process.get(@state_key)
+      Process.put(@state_key, {:busy, seq})
+      :erlang.cancel_timer(timer, async: true, info: false)
+
+      try do
+        ObservatoryWeb.Router.call(req)
+      after
+        arm(idle_ms, seq + 1)
+      end
+    end)
+  end
+
+  defp arm(idle_ms, seq) do
+    timer = :erlang.start_timer(idle_ms, __MODULE__.IdleReaper, {:idle, self(), seq})
+    Process.put(@state_key, {timer, seq})
+  end
+
+  @doc false
+  # Called by the reaper: whether the connection is still idle since timer `seq`.
+  def idle?(pid, seq) do
+    case Process.info(pid, :dictionary) do
+      {:dictionary, dict} ->
+        match?({_, {ref, ^seq}} when is_reference(ref), List.keyfind(dict, @state_key, 0))
+
+      nil ->
+        false
+    end
+  end
+
   @doc "The port the server listens on."
   @spec port() :: :inet.port_number()
   def port, do: :mochiweb_socket_server.get(__MODULE__, :port)
+
+  @doc "How many connections are open."
+  @spec connections() :: non_neg_integer()
+  def connections, do: :mochiweb_socket_server.get(__MODULE__, :active_sockets)
 
   @doc "The base URL of the running server."
   @spec url() :: String.t()
   def url do
     ip = Application.get_env(:observatory, __MODULE__, []) |> Keyword.get(:ip, {127, 0, 0, 1})
     "http://#{:inet.ntoa(ip)}:#{port()}"
+  end
+end
+
+defmodule ObservatoryWeb.Endpoint.IdleReaper do
+  @moduledoc false
+  # Receives the idle timers of the endpoint's connections (ObservatoryWeb.Endpoint)
+  # and closes each connection still idle when its timer fires.
+  use GenServer
+
+  def start_link(_opts \\ []), do: GenServer.start_link(__MODULE__, nil, name: __MODULE__)
+
+  @impl true
+  def init(nil), do: {:ok, nil}
+
+  @impl true
+  def handle_info({:timeout, _ref, {:idle, pid, seq}}, state) do
+    # {:shutdown, _}: MochiWeb counts the connection closed and logs nothing.
+    if ObservatoryWeb.Endpoint.idle?(pid, seq), do: Process.exit(pid, {:shutdown, :idle_timeout})
+    {:noreply, state}
   end
 end

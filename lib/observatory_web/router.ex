@@ -20,6 +20,7 @@ defmodule ObservatoryWeb.Router do
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
   | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/messages | agent key | `ObservatoryWeb.API.Messages` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
@@ -29,7 +30,7 @@ defmodule ObservatoryWeb.Router do
   | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
-  | GET | /healthz | none | health |
+  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down |
   | GET | /metrics | none | Prometheus text |
   """
 
@@ -37,7 +38,7 @@ defmodule ObservatoryWeb.Router do
 
   @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
-  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Sessions, ToolCalls}
+  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Messages, Sessions, ToolCalls}
   alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
@@ -129,6 +130,7 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
 
   defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
+  defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
   defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
   defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
 
@@ -151,10 +153,14 @@ defmodule ObservatoryWeb.Router do
     do: Agents.revoke_key(conn, id, key_id)
 
   defp route(conn, "GET", ["healthz"]) do
-    Conn.json(conn, 200, %{
-      status: "ok",
-      sessions: Observatory.Gateway.EntropyTracker.stats().sessions
-    })
+    case Observatory.Health.check() do
+      {:ok, checks} ->
+        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        Conn.json(conn, 200, %{status: "ok", checks: checks, sessions: sessions})
+
+      {:error, checks} ->
+        Conn.json(conn, 503, %{status: "degraded", checks: checks})
+    end
   end
 
   defp route(conn, "GET", ["metrics"]) do

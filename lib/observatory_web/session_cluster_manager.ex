@@ -46,7 +46,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   require Logger
 
-  alias ObservatoryWeb.LivePage
+  alias ObservatoryWeb.{LivePage, SnapshotCache}
   alias Observatory.Cluster
   alias Observatory.Gateway.{AlertSource, EntropyTracker, Events, HITL, LoopVerdict, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
@@ -86,8 +86,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
       |> Socket.assign(:operator, LivePage.operator(session))
       |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
       |> Socket.assign(:alerts, Alerts.new())
-      |> Socket.assign(:fleet, snapshot())
-      |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
+      # A page opens on the fleet as it is now; its refreshes share one listing.
+      |> Socket.assign(:fleet, fleet_snapshot())
+      |> Socket.assign(:steps, step_list())
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:following, nil)
       |> Socket.assign(:notice, nil)
@@ -129,7 +130,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   end
 
   def handle_info(%{event_type: "loop_detection"}, socket) do
-    {:noreply, Socket.assign(socket, :steps, Cluster.gather(StepDetector, :active, []))}
+    {:noreply, Socket.assign(socket, :steps, step_list())}
   end
 
   def handle_info(%{event_type: "loop_verdict", session_id: id} = event, socket) do
@@ -148,7 +149,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
     socket
     |> Socket.assign(:fleet, snapshot())
-    |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
+    |> Socket.assign(:steps, steps())
     |> reload_inspect(inspected(socket))
     |> noreply()
   end
@@ -202,8 +203,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
         {:error, :unknown_session} -> {:info, "The step detector has nothing for this session."}
       end
 
+    # Fresh, not the shared listing: the operator looks for the reset's effect.
     socket
-    |> Socket.assign(:steps, Cluster.gather(StepDetector, :active, []))
+    |> Socket.assign(:steps, step_list())
     |> notice(message)
   end
 
@@ -265,7 +267,21 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}
   defp noreply(socket), do: {:noreply, socket}
 
-  defp snapshot do
+  # Shared by every open manager page (ObservatoryWeb.SnapshotCache): one scan of the
+  # fleet per refresh interval, however many pages are open.
+  defp snapshot, do: SnapshotCache.fetch({__MODULE__, :fleet}, max_age(), &fleet_snapshot/0)
+
+  defp steps,
+    do: SnapshotCache.fetch({__MODULE__, :steps}, max_age(), fn -> step_list() end)
+
+  defp max_age,
+    do: div(Application.get_env(:observatory, :dashboard_refresh_ms, 2_000) * 9, 10)
+
+  # Every member's streaks (issue 14); a durable block is listed by every member
+  # that does not hold the session live: once.
+  defp step_list, do: Cluster.gather(StepDetector, :active, []) |> Enum.uniq_by(& &1.session_id)
+
+  defp fleet_snapshot do
     # Every member's sessions (issue 14): each session is on one node only.
     flagged = Cluster.gather(LoopVerdict, :flagged, [@snapshot_limit])
     sessions = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
@@ -276,7 +292,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
         else: sessions
 
     sessions
-    |> Fleet.snapshot(Enum.uniq(Cluster.gather(HITL, :paused_sessions, [])))
+    |> Fleet.snapshot(HITL.paused_sessions())
     |> Fleet.put_verdicts(flagged)
   end
 

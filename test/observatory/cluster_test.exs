@@ -286,23 +286,30 @@ defmodule Observatory.ClusterDistributedTest do
   end
 
   describe "issue 14: replicated agent state" do
-    test "agent records, events and keys survive a node's loss and reach a node that joins later",
+    test "agent records, events, keys, pauses and the audit log survive a node's loss and reach a node that joins later",
          %{nodes: [a, b, c], peers: [peer_a | _], all: all, shorts: shorts, root: root} do
       agent = "agent-repl-#{System.unique_integer([:positive])}"
       {:ok, %{key: key}} = :erpc.call(a, Observatory.AgentKeys, :issue, [agent])
       {:ok, _} = :erpc.call(b, Observatory.KillSwitch, :deactivate, [agent, [operator: "alice"]])
+      paused = "sess-paused-#{System.unique_integer([:positive])}"
+      pause = [operator: "alice", reason: "look"]
+      {:ok, _} = :erpc.call(a, Observatory.Gateway.HITL, :pause, [paused, pause])
+      # Two nodes writing the audit log never take the same entry's place.
+      {:ok, _} = :erpc.call(c, Observatory.Gateway.HITL, :pause, [paused <> "-c", pause])
 
       :ok = :peer.stop(peer_a)
       :ok = ClusterPeers.await_members([b, c], [b, c])
 
-      for n <- [b, c], do: assert_replicated(n, agent, key)
+      for n <- [b, c], do: assert_replicated(n, agent, key, paused)
 
       # A fourth node with an empty directory joins and gets every table.
       {_peer_d, d} = ClusterPeers.start(List.last(shorts), all, root)
       :ok = ClusterPeers.await_members([b, c, d], [b, c, d])
-      assert_replicated(d, agent, key)
+      assert_replicated(d, agent, key, paused)
       tables = :erpc.call(d, :mnesia, :system_info, [:local_tables])
       assert :observatory_agents in tables and :observatory_agent_events in tables
+      # Every table the cluster has, a joining node has too.
+      assert Enum.sort(tables) == Enum.sort(:erpc.call(b, :mnesia, :system_info, [:local_tables]))
 
       assert :erpc.call(d, :mnesia, :table_info, [:observatory_agents, :storage_type]) ==
                :disc_copies
@@ -325,7 +332,13 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
-  defp assert_replicated(node, agent, key) do
+  defp assert_replicated(node, agent, key, paused) do
+    assert %{operator: "alice", reason: "look"} =
+             :erpc.call(node, Observatory.Gateway.HITL, :pause_of, [paused])
+
+    audit = :erpc.call(node, Observatory.Gateway.HITL, :audit_log, [[limit: 1000]])
+    assert Enum.count(audit, &(&1.session_id in [paused, paused <> "-c"])) == 2
+
     assert %{active: false, deactivated_by: :manual} =
              :erpc.call(node, Observatory.KillSwitch.Agents, :get, [agent])
 

@@ -254,6 +254,124 @@ defmodule Observatory.ReplayTest do
     end
   end
 
+  describe "issue 15: a recorded proxy log (LLM requests)" do
+    # The OpenAI conversation an agent re-sends on every turn: turn k carries k answered
+    # tool calls, the same failing build each time.
+    defp openai_request(turns) do
+      calls =
+        Enum.flat_map(1..turns//1, fn k ->
+          [
+            %{
+              "role" => "assistant",
+              "tool_calls" => [
+                %{
+                  "id" => "call-#{k}",
+                  "type" => "function",
+                  "function" => %{"name" => "run", "arguments" => ~s({"cmd":"make"})}
+                }
+              ]
+            },
+            %{
+              "role" => "tool",
+              "tool_call_id" => "call-#{k}",
+              "content" => "error: x.c:3 missing ;"
+            }
+          ]
+        end)
+
+      %{
+        "model" => "gpt-4o",
+        "messages" => [%{"role" => "user", "content" => "fix the build"} | calls]
+      }
+    end
+
+    defp recorded(sid, request, extra \\ %{}) do
+      Observatory.JSON.encode!(
+        Map.merge(
+          %{"agent_id" => "agent-proxied", "session_id" => sid, "request" => request},
+          extra
+        )
+      )
+    end
+
+    test "each request's previous turn is a step, each once; the loop is found", %{sid: sid} do
+      # Turns 0..4, and turn 3 re-sent (a retry): four steps, not seven.
+      lines = for turns <- [0, 1, 2, 3, 3, 4], do: recorded(sid, openai_request(turns))
+      report = run_lines(lines)
+
+      assert %{steps: 4, agent_id: "agent-proxied"} = s = session(report, sid)
+      assert %{step: 3} = s.first_verdict_loop
+      assert s.verdict_rule == :repeat
+      assert report.bad_lines == 0
+    end
+
+    test "Anthropic Messages requests, and a session derived from the conversation" do
+      request = fn turns ->
+        blocks =
+          Enum.flat_map(1..turns//1, fn k ->
+            [
+              %{
+                "role" => "assistant",
+                "content" => [
+                  %{
+                    "type" => "tool_use",
+                    "id" => "tu-#{k}",
+                    "name" => "grep",
+                    "input" => %{"q" => "x#{k}"}
+                  }
+                ]
+              },
+              %{
+                "role" => "user",
+                "content" => [
+                  %{"type" => "tool_result", "tool_use_id" => "tu-#{k}", "content" => "hit #{k}"}
+                ]
+              }
+            ]
+          end)
+
+        %{
+          "messages" => [
+            %{"role" => "user", "content" => "find x #{System.unique_integer()}"} | blocks
+          ]
+        }
+      end
+
+      body = request.(2)
+
+      line =
+        Observatory.JSON.encode!(%{
+          "api" => "messages",
+          "agent_id" => "agent-a",
+          "request" => body
+        })
+
+      report = run_lines([line])
+      derived = Observatory.Proxy.Steps.session_id("agent-a", body)
+      assert %{steps: 1, first_verdict_loop: nil} = session(report, derived)
+    end
+
+    test "a bad recorded request is a bad line; envelopes and flat records still read", %{
+      sid: sid
+    } do
+      lines = [
+        recorded(sid, %{"messages" => "not a list"}),
+        recorded(sid, openai_request(1), %{"api" => "completions"}),
+        flat(sid),
+        envelope(sid <> "-env", 1, %{"request" => %{"messages" => []}})
+      ]
+
+      report = run_lines(lines)
+
+      assert [%{line: 1, reason: "request.messages must be a list"}, %{line: 2, reason: reason}] =
+               report.bad
+
+      assert reason =~ "api must be chat_completions or messages"
+      assert %{steps: 1} = session(report, sid)
+      assert %{steps: 1} = session(report, sid <> "-env")
+    end
+  end
+
   describe "bad lines" do
     test "are counted and reported with their line numbers, never fatal", %{sid: sid} do
       lines = [

@@ -185,6 +185,32 @@ defmodule ObservatoryWeb.AgentIdentityTest do
     end
   end
 
+  describe "agent key headers: Authorization Bearer, X-Agent-Key, X-Api-Key (the Anthropic SDK's api_key)" do
+    test "each header carries the agent's key and authenticates as its agent; a wrong key is a 401",
+         %{victim: agent} do
+      key = HTTP.key_for(agent)
+
+      for header <- [
+            {"authorization", "Bearer " <> key},
+            {"x-agent-key", key},
+            {"x-api-key", key}
+          ] do
+        sid = unique_session("sess-header")
+        resp = HTTP.post_json("/api/v1/decision_logs", step(sid, agent), headers: [header])
+        assert resp.status == 200, "#{elem(header, 0)}: #{resp.status}"
+        assert EntropyTracker.session(sid).agent_id == agent
+      end
+
+      sid = unique_session("sess-header")
+      wrong = [{"x-api-key", "oak_not-a-key"}]
+
+      assert HTTP.post_json("/api/v1/decision_logs", step(sid, agent), headers: wrong).status ==
+               401
+
+      assert EntropyTracker.session(sid) == nil
+    end
+  end
+
   describe "finding 2: registry flood — requests never register agents" do
     test "no request, with any key, registers an agent", %{attacker: attacker} do
       Application.put_env(:observatory, :llm_upstream, Upstream.answering("ok").url)

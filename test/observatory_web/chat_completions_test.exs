@@ -282,7 +282,6 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
          "agent_id_mismatch"},
         {"malformed JSON", chat(agent, "{\"messages\": "), 400, "invalid_json"},
         {"not an object", chat(agent, "[1, 2]"), 400, "invalid_body"},
-        {"stream", chat(agent, Map.put(looping(1), :stream, true)), 400, "stream_unsupported"},
         {"content type",
          HTTP.post("/v1/chat/completions", json,
            headers: [key, {"x-agent-id", agent}],

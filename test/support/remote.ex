@@ -23,6 +23,56 @@ defmodule Observatory.Test.Remote do
     :ok
   end
 
+  @doc """
+  Starts Observatory here as a release would (`:permanent`: if its top supervisor
+  gives up, this VM ends), with `env` over the application environment. (A
+  permanent application that fails to start ends the VM too: `:temporary` lets a
+  test read the error.) Logs are off: the tests that use this kill processes on
+  purpose.
+  """
+  def start_app(env, type \\ :permanent) do
+    :logger.set_primary_config(:level, :emergency)
+    Application.put_env(:logger, :level, :emergency)
+    for {key, value} <- env, do: Application.put_env(:observatory, key, value)
+
+    with {:ok, _} = started <- Application.ensure_all_started(:observatory, type) do
+      Logger.configure(level: :emergency)
+      started
+    end
+  end
+
+  @doc """
+  Kills the process registered as `name` `times` times, each time as soon as it is
+  back (waiting at most 2 s for it); returns the pids killed.
+  """
+  def kill_repeatedly(name, times) do
+    Enum.reduce(1..times, [], fn _, killed ->
+      pid = await_new(name, killed, 2_000)
+      Process.exit(pid, :kill)
+      [pid | killed]
+    end)
+  end
+
+  @doc "The pid registered as `name` once it is not one of `old`; nil after `timeout_ms`."
+  def await_new(name, old, timeout_ms) do
+    pid = Process.whereis(name)
+
+    cond do
+      pid != nil and pid not in old -> pid
+      timeout_ms <= 0 -> nil
+      true -> Process.sleep(5) && await_new(name, old, timeout_ms - 5)
+    end
+  end
+
+  @doc "Whether the application runs here."
+  def running?, do: List.keymember?(Application.started_applications(), :observatory, 0)
+
+  @doc "GET `path` on this node's server: `{status, decoded body}`."
+  def get(path) do
+    %{status: status, body: body} = Observatory.Test.HTTP.get(path)
+    {status, body}
+  end
+
   @doc "Sends every log event of this node to `pid` as `{:peer_log, text, mfa}`, and nowhere else."
   def forward_logs(pid) do
     Application.put_env(:logger, :backends, [])

@@ -2,7 +2,9 @@ defmodule Observatory.Test.Upstream do
   @moduledoc false
   # A real OpenAI-compatible upstream for proxy tests: MochiWeb on 127.0.0.1, port 0,
   # linked to the test process. `handler` gets each request's body and returns
-  # `{status, content_type, body}`; every request is also sent to the test process, once answered, as
+  # `{status, content_type, body}`, or `{:chunked, status, content_type, fun}` to answer
+  # in pieces: `fun` gets MochiWeb's response and writes with `write_chunk/2` (a write
+  # to a closed connection exits it). Every request is also sent to the test process, once answered, as
   # `{:upstream_request, body, authorization_header}`.
 
   alias Observatory.JSON
@@ -19,8 +21,21 @@ defmodule Observatory.Test.Upstream do
           value -> to_string(value)
         end
 
-      {status, type, reply} = handler.(body)
-      :mochiweb_request.respond({status, [{"Content-Type", type}], reply}, req)
+      reply =
+        if is_function(handler, 2),
+          do: handler.(body, headers(req)),
+          else: handler.(body)
+
+      case reply do
+        {:chunked, status, type, fun} ->
+          resp = :mochiweb_request.respond({status, [{"Content-Type", type}], :chunked}, req)
+          fun.(resp)
+          write_chunk(resp, "")
+
+        {status, type, reply} ->
+          :mochiweb_request.respond({status, [{"Content-Type", type}], reply}, req)
+      end
+
       # After answering, so that the test may end as soon as it hears of the request.
       send(test, {:upstream_request, body, auth})
     end
@@ -29,6 +44,78 @@ defmodule Observatory.Test.Upstream do
     {:ok, pid} = :mochiweb_http.start_link(name: name, ip: {127, 0, 0, 1}, port: 0, loop: loop)
     port = :mochiweb_socket_server.get(pid, :port)
     %{pid: pid, port: port, url: "http://127.0.0.1:#{port}/v1"}
+  end
+
+  defp headers(req) do
+    for {name, value} <- :mochiweb_headers.to_list(:mochiweb_request.get(:headers, req)),
+        into: %{},
+        do: {name |> to_string() |> String.downcase(), to_string(value)}
+  end
+
+  @doc "An Anthropic message answering with `text` (and `tool_use` blocks `{name, input}`)."
+  def message(text, tool_uses \\ []) do
+    blocks =
+      if(text == "", do: [], else: [%{type: "text", text: text}]) ++
+        for {name, input} <- tool_uses,
+            do: %{
+              type: "tool_use",
+              id: "toolu_#{System.unique_integer([:positive])}",
+              name: name,
+              input: input
+            }
+
+    JSON.encode!(%{
+      id: "msg_test",
+      type: "message",
+      role: "assistant",
+      model: "test-model",
+      content: blocks,
+      stop_reason: if(tool_uses == [], do: "end_turn", else: "tool_use"),
+      usage: %{input_tokens: 1, output_tokens: 1}
+    })
+  end
+
+  @doc "The server-sent events of a streamed Anthropic message whose text is `pieces`."
+  def message_events(pieces) do
+    event = fn name, data ->
+      "event: #{name}\ndata: #{JSON.encode!(Map.put(data, :type, name))}\n\n"
+    end
+
+    start = [
+      event.("message_start", %{
+        message: %{
+          id: "msg_test",
+          type: "message",
+          role: "assistant",
+          model: "test-model",
+          content: [],
+          stop_reason: nil,
+          usage: %{input_tokens: 1, output_tokens: 0}
+        }
+      }),
+      event.("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
+    ]
+
+    deltas =
+      for piece <- pieces,
+          do:
+            event.("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
+
+    stop = [
+      event.("content_block_stop", %{index: 0}),
+      event.("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
+      event.("message_stop", %{})
+    ]
+
+    {start, deltas, stop}
+  end
+
+  @doc "Writes one piece of a chunked answer; `:closed` when the proxy hung up."
+  def write_chunk(resp, data) do
+    :mochiweb_response.write_chunk(data, resp)
+    :ok
+  catch
+    :exit, _ -> :closed
   end
 
   @doc "An upstream that answers every request with the same completion."
@@ -43,6 +130,29 @@ defmodule Observatory.Test.Upstream do
         %{index: 0, message: %{role: "assistant", content: content}, finish_reason: "stop"}
       ]
     })
+  end
+
+  @doc "One server-sent event of a streamed chat completion carrying `text`."
+  def chunk_event(text) do
+    chunk = %{
+      id: "chatcmpl-test",
+      object: "chat.completion.chunk",
+      model: "test-model",
+      choices: [%{index: 0, delta: %{content: text}, finish_reason: nil}]
+    }
+
+    "data: " <> JSON.encode!(chunk) <> "\n\n"
+  end
+
+  @doc "An upstream that streams `pieces` as chat-completion chunks, then `[DONE]`."
+  def streaming(pieces) do
+    start(fn _ ->
+      {:chunked, 200, "text/event-stream",
+       fn resp ->
+         for piece <- pieces, do: write_chunk(resp, chunk_event(piece))
+         write_chunk(resp, "data: [DONE]\n\n")
+       end}
+    end)
   end
 
   @doc "A loopback URL where nothing listens."

@@ -14,7 +14,9 @@ defmodule Mix.Tasks.Observatory.Replay do
 
   Input is JSONL files, or stdin when no file (or `-`) is given; plain or gzip
   (recognised by its magic bytes, not by its name). Each line is a full DecisionLog
-  envelope or a flat step record:
+  envelope, a recorded LLM request (`{"api": "chat_completions" | "messages",
+  "agent_id", "session_id", "request": body}`: the previous turn's tool calls are its
+  steps, each once; see `Observatory.Replay.ProxyRequest`) or a flat step record:
 
       {"session_id": "s1", "agent_id": "a1", "intent": "search", "tool_call": "grep",
        "action_status": "failure", "tool_input": {...}, "result": {...},

@@ -15,6 +15,15 @@ defmodule Observatory.Gateway.HITL do
 
   Writes go through this process, so the audit log's order is the order of effect;
   `paused?/1` reads the table directly and costs one ETS lookup.
+
+  ## Durability
+
+  Pauses and the audit log (its last 10,000 entries) are Mnesia `disc_copies`
+  tables, created by `Observatory.Storage` before this process starts; each command
+  is a `sync_transaction` followed by `:mnesia.sync_log/0`, so when `pause/2`
+  returns the pause is on disk. A crash of this process, or of anything else, loses
+  no pause: its restart reads the tables, and a restart of the node loads them from
+  disc. Without Mnesia, `paused?/1` raises rather than answer "not paused".
   """
 
   use GenServer
@@ -22,8 +31,8 @@ defmodule Observatory.Gateway.HITL do
 
   alias Observatory.Gateway.{EntropyTracker, Events, Topology}
 
-  @paused __MODULE__.Paused
-  @audit __MODULE__.Audit
+  @paused :observatory_hitl_pauses
+  @audit :observatory_hitl_audit
   @max_audit 10_000
 
   @type audit_entry :: %{
@@ -55,25 +64,21 @@ defmodule Observatory.Gateway.HITL do
 
   @doc "Whether the session is paused."
   @spec paused?(String.t()) :: boolean()
-  def paused?(session_id) when is_binary(session_id) do
-    :ets.member(@paused, session_id)
-  rescue
-    # The table is missing only while HITL is not running: nothing is paused then.
-    ArgumentError -> false
-  end
+  def paused?(session_id) when is_binary(session_id), do: pause_of(session_id) != nil
 
   @doc "The pause in force for a session, or nil."
   @spec pause_of(String.t()) :: audit_entry() | nil
   def pause_of(session_id) do
-    case :ets.lookup(@paused, session_id) do
-      [{_, entry}] -> entry
+    case :mnesia.dirty_read(@paused, session_id) do
+      [{@paused, _, entry}] -> entry
       [] -> nil
     end
   end
 
   @doc "Every paused session's pause entry."
   @spec paused_sessions() :: [audit_entry()]
-  def paused_sessions, do: for({_, entry} <- :ets.tab2list(@paused), do: entry)
+  def paused_sessions,
+    do: :mnesia.dirty_select(@paused, [{{@paused, :_, :"$1"}, [], [:"$1"]}])
 
   @doc "The audit log, newest first; `:session_id` filters, `:limit` caps (default 100)."
   @spec audit_log(keyword()) :: [audit_entry()]
@@ -81,10 +86,10 @@ defmodule Observatory.Gateway.HITL do
     limit = Keyword.get(opts, :limit, 100)
     session = Keyword.get(opts, :session_id)
 
+    # An ordered set: the select answers oldest first.
     @audit
-    |> :ets.tab2list()
-    |> Enum.sort_by(fn {seq, _} -> -seq end)
-    |> Stream.map(fn {_, entry} -> entry end)
+    |> :mnesia.dirty_select([{{@audit, :_, :"$1"}, [], [:"$1"]}])
+    |> Enum.reverse()
     |> Stream.filter(&(session == nil or &1.session_id == session))
     |> Enum.take(limit)
   end
@@ -107,31 +112,74 @@ defmodule Observatory.Gateway.HITL do
     end
   end
 
+  @doc false
+  # Called by Observatory.Storage before this process starts; returns the tables.
+  def create_tables do
+    Observatory.Storage.create_table(@paused, attributes: [:session_id, :entry], type: :set)
+    Observatory.Storage.create_table(@audit, attributes: [:seq, :entry], type: :ordered_set)
+    [@paused, @audit]
+  end
+
   @impl true
   def init(_opts) do
-    :ets.new(@paused, [:named_table, :protected, read_concurrency: true])
-    :ets.new(@audit, [:named_table, :protected, :ordered_set])
-    {:ok, %{seq: 0}}
+    # The audit log goes on where the durable one ends.
+    seq =
+      case :mnesia.dirty_last(@audit) do
+        :"$end_of_table" -> 0
+        last -> last
+      end
+
+    {:ok, %{seq: seq}}
   end
 
   @impl true
   def handle_call({:pause, session_id, operator, reason}, _from, state) do
-    if :ets.member(@paused, session_id) do
+    if paused?(session_id) do
       {:reply, {:error, :already_paused}, state}
     else
       entry = entry(:pause, session_id, operator, reason)
-      :ets.insert(@paused, {session_id, entry})
-      {:reply, {:ok, entry}, audit(entry, state)}
+      state = write(state, entry, fn -> :mnesia.write({@paused, session_id, entry}) end)
+      {:reply, {:ok, entry}, announce(entry, state)}
     end
   end
 
   def handle_call({:resume, session_id, operator, reason}, _from, state) do
-    if :ets.member(@paused, session_id) do
+    if paused?(session_id) do
       entry = entry(:resume, session_id, operator, reason)
-      :ets.delete(@paused, session_id)
-      {:reply, {:ok, entry}, audit(entry, state)}
+      state = write(state, entry, fn -> :mnesia.delete({@paused, session_id}) end)
+      {:reply, {:ok, entry}, announce(entry, state)}
     else
       {:reply, {:error, :not_paused}, state}
+    end
+  end
+
+  # The change and its audit entry in one transaction, on disk when this returns.
+  defp write(state, entry, change) do
+    transaction =
+      :mnesia.sync_transaction(fn ->
+        # The next number of the log, which every node of a cluster writes (issue 14):
+        # taken under the table's write lock, so two nodes never take the same one.
+        :mnesia.lock({:table, @audit}, :write)
+
+        seq =
+          case :mnesia.last(@audit) do
+            :"$end_of_table" -> 1
+            last -> last + 1
+          end
+
+        change.()
+        :mnesia.write({@audit, seq, entry})
+        if seq > @max_audit, do: :mnesia.delete({@audit, seq - @max_audit})
+        seq
+      end)
+
+    case transaction do
+      {:atomic, seq} ->
+        _ = :mnesia.sync_log()
+        %{state | seq: seq}
+
+      {:aborted, reason} ->
+        raise "HITL transaction aborted: #{inspect(reason)}"
     end
   end
 
@@ -145,11 +193,7 @@ defmodule Observatory.Gateway.HITL do
     }
   end
 
-  defp audit(entry, %{seq: seq} = state) do
-    seq = seq + 1
-    :ets.insert(@audit, {seq, entry})
-    if seq > @max_audit, do: :ets.delete(@audit, seq - @max_audit)
-
+  defp announce(entry, state) do
     Logger.info(
       "hitl #{entry.action} session=#{inspect(entry.session_id)} operator=#{inspect(entry.operator)} reason=#{inspect(entry.reason)}"
     )
@@ -164,7 +208,7 @@ defmodule Observatory.Gateway.HITL do
 
     {agent_id, state_name} = node_state(entry)
     Topology.broadcast(entry.session_id, agent_id, state_name, force: true)
-    %{state | seq: seq}
+    state
   end
 
   # A resumed node shows its entropy state again: a session still looping flashes

@@ -5,16 +5,32 @@ defmodule Observatory.Gateway.SessionLog do
   Each session keeps its last `:session_log_size` envelopes (default 20) in a ring
   of ETS slots: a writer takes the next sequence number with an atomic
   `:ets.update_counter/4` and overwrites the oldest slot, so concurrent writers never
-  lose each other's messages and no process is in the write path. Sessions idle for
-  `:entropy_session_ttl_ms` are swept, so memory stays bounded.
+  lose each other's messages and no process is in the write path.
+
+  ## Bounds
+
+  Every size here is set by clients, so each is capped:
+
+  | key | default | what |
+  |---|---|---|
+  | `:session_log_max_sessions` | `100_000` | sessions kept; past it the least recently seen go |
+  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
+  | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
+
+  A writer that takes the log over a cap asks this process to trim, and it drops
+  the least recently seen sessions down to 90 % of the cap, so memory stays within
+  about the caps however fast new sessions come. Sessions idle for
+  `:entropy_session_ttl_ms` are swept as before.
   """
 
   use GenServer
+  require Logger
 
   alias Observatory.Gateway.IdleSweep
 
   @slots __MODULE__.Slots
   @heads __MODULE__.Heads
+  @small_meta_bytes 1_024
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
@@ -23,10 +39,34 @@ defmodule Observatory.Gateway.SessionLog do
   def put(session_id, envelope) do
     size = size()
     now = System.system_time(:millisecond)
-    seq = :ets.update_counter(@heads, session_id, {2, 1}, {session_id, 0, now})
-    :ets.update_element(@heads, session_id, {3, now})
-    :ets.insert(@slots, {{session_id, rem(seq, size)}, seq, envelope})
+    {envelope, bytes} = bounded(envelope)
+    # `order` breaks ties between sessions seen in the same millisecond.
+    order = System.unique_integer([:monotonic])
+    seq = :ets.update_counter(@heads, session_id, {2, 1}, {session_id, 0, now, order})
+    :ets.update_element(@heads, session_id, [{3, now}, {4, order}])
+    key = {session_id, rem(seq, size)}
+
+    replaced =
+      case :ets.lookup(@slots, key) do
+        [{_, _, _, old}] -> old
+        [] -> 0
+      end
+
+    :ets.insert(@slots, {key, seq, envelope, bytes})
+    :counters.add(counter(), 1, bytes - replaced)
+
+    if (seq == 1 and :ets.info(@heads, :size) > max_sessions()) or
+         :counters.get(counter(), 1) > max_bytes(),
+       do: request_trim()
+
     :ok
+  end
+
+  defp request_trim do
+    case Process.whereis(__MODULE__) do
+      nil -> :ok
+      pid -> send(pid, :trim)
+    end
   end
 
   @doc "The session's stored envelopes, oldest first."
@@ -34,20 +74,51 @@ defmodule Observatory.Gateway.SessionLog do
   def recent(session_id) do
     0..(size() - 1)
     |> Enum.flat_map(&:ets.lookup(@slots, {session_id, &1}))
-    |> Enum.sort_by(fn {_, seq, _} -> seq end)
-    |> Enum.map(fn {_, _, envelope} -> envelope end)
+    |> Enum.sort_by(fn {_, seq, _, _} -> seq end)
+    |> Enum.map(fn {_, _, envelope, _} -> envelope end)
   end
 
   @doc "How many messages the session has sent since it was first seen."
   @spec count(String.t()) :: non_neg_integer()
   def count(session_id) do
     case :ets.lookup(@heads, session_id) do
-      [{_, seq, _}] -> seq
+      [{_, seq, _, _}] -> seq
       [] -> 0
     end
   end
 
+  @doc "Sessions held and envelope bytes kept."
+  @spec stats() :: %{sessions: non_neg_integer(), bytes: non_neg_integer()}
+  def stats, do: %{sessions: :ets.info(@heads, :size), bytes: :counters.get(counter(), 1)}
+
+  # An envelope over the byte cap is kept as a stub that says so.
+  defp bounded(envelope) do
+    bytes = :erlang.external_size(envelope)
+
+    if bytes <= max_envelope_bytes() do
+      {envelope, bytes}
+    else
+      meta = Map.get(envelope, "meta")
+      stub = %{"truncated" => true, "bytes" => bytes}
+
+      stub =
+        if :erlang.external_size(meta) <= @small_meta_bytes,
+          do: Map.put(stub, "meta", meta),
+          else: stub
+
+      {stub, :erlang.external_size(stub)}
+    end
+  end
+
   defp size, do: Application.get_env(:observatory, :session_log_size, 20)
+  defp max_sessions, do: Application.get_env(:observatory, :session_log_max_sessions, 100_000)
+
+  defp max_envelope_bytes,
+    do: Application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
+
+  defp max_bytes, do: Application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
+
+  defp counter, do: :persistent_term.get(__MODULE__)
 
   @impl true
   def init(_opts) do
@@ -60,21 +131,74 @@ defmodule Observatory.Gateway.SessionLog do
     ])
 
     :ets.new(@heads, [:named_table, :public, :set, write_concurrency: true])
+    # Envelope bytes kept, updated by the writers.
+    :persistent_term.put(__MODULE__, :counters.new(1, [:write_concurrency]))
     IdleSweep.schedule()
     {:ok, %{}}
   end
 
   @impl true
   def handle_info(:sweep, state) do
-    ttl = IdleSweep.ttl_ms()
-    cutoff = System.system_time(:millisecond) - ttl
-
-    for {session_id, _, seen} <- :ets.tab2list(@heads), seen < cutoff do
-      :ets.delete(@heads, session_id)
-      for slot <- 0..(size() - 1), do: :ets.delete(@slots, {session_id, slot})
-    end
-
+    cutoff = System.system_time(:millisecond) - IdleSweep.ttl_ms()
+    drop(for {session_id, _, seen, _} <- :ets.tab2list(@heads), seen < cutoff, do: session_id)
     IdleSweep.schedule()
     {:noreply, state}
+  end
+
+  def handle_info(:trim, state) do
+    drain(:trim)
+    sessions = :ets.info(@heads, :size)
+    bytes = :counters.get(counter(), 1)
+
+    if sessions > max_sessions() or bytes > max_bytes() do
+      trim(sessions, bytes)
+    end
+
+    {:noreply, state}
+  end
+
+  # Least recently seen first, until both are at 90 % of their caps.
+  defp trim(sessions, bytes) do
+    keep_sessions = div(max_sessions() * 9, 10)
+    keep_bytes = div(max_bytes() * 9, 10)
+    by_age = :ets.tab2list(@heads) |> Enum.sort_by(fn {_, _, _, order} -> order end)
+
+    {victims, _, _} =
+      Enum.reduce_while(by_age, {[], sessions, bytes}, fn {id, _, _, _}, {acc, n, b} ->
+        if n <= keep_sessions and b <= keep_bytes,
+          do: {:halt, {acc, n, b}},
+          else: {:cont, {[id | acc], n - 1, b - session_bytes(id)}}
+      end)
+
+    drop(victims)
+
+    Logger.warning(
+      "session log over its caps (#{sessions} sessions, #{bytes} bytes): " <>
+        "dropped the #{length(victims)} least recently seen sessions"
+    )
+  end
+
+  defp session_bytes(id) do
+    Enum.sum(for slot <- 0..(size() - 1), {_, _, _, b} <- :ets.lookup(@slots, {id, slot}), do: b)
+  end
+
+  defp drop(session_ids) do
+    for session_id <- session_ids do
+      :ets.delete(@heads, session_id)
+
+      for slot <- 0..(size() - 1), {_, _, _, bytes} <- :ets.take(@slots, {session_id, slot}) do
+        :counters.sub(counter(), 1, bytes)
+      end
+    end
+
+    :ok
+  end
+
+  defp drain(message) do
+    receive do
+      ^message -> drain(message)
+    after
+      0 -> :ok
+    end
   end
 end

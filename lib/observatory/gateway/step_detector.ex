@@ -24,7 +24,16 @@ defmodule Observatory.Gateway.StepDetector do
         max_sessions: 100_000                      # read at start
 
   Thresholds and history are read on every step; `max_sessions` when the detector
-  starts. Sessions idle for `:entropy_session_ttl_ms` are forgotten.
+  starts. Sessions idle for `:entropy_session_ttl_ms` are forgotten, unless blocked.
+
+  ## Durable blocks
+
+  Streaks live in the Rust store and start afresh if this process crashes; blocks do
+  not. The step that blocks a session also writes the block to a Mnesia
+  `disc_copies` table (on disk before the answer goes out), and every step checks it:
+  a session stays blocked across a crash of this process, a restart of the node and
+  the idle sweep, until `reset/2`. At most `max_sessions` blocks are kept on disc;
+  past that a new block holds in memory only and a warning is logged.
   """
 
   use GenServer
@@ -32,6 +41,8 @@ defmodule Observatory.Gateway.StepDetector do
 
   alias Observatory.Gateway.{Events, IdleSweep}
   alias Observatory.Native
+
+  @blocks :observatory_step_blocks
 
   @defaults [
     stagnation_warn: 3,
@@ -70,15 +81,16 @@ defmodule Observatory.Gateway.StepDetector do
 
     case Native.step_analyze(store(), session_id, approach, outcome, thresholds, s[:history]) do
       {cell, stagnation, stuck, action, guidance} ->
-        verdict = %{
-          cell: cell,
-          stagnation_streak: stagnation,
-          stuck_streak: stuck,
-          action: action,
-          guidance: guidance
-        }
+        verdict =
+          durable(session_id, %{
+            cell: cell,
+            stagnation_streak: stagnation,
+            stuck_streak: stuck,
+            action: action,
+            guidance: guidance
+          })
 
-        if action != :continue, do: announce(session_id, verdict)
+        if verdict.action != :continue, do: announce(session_id, verdict)
         {:ok, verdict}
 
       {:error, reason} ->
@@ -96,27 +108,53 @@ defmodule Observatory.Gateway.StepDetector do
           }
           | nil
   def state(session_id) do
-    case Native.step_state(store(), session_id) do
-      {stagnation, stuck, blocked} ->
-        %{stagnation_streak: stagnation, stuck_streak: stuck, blocked: blocked}
+    case {Native.step_state(store(), session_id), block_of(session_id)} do
+      {{stagnation, stuck, blocked}, block} ->
+        %{stagnation_streak: stagnation, stuck_streak: stuck, blocked: blocked or block != nil}
 
-      nil ->
+      {nil, nil} ->
         nil
+
+      {nil, block} ->
+        %{
+          stagnation_streak: block.stagnation_streak,
+          stuck_streak: block.stuck_streak,
+          blocked: true
+        }
     end
   end
 
   @doc "Sessions with a streak or a block (for the dashboard)."
   @spec active(non_neg_integer()) :: [map()]
   def active(limit \\ 500) do
-    for {id, stagnation, stuck, blocked} <- Native.step_list(store(), limit) do
-      %{session_id: id, stagnation_streak: stagnation, stuck_streak: stuck, blocked: blocked}
-    end
+    live =
+      for {id, stagnation, stuck, blocked} <- Native.step_list(store(), limit) do
+        %{session_id: id, stagnation_streak: stagnation, stuck_streak: stuck, blocked: blocked}
+      end
+
+    known = MapSet.new(live, & &1.session_id)
+
+    # Durable blocks of sessions the store no longer holds (swept, or a crash).
+    rebuilt =
+      for {id, block} <- blocks(limit), not MapSet.member?(known, id) do
+        %{
+          session_id: id,
+          stagnation_streak: block.stagnation_streak,
+          stuck_streak: block.stuck_streak,
+          blocked: true
+        }
+      end
+
+    Enum.take(live ++ rebuilt, limit)
   end
 
   @doc "Lifts a block and clears the session's history (an operator action, logged and broadcast)."
   @spec reset(String.t(), keyword()) :: :ok | {:error, :unknown_session}
   def reset(session_id, opts) do
-    if Native.step_reset(store(), session_id) do
+    durable? = block_of(session_id) != nil
+    if durable?, do: transact(fn -> :mnesia.delete({@blocks, session_id}) end)
+
+    if Native.step_reset(store(), session_id) or durable? do
       operator = Keyword.get(opts, :operator, "operator")
 
       Logger.info(
@@ -145,6 +183,61 @@ defmodule Observatory.Gateway.StepDetector do
         session_id: session_id
       })
     )
+  end
+
+  # A block falls once, durably; after that the table, not the store, says blocked.
+  defp durable(session_id, %{action: :block} = verdict) do
+    if block_of(session_id) == nil, do: keep_block(session_id, verdict)
+    verdict
+  end
+
+  defp durable(session_id, verdict) do
+    case block_of(session_id) do
+      nil -> verdict
+      block -> %{verdict | action: :block, guidance: block.guidance}
+    end
+  end
+
+  defp keep_block(session_id, verdict) do
+    if :mnesia.table_info(@blocks, :size) < settings()[:max_sessions] do
+      block = Map.put(verdict, :at, DateTime.utc_now())
+      transact(fn -> :mnesia.write({@blocks, session_id, block}) end)
+    else
+      Logger.warning(
+        "step detector: #{settings()[:max_sessions]} durable blocks kept already; " <>
+          "the block of session #{inspect(session_id)} holds in memory only"
+      )
+    end
+  end
+
+  defp block_of(session_id) do
+    case :mnesia.dirty_read(@blocks, session_id) do
+      [{@blocks, _, block}] -> block
+      [] -> nil
+    end
+  end
+
+  defp blocks(limit) do
+    spec = [{{@blocks, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}]
+
+    case :mnesia.async_dirty(fn -> :mnesia.select(@blocks, spec, max(limit, 1), :read) end) do
+      {found, _continuation} -> found
+      :"$end_of_table" -> []
+    end
+  end
+
+  defp transact(fun) do
+    case :mnesia.sync_transaction(fun) do
+      {:atomic, _} -> _ = :mnesia.sync_log()
+      {:aborted, reason} -> raise "step detector block transaction aborted: #{inspect(reason)}"
+    end
+  end
+
+  @doc false
+  # Called by Observatory.Storage before this process starts; returns the tables.
+  def create_tables do
+    Observatory.Storage.create_table(@blocks, attributes: [:session_id, :block], type: :set)
+    [@blocks]
   end
 
   defp store, do: :persistent_term.get(__MODULE__)

@@ -6,13 +6,17 @@ defmodule Observatory.KillSwitch.Notifier do
       config :observatory, :kill_switch, notification_webhook: "https://hooks.example.com/observatory"
 
   Delivery runs in a task under the kill switch supervisor, once, with a 5 s timeout;
-  a failure is logged and never affects the proxy. The event itself is already
+  a failure is logged and never affects the proxy. Redirects are not followed (a
+  `3xx` is a failure), and the URL is checked again just before the POST
+  (`Observatory.KillSwitch.WebhookURL.resolve/1`): no user information, no loopback,
+  private or link-local address unless `webhook_allow_private_networks` is set. The event itself is already
   recorded and broadcast on `"gateway:kill_switch"` whether or not a webhook is set.
   """
 
   require Logger
 
   alias Observatory.JSON
+  alias Observatory.KillSwitch.WebhookURL
 
   @doc "The webhook the agent's alerts go to, or nil."
   @spec webhook(map()) :: String.t() | nil
@@ -42,15 +46,41 @@ defmodule Observatory.KillSwitch.Notifier do
     end
   end
 
-  defp deliver(url, payload) do
-    request = {String.to_charlist(url), [], ~c"application/json", JSON.encode!(payload)}
+  @doc false
+  # Runs in the task; returns what happened (the tests read it).
+  def deliver(url, payload) do
+    options = [timeout: 5_000, connect_timeout: 5_000, autoredirect: false]
 
-    case :httpc.request(:post, request, [timeout: 5_000, connect_timeout: 5_000], []) do
+    result =
+      with {:ok, uri, ip} <- WebhookURL.resolve(url) do
+        {target, headers} = target(uri, ip)
+        request = {target, headers, ~c"application/json", JSON.encode!(payload)}
+        :httpc.request(:post, request, options, [])
+      end
+
+    case result do
       {:ok, {{_, status, _}, _, _}} when status in 200..299 ->
         :ok
 
+      {:error, reason} when is_binary(reason) ->
+        Logger.warning("kill switch notification not sent: the webhook #{reason}")
+        {:error, :refused}
+
       other ->
-        Logger.warning("kill switch notification to #{url} failed: #{inspect(other)}")
+        Logger.warning("kill switch notification failed: #{inspect(other)}")
+        {:error, :failed}
     end
   end
+
+  # http:// connects to the address that was checked, naming the host in `Host`;
+  # https:// needs the host name for its certificate check.
+  defp target(%URI{scheme: "http"} = uri, ip) do
+    host = if tuple_size(ip) == 8, do: "[#{:inet.ntoa(ip)}]", else: to_string(:inet.ntoa(ip))
+    host_header = if uri.port == 80, do: uri.host, else: "#{uri.host}:#{uri.port}"
+
+    {String.to_charlist(URI.to_string(%{uri | host: host})),
+     [{~c"host", String.to_charlist(host_header)}]}
+  end
+
+  defp target(uri, _ip), do: {String.to_charlist(URI.to_string(uri)), []}
 end

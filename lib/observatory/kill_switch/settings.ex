@@ -7,7 +7,7 @@ defmodule Observatory.KillSwitch.Settings do
   | `enabled` | boolean | |
   | `window_size` | integer | `#{inspect(2..1000)}` — the last N requests the score looks at |
   | `threshold` | number | `> 0` — the agent is stopped when its score *exceeds* it |
-  | `notification_webhook` | string or `nil` | an `http://` or `https://` URL, at most 2048 bytes |
+  | `notification_webhook` | string or `nil` | an `http://` or `https://` URL, at most 2048 bytes, no `user:pass@`, no loopback/private host (`Observatory.KillSwitch.WebhookURL`) |
 
   Every key is optional (a partial update); an unknown key is refused, so a typo does
   not pass silently. Keys may be strings (JSON) or atoms.
@@ -94,11 +94,8 @@ defmodule Observatory.KillSwitch.Settings do
   defp check(:notification_webhook, nil), do: {:ok, nil}
 
   defp check(:notification_webhook, url) when is_binary(url) do
-    uri = URI.parse(url)
-
-    if byte_size(url) <= @max_url_bytes and uri.scheme in ["http", "https"] and
-         is_binary(uri.host) and uri.host != "" do
-      {:ok, url}
+    if byte_size(url) <= @max_url_bytes do
+      Observatory.KillSwitch.WebhookURL.check(url)
     else
       {:error, "must be an http:// or https:// URL of at most #{@max_url_bytes} bytes, or null"}
     end

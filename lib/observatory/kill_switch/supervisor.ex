@@ -1,10 +1,9 @@
 defmodule Observatory.KillSwitch.Supervisor do
   @moduledoc """
-  Starts the kill switch: the agent store is set up first (Mnesia started, tables
-  loaded) in `init/1`, so nothing after it in the application's supervision tree —
-  the HTTP server in particular — runs before agent records can be read. Then the
-  window store's owner, the task supervisor for notifications and the proxy's HTTP
-  client.
+  Starts the kill switch: the configured agent keys are checked and seeded in
+  `init/1` (the agent store — Mnesia and its tables — is set up before, by
+  `Observatory.Storage`), then the window store's owner, the task supervisor for
+  notifications, the proxy's upstream slots and its memory of ingested steps.
   """
 
   use Supervisor
@@ -13,15 +12,16 @@ defmodule Observatory.KillSwitch.Supervisor do
 
   @impl true
   def init(_opts) do
-    :ok = Observatory.KillSwitch.Agents.setup()
+    # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 
     children = [
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
-      Observatory.KillSwitch.Upstream
+      Observatory.KillSwitch.Upstream,
+      Observatory.Proxy.StepMemory
     ]
 
-    Supervisor.init(children, strategy: :one_for_one)
+    Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)
   end
 end

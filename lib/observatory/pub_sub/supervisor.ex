@@ -15,7 +15,8 @@ defmodule Observatory.PubSub.Supervisor do
     children = [
       # One partition: a broadcast then costs one ETS lookup. Subscribers are few and
       # long-lived; broadcasts are many.
-      {Registry, keys: :duplicate, name: name},
+      # Wrapped: a killed registry restarts once its partition has released its name.
+      Observatory.Supervision.child_spec({Registry, keys: :duplicate, name: name}),
       %{id: :pg, start: {:pg, :start_link, [scope]}},
       {Observatory.PubSub.Peer, name}
     ]

@@ -14,12 +14,14 @@
 //!   and the per-call-id mode the loop verdict hashes with.
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
 //! * [`messages`] — the last user message and tool-call signatures of a chat request.
+//! * [`anthropic_messages`] — the same for an Anthropic Messages request and answer.
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
 //! * [`call_circuit_breaker`] — sliding-window limit on identical tool calls (seed 002, layer 2).
 //! * [`loop_verdict`] — progress / suspect / loop per step from calls, results and entropy (issue 8).
 
+pub mod anthropic_messages;
 pub mod call_circuit_breaker;
 pub mod decision_log;
 pub mod error;

@@ -175,6 +175,13 @@ struct Shard {
     clock: u64,
 }
 
+/// Most recently seen first; `touch` breaks ties within a shard.
+fn newer_first(a: &Session, b: &Session) -> std::cmp::Ordering {
+    b.last_seen_ms
+        .cmp(&a.last_seen_ms)
+        .then(b.touch.cmp(&a.touch))
+}
+
 /// Sessions' windows, sharded and bounded. `Sync`: share it between threads.
 pub struct Store {
     shards: Box<[Mutex<Shard>]>,
@@ -354,7 +361,14 @@ impl Store {
         let mut all: Vec<(u64, SessionSummary)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock();
-            all.extend(shard.sessions.iter().map(|s| {
+            // Only this shard's newest `limit` are copied out: a fleet of a million
+            // sessions costs one pass over references, not a million summaries.
+            let mut newest: Vec<&Session> = shard.sessions.iter().collect();
+            if newest.len() > limit && limit > 0 {
+                newest.select_nth_unstable_by(limit - 1, |a, b| newer_first(a, b));
+            }
+            newest.truncate(limit);
+            all.extend(newest.into_iter().map(|s| {
                 let summary = SessionSummary {
                     session_id: String::from_utf8_lossy(s.key.as_bytes()).into_owned(),
                     agent_id: s.agent.map(|id| shard.agents.get(id).to_string()),

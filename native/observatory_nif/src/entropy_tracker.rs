@@ -114,6 +114,8 @@ fn entropy_session<'a>(
 }
 
 /// `[{session_id, agent_id | nil, score, severity, last_seen_ms}]`, most recent first.
+/// Visits every session (it keeps only the newest `limit` of each shard): on a dirty
+/// scheduler, since it grows with the store.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn entropy_list(
     store: ResourceArc<StoreResource>,

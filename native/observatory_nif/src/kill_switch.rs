@@ -1,5 +1,5 @@
-//! NIFs behind `Observatory.KillSwitch`: chat-completions fingerprints and the store of
-//! per-agent windows.
+//! NIFs behind `Observatory.KillSwitch`: chat-completions and Anthropic Messages
+//! fingerprints, and the store of per-agent windows.
 //!
 //! The store is a `KeyedStore<AgentWindow>` (sharded, a mutex per shard), created and
 //! owned on the Elixir side by `Observatory.KillSwitch.Windows`. Every window call is
@@ -7,11 +7,13 @@
 //! a body and fingerprinting a text scale with their size, so each has a DirtyCpu twin
 //! the Elixir side picks for large inputs.
 
+use observatory_core::anthropic_messages;
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::kill_switch::{AgentWindow, Settings, Signals};
-use observatory_core::messages::{request_fingerprint, response_fingerprint};
+use observatory_core::messages::{request_fingerprint, response_fingerprint, RequestFingerprint};
 use observatory_core::normalize::normalize;
 use observatory_core::simhash::fingerprint;
+use observatory_core::Error;
 use rustler::{Binary, Encoder, Env, NifResult, ResourceArc, Term};
 use serde_json::Value;
 
@@ -60,6 +62,30 @@ fn kill_switch_response_fingerprint<'a>(env: Env<'a>, body: Binary<'a>) -> Term<
 #[rustler::nif(schedule = "DirtyCpu")]
 fn kill_switch_response_fingerprint_dirty<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
     response(env, body)
+}
+
+/// The same two readings for an Anthropic Messages body.
+#[rustler::nif]
+fn kill_switch_anthropic_request_fingerprint<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    anthropic_request(env, body)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn kill_switch_anthropic_request_fingerprint_dirty<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    anthropic_request(env, body)
+}
+
+#[rustler::nif]
+fn kill_switch_anthropic_response_fingerprint<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    anthropic_response(env, body)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn kill_switch_anthropic_response_fingerprint_dirty<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+) -> Term<'a> {
+    anthropic_response(env, body)
 }
 
 /// SimHash of the normalized text.
@@ -223,22 +249,46 @@ fn kill_switch_len(store: ResourceArc<WindowStore>) -> usize {
 }
 
 fn request<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    read_request(env, body, request_fingerprint)
+}
+
+fn anthropic_request<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    read_request(env, body, anthropic_messages::request_fingerprint)
+}
+
+fn response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    read_response(env, body, response_fingerprint)
+}
+
+fn anthropic_response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+    read_response(env, body, anthropic_messages::response_fingerprint)
+}
+
+fn read_request<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    read: fn(&Value) -> Result<RequestFingerprint, Error>,
+) -> Term<'a> {
     let parsed = match parse(env, body) {
         Ok(value) => value,
         Err(error) => return error,
     };
-    match request_fingerprint(&parsed) {
+    match read(&parsed) {
         Ok(f) => (atoms::ok(), f.prompt, f.tool_signatures, f.stream).encode(env),
         Err(e) => (atoms::error(), reason(e)).encode(env),
     }
 }
 
-fn response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
+fn read_response<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    read: fn(&Value) -> Result<Option<u64>, Error>,
+) -> Term<'a> {
     let parsed = match parse(env, body) {
         Ok(value) => value,
         Err(error) => return error,
     };
-    match response_fingerprint(&parsed) {
+    match read(&parsed) {
         Ok(hash) => (atoms::ok(), hash).encode(env),
         Err(e) => (atoms::error(), reason(e)).encode(env),
     }

@@ -1,6 +1,7 @@
 //! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
 //! live in `observatory_core`.
 
+mod data_dir_lock;
 mod decision_log;
 mod entropy_tracker;
 mod error;
@@ -55,6 +56,8 @@ mod atoms {
         not_an_object,
         not_a_completion,
         invalid_json,
+        // data directory lock
+        locked,
     }
 }
 

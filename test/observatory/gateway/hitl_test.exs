@@ -73,4 +73,59 @@ defmodule Observatory.Gateway.HITLTest do
     assert {:ok, %{paused: false, directives: []}} = SchemaInterceptor.ingest(msg)
     assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
   end
+
+  describe "finding 9: pauses and the audit log survive a crash of HITL and a node restart" do
+    test "HITL killed: the pause is still enforced and the audit log is whole", %{sid: sid} do
+      {:ok, _} = HITL.pause(sid, operator: "alice", reason: "before the crash")
+      before = HITL.audit_log(session_id: sid)
+
+      kill_and_await_restart(HITL)
+
+      assert HITL.paused?(sid)
+      assert %{operator: "alice", reason: "before the crash"} = HITL.pause_of(sid)
+      assert HITL.audit_log(session_id: sid) == before
+      assert sid in Enum.map(HITL.paused_sessions(), & &1.session_id)
+
+      msg = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
+
+      assert {:ok, %{paused: true, directives: [%{"type" => "pause"}]}} =
+               SchemaInterceptor.ingest(msg)
+
+      # The audit log goes on after the restart, in order.
+      {:ok, _} = HITL.resume(sid, operator: "bob", reason: "after")
+
+      assert [%{action: :resume, operator: "bob"}, %{action: :pause}] =
+               HITL.audit_log(session_id: sid)
+
+      refute HITL.paused?(sid)
+    end
+
+    test "a restart of the application and of Mnesia keeps the pause", %{sid: sid} do
+      {:ok, _} = HITL.pause(sid, operator: "alice", reason: "across a restart")
+
+      # This process subscribed (setup): the PubSub registry's partition is linked to it.
+      Process.flag(:trap_exit, true)
+      :ok = Application.stop(:observatory)
+      :stopped = :mnesia.stop()
+      {:ok, _} = Application.ensure_all_started(:observatory)
+
+      assert %{operator: "alice", reason: "across a restart"} = HITL.pause_of(sid)
+      assert [%{action: :pause, session_id: ^sid}] = HITL.audit_log(session_id: sid)
+      assert {:error, :already_paused} = HITL.pause(sid, operator: "bob")
+    end
+  end
+
+  defp kill_and_await_restart(name) do
+    old = Process.whereis(name)
+    Process.exit(old, :kill)
+    await_new(name, old, 200)
+  end
+
+  defp await_new(name, old, tries) do
+    case Process.whereis(name) do
+      pid when is_pid(pid) and pid != old -> pid
+      _ when tries > 0 -> Process.sleep(10) && await_new(name, old, tries - 1)
+      _ -> flunk("#{inspect(name)} did not come back")
+    end
+  end
 end

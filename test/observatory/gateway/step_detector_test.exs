@@ -157,4 +157,56 @@ defmodule Observatory.Gateway.StepDetectorTest do
              }
     end
   end
+
+  describe "finding 9: a block survives a crash of the step detector and a node restart" do
+    defp block!(sid) do
+      for _ <- 1..5, do: step(sid, :a, :x)
+      assert %{action: :block} = step(sid, :a, :x)
+      assert StepDetector.state(sid).blocked
+    end
+
+    test "the step detector killed: the session is still blocked until reset", %{sid: sid} do
+      block!(sid)
+      old = Process.whereis(StepDetector)
+      Process.exit(old, :kill)
+      await_restart(old)
+
+      # A new approach with a new outcome would be full progress; the block holds.
+      assert %{action: :block, guidance: guidance} = step(sid, :b, :y)
+      assert is_binary(guidance)
+      assert %{blocked: true} = StepDetector.state(sid)
+      assert sid in for(s <- StepDetector.active(), s.blocked, do: s.session_id)
+
+      assert :ok = StepDetector.reset(sid, operator: "alice")
+      assert %{action: :continue} = step(sid, :c, :z)
+      refute StepDetector.state(sid).blocked
+    end
+
+    test "a block is lifted by reset only, not by a new step", %{sid: sid} do
+      block!(sid)
+      assert %{action: :block} = step(sid, :b, :y)
+      assert :ok = StepDetector.reset(sid, operator: "alice")
+      assert {:error, :unknown_session} = StepDetector.reset(unique_session(), operator: "a")
+    end
+
+    test "a restart of the application and of Mnesia keeps the block", %{sid: sid} do
+      block!(sid)
+      # This process subscribed (setup): the PubSub registry's partition is linked to it.
+      Process.flag(:trap_exit, true)
+      :ok = Application.stop(:observatory)
+      :stopped = :mnesia.stop()
+      {:ok, _} = Application.ensure_all_started(:observatory)
+
+      assert %{blocked: true} = StepDetector.state(sid)
+      assert %{action: :block} = step(sid, :b, :y)
+    end
+  end
+
+  defp await_restart(old, tries \\ 200) do
+    case Process.whereis(StepDetector) do
+      pid when is_pid(pid) and pid != old -> pid
+      _ when tries > 0 -> Process.sleep(10) && await_restart(old, tries - 1)
+      _ -> flunk("the step detector did not come back")
+    end
+  end
 end

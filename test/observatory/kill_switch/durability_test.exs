@@ -94,11 +94,16 @@ defmodule Observatory.KillSwitch.DurabilityTest do
     assert File.exists?(Path.join(dir, "schema.DAT"))
   end
 
-  test "a restart of the kill switch supervisor alone (and of Mnesia) loses nothing" do
+  test "a restart of the kill switch supervisor and of the storage (and of Mnesia) loses nothing" do
     {_tripped, snapshot} = populate()
-    :ok = Supervisor.terminate_child(Observatory.Supervisor, Observatory.KillSwitch.Supervisor)
+
+    for child <- [Observatory.KillSwitch.Supervisor, Observatory.Storage],
+        do: :ok = Supervisor.terminate_child(Observatory.Supervisor, child)
+
     :stopped = :mnesia.stop()
-    {:ok, _} = Supervisor.restart_child(Observatory.Supervisor, Observatory.KillSwitch.Supervisor)
+
+    for child <- [Observatory.Storage, Observatory.KillSwitch.Supervisor],
+        do: {:ok, _} = Supervisor.restart_child(Observatory.Supervisor, child)
 
     for {id, {agent, events}} <- snapshot do
       assert Agents.get(id) == agent

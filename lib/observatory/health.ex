@@ -1,0 +1,83 @@
+defmodule Observatory.Health do
+  @moduledoc """
+  Whether each part the gateway needs is up, for `GET /healthz` and for a host app's
+  own health check.
+
+  | check | up when |
+  |---|---|
+  | `data_dir_lock` | this application holds the data directory's lock |
+  | `mnesia` | Mnesia runs and the agent, pause and block tables can be read |
+  | `pubsub` | the event bus runs (Observatory's own; a host's Phoenix.PubSub is the host's to check) |
+  | `tracker` | the entropy tracker runs and its store answers |
+  | `gateway` | HITL, the step detector, the loop verdict, the call breaker and the session log run |
+  | `kill_switch` | the kill switch's window store runs |
+  | `endpoint` | the HTTP listener runs (when the server is configured on) |
+
+      Observatory.Health.check()
+      #=> {:ok, %{"mnesia" => "ok", "tracker" => "ok", ...}}
+      #   or {:error, %{"mnesia" => "down", ...}} when any check fails
+  """
+
+  alias Observatory.Gateway
+
+  @tables [:observatory_agents, :observatory_hitl_pauses, :observatory_step_blocks]
+  @gateway [
+    Gateway.HITL,
+    Gateway.StepDetector,
+    Gateway.LoopVerdict,
+    Gateway.CallBreaker,
+    Gateway.SessionLog
+  ]
+
+  @doc "Every check, `\"ok\"` or `\"down\"`; `:ok` only when all are ok."
+  @spec check() :: {:ok | :error, %{String.t() => String.t()}}
+  def check do
+    checks =
+      for {name, up?} <- checks(), into: %{} do
+        {name, if(safely(up?), do: "ok", else: "down")}
+      end
+
+    if Enum.all?(checks, fn {_, status} -> status == "ok" end),
+      do: {:ok, checks},
+      else: {:error, checks}
+  end
+
+  defp checks do
+    [
+      {"data_dir_lock", &Observatory.DataDirLock.held?/0},
+      {"mnesia", fn -> Observatory.Storage.available?(@tables) end},
+      {"pubsub", &pubsub?/0},
+      {"tracker", fn -> is_integer(Gateway.EntropyTracker.stats().sessions) end},
+      {"gateway", fn -> Enum.all?(@gateway, &alive?/1) end},
+      {"kill_switch", fn -> alive?(Observatory.KillSwitch.Windows) end}
+    ] ++ endpoint()
+  end
+
+  defp endpoint do
+    if ObservatoryWeb.Endpoint.server?(),
+      do: [{"endpoint", fn -> alive?(ObservatoryWeb.Endpoint) end}],
+      else: []
+  end
+
+  defp pubsub? do
+    case Application.get_env(:observatory, :pubsub) do
+      {Observatory.PubSub, name} -> alive?(name)
+      _ -> true
+    end
+  end
+
+  defp alive?(name) do
+    case Process.whereis(name) do
+      nil -> false
+      pid -> Process.alive?(pid)
+    end
+  end
+
+  defp safely(fun) do
+    fun.() == true
+  rescue
+    _ -> false
+  catch
+    :exit, _ -> false
+  end
+end

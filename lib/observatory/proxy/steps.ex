@@ -1,0 +1,137 @@
+defmodule Observatory.Proxy.Steps do
+  @moduledoc """
+  Steps from proxied traffic: an agent that only talks to the LLM proxy still sends
+  every step it takes through the gateway, because each request carries the
+  conversation — the tool calls of the previous assistant turn and the results that
+  answer them (`Observatory.Proxy.Conversation`). Each such call becomes a DecisionLog
+  and goes through `Observatory.Gateway.SchemaInterceptor.ingest/2` like any other
+  step, as the request's agent (`agent:`, so a session of another agent gets none): the entropy tracker, the loop verdict, the step detector, the session log and
+  the dashboard see it.
+
+  | DecisionLog field | from |
+  |---|---|
+  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a hash of the agent id and the conversation's start (`session_id/2`) |
+  | `meta.agent_id` | the proxy's agent id |
+  | `meta.step_id` | `"proxy-"` + the step's key (below) |
+  | `cognition.intent` | the assistant turn's text, else the last user text, else `"call <tool>"` (at most 1 KiB) |
+  | `action.tool_call`, `action.tool_input` | the call's name and arguments (parsed when they are JSON) |
+  | `action.status`, `action.result` | `success` with the tool result; `failure` for an Anthropic `is_error` result; `pending` while unanswered |
+  | `proxy` | `{"api", "tool_call_id"}`, kept as an unknown field |
+
+  **Once each.** A step's key hashes the conversation up to its assistant turn and
+  the call's place in it: the same on every later turn and on a retry, different
+  for the next turn even when the model repeats the same call with the same id.
+  `Observatory.Proxy.StepMemory` remembers the keys ingested per session.
+  """
+
+  require Logger
+
+  alias Observatory.Gateway.SchemaInterceptor
+  alias Observatory.Metrics
+  alias Observatory.Proxy.{Conversation, StepMemory}
+
+  @max_field_bytes 1024
+
+  @doc """
+  The session of a request that names none: a stable id derived from the agent and
+  the start of the conversation, the same on every turn.
+  """
+  @spec session_id(String.t(), map()) :: String.t()
+  def session_id(agent_id, body) do
+    "proxy-" <> hash({agent_id, Conversation.start(body)}, 12)
+  end
+
+  @doc """
+  Ingests the steps of the request's previous assistant turn that were not ingested
+  before. Returns how many were.
+  """
+  @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
+  def record(format, agent_id, session_id, body) do
+    format
+    |> envelopes(agent_id, session_id, body)
+    |> Enum.count(fn {key, envelope} ->
+      StepMemory.claim(session_id, key) and ingest(envelope, agent_id, session_id)
+    end)
+  end
+
+  @doc """
+  The steps of the request's previous assistant turn as DecisionLog envelopes, each
+  with its key (see the module doc: the same on every later turn that carries it).
+  Nothing is ingested; `mix observatory.replay` reads recorded requests with it.
+  """
+  @spec envelopes(Conversation.format(), String.t(), String.t(), map()) :: [{String.t(), map()}]
+  def envelopes(format, agent_id, session_id, body) do
+    case Conversation.last_turn(format, body) do
+      nil ->
+        []
+
+      turn ->
+        prefix = hash(Conversation.prefix(body, turn.position), 16)
+
+        for {call, index} <- Enum.with_index(turn.calls) do
+          key = prefix <> "-" <> Integer.to_string(index)
+          {key, envelope(format, agent_id, session_id, key, turn.intent, call)}
+        end
+    end
+  end
+
+  defp envelope(format, agent_id, session_id, key, intent, call) do
+    %{
+      "meta" => %{
+        "step_id" => "proxy-" <> key,
+        "session_id" => session_id,
+        "agent_id" => agent_id,
+        "timestamp" => DateTime.utc_now() |> DateTime.to_iso8601()
+      },
+      "cognition" => %{"intent" => truncate(intent || "call " <> call.name)},
+      "action" => %{
+        "tool_call" => truncate(call.name),
+        "tool_input" => call.input,
+        "status" => call.status,
+        "result" => call.result
+      },
+      "proxy" => %{"api" => api_name(format), "tool_call_id" => call.id}
+    }
+  end
+
+  defp ingest(envelope, agent_id, session_id) do
+    # As the key's agent (issue 13): a session another agent took meanwhile is refused.
+    case SchemaInterceptor.ingest(envelope, agent: agent_id) do
+      {:ok, _result} ->
+        Metrics.inc(:proxy_steps)
+        true
+
+      {:error, {:invalid, violations}} ->
+        Logger.warning(
+          "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violations)}"
+        )
+
+        false
+
+      {:error, {:forbidden, violation}} ->
+        Logger.warning(
+          "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violation)}"
+        )
+
+        false
+    end
+  end
+
+  defp api_name(:openai), do: "chat_completions"
+  defp api_name(:anthropic), do: "messages"
+
+  defp hash(term, bytes) do
+    digest = :crypto.hash(:sha256, :erlang.term_to_binary(term, [:deterministic]))
+    digest |> binary_part(0, bytes) |> Base.encode16(case: :lower)
+  end
+
+  # At most 1 KiB, cut on a character boundary.
+  defp truncate(text) when byte_size(text) <= @max_field_bytes, do: text
+  defp truncate(text), do: valid_prefix(binary_part(text, 0, @max_field_bytes))
+
+  defp valid_prefix(text) do
+    if String.valid?(text),
+      do: text,
+      else: valid_prefix(binary_part(text, 0, byte_size(text) - 1))
+  end
+end

@@ -1,0 +1,75 @@
+defmodule Observatory.Gateway.SessionLogTest do
+  # Changes the global session log caps: not async.
+  use Observatory.TrackerCase, async: false
+
+  import ExUnit.CaptureLog
+
+  alias Observatory.Gateway.SessionLog
+
+  setup do
+    restore_env_on_exit([
+      :session_log_max_sessions,
+      :session_log_max_envelope_bytes,
+      :session_log_max_bytes
+    ])
+  end
+
+  defp envelope(sid, text), do: %{"meta" => %{"session_id" => sid}, "text" => text}
+
+  # The trim runs in the session log's process: wait until it has handled it.
+  defp settle, do: :sys.get_state(SessionLog)
+
+  describe "finding 5: the session log keeps a bounded number of sessions and bytes" do
+    test "past :session_log_max_sessions the least recently seen sessions go" do
+      Application.put_env(:observatory, :session_log_max_sessions, 100)
+      prefix = unique_session("cap")
+
+      log =
+        capture_log(fn ->
+          for i <- 1..250, do: SessionLog.put("#{prefix}-#{i}", envelope("#{prefix}-#{i}", "x"))
+          settle()
+        end)
+
+      assert log =~ "session log over its caps"
+
+      assert SessionLog.stats().sessions <= 100
+      assert SessionLog.count("#{prefix}-250") == 1, "the newest is kept"
+      assert SessionLog.count("#{prefix}-1") == 0, "the oldest went"
+    end
+
+    test "an envelope over :session_log_max_envelope_bytes is kept as a stub, not whole" do
+      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      sid = unique_session("big")
+      before = SessionLog.stats().bytes
+
+      SessionLog.put(sid, envelope(sid, String.duplicate("a", 900 * 1024)))
+
+      assert [%{"truncated" => true, "bytes" => bytes, "meta" => %{"session_id" => ^sid}}] =
+               SessionLog.recent(sid)
+
+      assert bytes > 900 * 1024
+      assert SessionLog.stats().bytes - before < 4_096
+      assert SessionLog.count(sid) == 1
+
+      SessionLog.put(sid, envelope(sid, "small"))
+      assert [_, %{"text" => "small"}] = SessionLog.recent(sid)
+    end
+
+    test "past :session_log_max_bytes the least recently seen sessions go" do
+      settle()
+      base = SessionLog.stats().bytes
+      Application.put_env(:observatory, :session_log_max_bytes, base + 200_000)
+      prefix = unique_session("bytes")
+      text = String.duplicate("b", 10_000)
+
+      capture_log(fn ->
+        for i <- 1..60, do: SessionLog.put("#{prefix}-#{i}", envelope("#{prefix}-#{i}", text))
+        settle()
+      end)
+
+      assert SessionLog.stats().bytes <= base + 200_000
+      assert SessionLog.count("#{prefix}-60") == 1
+      assert SessionLog.count("#{prefix}-1") == 0
+    end
+  end
+end

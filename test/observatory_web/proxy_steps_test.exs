@@ -1,0 +1,212 @@
+defmodule ObservatoryWeb.ProxyStepsTest do
+  # Issue 15 item 3: an agent that only talks to the LLM proxy gets the whole product.
+  # Real sockets, a stub upstream on loopback, the application's real tracker,
+  # interceptor and HITL. Changes :llm_upstream: not async.
+  use ExUnit.Case, async: false
+
+  alias Observatory.Gateway.{HITL, SessionLog}
+  alias Observatory.JSON
+  alias Observatory.Proxy.Steps
+  alias Observatory.Test.{HTTP, Upstream}
+  alias ObservatoryWeb.SessionClusterManager, as: Manager
+  alias ObservatoryWeb.SessionClusterManager.{Alerts, Socket}
+
+  setup do
+    saved = Application.get_env(:observatory, :llm_upstream)
+    on_exit(fn -> Application.put_env(:observatory, :llm_upstream, saved) end)
+    upstream = Upstream.answering("Trying again.")
+    Application.put_env(:observatory, :llm_upstream, upstream.url)
+    n = System.unique_integer([:positive])
+    %{agent: "agent-steps-#{n}", n: n}
+  end
+
+  defp chat(agent, body, headers \\ []) do
+    headers = HTTP.agent_headers(agent) ++ headers
+    HTTP.post("/v1/chat/completions", JSON.encode!(body), headers: headers)
+  end
+
+  # The conversation an OpenAI-style agent re-sends after `turns` turns, each one
+  # assistant tool call and its result.
+  defp conversation(task, turns, call \\ fn k -> {"read_file", %{path: "build-#{k}.log"}} end) do
+    history =
+      Enum.flat_map(1..turns//1, fn k ->
+        {name, args} = call.(k)
+
+        [
+          %{
+            role: "assistant",
+            content: nil,
+            tool_calls: [
+              %{
+                id: "call_#{k}",
+                type: "function",
+                function: %{name: name, arguments: JSON.encode!(args)}
+              }
+            ]
+          },
+          %{role: "tool", tool_call_id: "call_#{k}", content: "error: file not found"}
+        ]
+      end)
+
+    %{
+      model: "test-model",
+      messages:
+        [%{role: "system", content: "You fix builds."}, %{role: "user", content: task}] ++
+          history
+    }
+  end
+
+  defp steps(session_id), do: Enum.map(SessionLog.recent(session_id), & &1["action"])
+
+  describe "issue 15: steps from proxied traffic" do
+    test "each tool call of the previous turn becomes a DecisionLog, no step twice across turns",
+         %{agent: agent, n: n} do
+      session = "sess-proxy-#{n}"
+      headers = [{"x-session-id", session}]
+
+      # Turn 0: no tool call yet; then three turns, each re-sending the whole history.
+      assert chat(agent, conversation("Fix build #{n}", 0), headers).status == 200
+      assert steps(session) == []
+
+      for turns <- 1..3 do
+        assert chat(agent, conversation("Fix build #{n}", turns), headers).status == 200
+      end
+
+      assert [
+               %{"tool_call" => "read_file", "tool_input" => %{"path" => "build-1.log"}},
+               %{"tool_call" => "read_file", "tool_input" => %{"path" => "build-2.log"}},
+               %{"tool_call" => "read_file", "tool_input" => %{"path" => "build-3.log"}} = last
+             ] = steps(session)
+
+      assert %{"status" => "success", "result" => "error: file not found"} = last
+
+      [envelope | _] = Enum.reverse(SessionLog.recent(session))
+      assert envelope["meta"]["agent_id"] == agent
+      assert envelope["cognition"]["intent"] == "Fix build #{n}"
+      assert envelope["proxy"] == %{"api" => "chat_completions", "tool_call_id" => "call_3"}
+      assert is_float(envelope["cognition"]["entropy_score"])
+
+      # A retry of the same turn (the SDK after a timeout) adds nothing.
+      assert chat(agent, conversation("Fix build #{n}", 3), headers).status == 200
+      assert length(steps(session)) == 3
+      assert SessionLog.count(session) == 3
+    end
+
+    test "without X-Session-Id the session is derived from the conversation, stable across turns",
+         %{agent: agent, n: n} do
+      for turns <- 1..2, do: chat(agent, conversation("Task #{n}", turns))
+      session = Steps.session_id(agent, JSON.encode!(conversation("Task #{n}", 1)) |> decode())
+      assert "proxy-" <> _ = session
+      assert length(steps(session)) == 2
+
+      # Another conversation of the same agent is another session.
+      other = Steps.session_id(agent, JSON.encode!(conversation("Other #{n}", 1)) |> decode())
+      refute other == session
+      assert steps(other) == []
+    end
+
+    test "a bad X-Session-Id is refused with a clear OpenAI-shaped 400", %{agent: agent} do
+      resp = chat(agent, conversation("x", 1), [{"x-session-id", String.duplicate("s", 300)}])
+      assert resp.status == 400
+      assert resp.body["error"]["code"] == "invalid_session_id"
+    end
+
+    test "a looping agent that only talks to the proxy lands in the Entropy Alerts panel; " <>
+           "Pause and Inspect refuses its next request",
+         %{agent: agent, n: n} do
+      {:ok, socket} = Manager.mount(%{}, %{"operator" => "alice"}, Socket.new(connected?: true))
+
+      same = fn _k -> {"read_file", %{path: "build.log"}} end
+      for turns <- 1..6, do: chat(agent, conversation("Loop #{n}", turns, same))
+      session = Steps.session_id(agent, decode(JSON.encode!(conversation("Loop #{n}", 1))))
+
+      assert_receive %{event_type: "entropy_alert", session_id: ^session} = alert, 5_000
+      assert alert.agent_id == agent
+
+      {:noreply, socket} = Manager.handle_info(alert, socket)
+      assert [%{session_id: ^session} | _] = Alerts.rows(socket.assigns.alerts)
+      page = socket.assigns |> Manager.render() |> IO.iodata_to_binary()
+      assert page =~ ~s(phx-value-session_id="#{session}">Pause and Inspect</button>)
+
+      {:noreply, _socket} =
+        Manager.handle_event("pause_inspect", %{"session_id" => session}, socket)
+
+      on_exit(fn -> HITL.paused?(session) && HITL.resume(session, operator: "test") end)
+
+      # Refused in the API's own shape, not held; the step it carried is still recorded.
+      before = SessionLog.count(session)
+      flush_upstream()
+      paused = chat(agent, conversation("Loop #{n}", 7, same))
+      assert paused.status == 403
+      assert %{"code" => "session_paused", "message" => message} = paused.body["error"]
+      assert message =~ "session #{session} is paused by an operator (Pause and Inspect)"
+      assert SessionLog.count(session) == before + 1
+      refute_received {:upstream_request, _, _}
+
+      {:ok, _} = HITL.resume(session, operator: "alice")
+      assert chat(agent, conversation("Loop #{n}", 8, same)).status == 200
+    end
+  end
+
+  describe "issue 13 finding 1 × issue 15: proxied steps go only into the agent's own sessions" do
+    test "an X-Session-Id naming another agent's session is refused with 403 forbidden; nothing is recorded or sent",
+         %{agent: victim, n: n} do
+      attacker = "#{victim}-attacker"
+      session = "sess-victim-#{n}"
+      assert chat(victim, conversation("Fix #{n}", 1), [{"x-session-id", session}]).status == 200
+      assert length(steps(session)) == 1
+      flush_upstream()
+
+      forged = chat(attacker, conversation("Forged #{n}", 2), [{"x-session-id", session}])
+      assert forged.status == 403
+      assert forged.body["error"]["code"] == "forbidden"
+      assert length(steps(session)) == 1
+      refute_received {:upstream_request, _, _}
+
+      # Nor can it learn whether the session is paused: the same refusal.
+      {:ok, _} = HITL.pause(session, operator: "alice", reason: "inspect")
+      on_exit(fn -> HITL.paused?(session) && HITL.resume(session, operator: "test") end)
+      probed = chat(attacker, conversation("Forged #{n}", 2), [{"x-session-id", session}])
+      assert probed.body["error"]["code"] == "forbidden"
+
+      assert chat(victim, conversation("Fix #{n}", 2), [{"x-session-id", session}]).body["error"][
+               "code"
+             ] == "session_paused"
+
+      # The attacker's own session works as before.
+      own = "sess-attacker-#{n}"
+      assert chat(attacker, conversation("Own #{n}", 1), [{"x-session-id", own}]).status == 200
+      assert [%{"tool_call" => "read_file"}] = steps(own)
+    end
+
+    test "Steps.record ingests as the given agent: a session recorded for another agent gets no step",
+         %{agent: victim, n: n} do
+      session = "sess-victim-direct-#{n}"
+      assert chat(victim, conversation("Fix #{n}", 1), [{"x-session-id", session}]).status == 200
+
+      {count, log} =
+        ExUnit.CaptureLog.with_log(fn ->
+          body = decode(JSON.encode!(conversation("Other #{n}", 1)))
+          Steps.record(:openai, "#{victim}-other", session, body)
+        end)
+
+      assert count == 0
+      assert log =~ "is a session of another agent"
+      assert length(steps(session)) == 1
+
+      body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
+      assert Steps.record(:openai, victim, session, body) == 1
+      assert length(steps(session)) == 2
+    end
+  end
+
+  defp flush_upstream do
+    receive do
+      {:upstream_request, _, _} -> flush_upstream()
+    after
+      0 -> :ok
+    end
+  end
+
+  defp decode(json), do: elem(JSON.decode(json), 1)
+end
