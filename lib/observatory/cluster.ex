@@ -215,6 +215,8 @@ defmodule Observatory.Cluster do
   @impl true
   def handle_info({ref, action, @group, _pids}, %{ref: ref} = state)
       when action in [:join, :leave] do
+    # This node's Member joins once Mnesia runs: subscribe first, then publish.
+    state = subscribe_mnesia(state)
     publish()
     {:noreply, state}
   end

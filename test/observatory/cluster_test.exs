@@ -315,6 +315,19 @@ defmodule Observatory.ClusterDistributedTest do
                :disc_copies
     end
 
+    test "Mnesia's inconsistent_database after a partition is reported by Cluster.status/0",
+         %{nodes: [a, b, _c]} do
+      assert %{inconsistent: [], members: [_, _, _]} = :erpc.call(a, Cluster, :status, [])
+      # The process subscribed to Mnesia's system events once Mnesia ran.
+      pid = :erpc.call(a, Process, :whereis, [Cluster])
+      assert pid in :erpc.call(a, :mnesia, :system_info, [:subscribers])
+      # What Mnesia sends its :system subscribers when a partition heals with writes
+      # on both sides (Mnesia's own detection is not staged here).
+      event = {:mnesia_system_event, {:inconsistent_database, :running_partitioned_network, b}}
+      :erpc.call(a, Kernel, :send, [Cluster, event])
+      assert %{inconsistent: [^b]} = :erpc.call(a, Cluster, :status, [])
+    end
+
     test "a kill-switch deactivation on node A refuses the agent's next proxy request on node C",
          %{nodes: [a, _b, c]} do
       agent = "agent-ks-#{System.unique_integer([:positive])}"
