@@ -32,7 +32,9 @@ defmodule Mix.Tasks.Observatory.Replay do
   The task starts the application without its HTTP server and demo fleet, keeps one
   envelope per session in the session log instead of 20 (nothing reads it), and
   silences the per-line `schema_violation` warnings (the report lists the bad lines).
-  The report is all that goes to stdout: the application's logs go to stderr.
+  The report is all that goes to stdout: the application's logs go to stderr. In a
+  fresh VM the application gets a temporary data directory of its own, so a replay
+  never touches — or waits for the lock of — a gateway running on the configured one.
 
   ## Options
 
@@ -274,7 +276,22 @@ defmodule Mix.Tasks.Observatory.Replay do
 
     Application.put_env(:observatory, :demo, false)
     Application.put_env(:observatory, :session_log_size, 1)
-    unless running?, do: Mix.Task.run("app.start")
+
+    unless running? do
+      use_own_data_dir()
+      Mix.Task.run("app.start")
+    end
+  end
+
+  # A replay needs no durable state, and a gateway may be running on the configured
+  # directory (which it holds locked): the replay's VM gets a directory of its own,
+  # removed when the VM exits.
+  defp use_own_data_dir do
+    dir = Path.join(System.tmp_dir!(), "observatory-replay-#{System.pid()}")
+    File.rm_rf!(dir)
+    Application.put_env(:observatory, :data_dir, dir)
+    Application.delete_env(:mnesia, :dir)
+    System.at_exit(fn _status -> File.rm_rf(dir) end)
   end
 
   # A progress bar on stderr, redrawn at most 5 times a second: on a terminal, or
