@@ -32,11 +32,15 @@ defmodule Observatory.Cluster do
 
   ## Configuration
 
-  @doc "Whether clustering is configured (`:nodes` or `:dns` set)."
+  @doc """
+  Whether clustering is on: `:nodes` or `:dns` set, on a node that runs Erlang
+  distribution (a VM started without a name — `mix observatory.replay`, a script —
+  stays alone whatever the configuration says).
+  """
   @spec enabled?() :: boolean()
   def enabled? do
     config = config()
-    config[:nodes] not in [nil, []] or config[:dns] not in [nil, ""]
+    Node.alive?() and (config[:nodes] not in [nil, []] or config[:dns] not in [nil, ""])
   end
 
   @doc false

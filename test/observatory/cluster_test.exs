@@ -42,6 +42,21 @@ defmodule Observatory.ClusterTest do
       assert Cluster.candidates([nodes: [:x@h], dns: "nothing.test"] ++ config) == [:x@h]
     end
 
+    @tag :distributed
+    test "a VM without distribution never clusters, whatever the configuration says" do
+      {:ok, peer, :nonode@nohost} =
+        :peer.start_link(%{
+          connection: :standard_io,
+          args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
+        })
+
+      :ok = :peer.call(peer, Application, :put_env, [:observatory, :cluster, [nodes: [:x@h]]])
+      refute :peer.call(peer, Node, :alive?, [])
+      refute :peer.call(peer, Cluster, :enabled?, [])
+      assert :peer.call(peer, Cluster, :wrap, [[:a]]) == [:a]
+      :peer.stop(peer)
+    end
+
     test "with clustering off the owner is this node" do
       refute Cluster.enabled?()
       assert Cluster.owner("any") == node()

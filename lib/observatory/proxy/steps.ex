@@ -114,6 +114,14 @@ defmodule Observatory.Proxy.Steps do
         )
 
         false
+
+      # In a cluster, the session's owner did not answer in time (issue 14).
+      {:error, {:unavailable, violation}} ->
+        Logger.warning(
+          "LLM proxy: a step of session #{inspect(session_id)} was not scored: #{violation.reason}"
+        )
+
+        false
     end
   end
 
