@@ -36,6 +36,7 @@ defmodule Observatory.AgentKeys do
   require Logger
 
   alias Observatory.KillSwitch.Agents
+  alias Observatory.Storage
 
   @table :observatory_agent_keys
   @prefix "oak_"
@@ -105,7 +106,7 @@ defmodule Observatory.AgentKeys do
     {:ok, _} = Agents.fetch_or_register(agent_id, limit: false)
     hash = hash(key)
 
-    transact(fn ->
+    Storage.transaction("agent key", fn ->
       case :mnesia.read(@table, hash, :write) do
         [] -> write(hash, agent_id, true)
         [{@table, ^hash, ^agent_id, _}] -> :ok
@@ -149,7 +150,7 @@ defmodule Observatory.AgentKeys do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
       hash = hash(key)
 
-      transact(fn ->
+      Storage.transaction("agent key", fn ->
         cond do
           # Deleted since it was registered above: no key for an agent that is gone.
           not Agents.exists_in_transaction?(agent_id) -> {:error, :not_found}
@@ -182,7 +183,7 @@ defmodule Observatory.AgentKeys do
          %{} <- Agents.get(agent_id) || {:error, :not_found} do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
 
-      transact(fn ->
+      Storage.transaction("agent key", fn ->
         if Agents.exists_in_transaction?(agent_id) do
           old = hashes_of(agent_id)
           Enum.each(old, &:mnesia.delete({@table, &1}))
@@ -209,7 +210,7 @@ defmodule Observatory.AgentKeys do
   @doc "Revokes one key of the agent, by its `key_id`."
   @spec revoke(String.t(), String.t(), keyword()) :: :ok | {:error, :not_found}
   def revoke(agent_id, key_id, opts \\ []) do
-    transact(fn ->
+    Storage.transaction("agent key", fn ->
       case Enum.find(hashes_of(agent_id), &(key_id(&1) == key_id)) do
         nil -> {:error, :not_found}
         hash -> :mnesia.delete({@table, hash})
@@ -227,7 +228,7 @@ defmodule Observatory.AgentKeys do
   @doc "Revokes every key of the agent; returns their ids."
   @spec revoke_all(String.t()) :: [String.t()]
   def revoke_all(agent_id) do
-    transact(fn ->
+    Storage.transaction("agent key", fn ->
       old = hashes_of(agent_id)
       Enum.each(old, &:mnesia.delete({@table, &1}))
       Enum.map(old, &key_id/1)
@@ -269,16 +270,5 @@ defmodule Observatory.AgentKeys do
     if Observatory.KillSwitch.valid_agent_id?(agent_id),
       do: :ok,
       else: {:error, :invalid_agent_id}
-  end
-
-  defp transact(fun) do
-    case :mnesia.sync_transaction(fun) do
-      {:atomic, result} ->
-        _ = :mnesia.sync_log()
-        result
-
-      {:aborted, reason} ->
-        raise "agent key transaction aborted: #{inspect(reason)}"
-    end
   end
 end

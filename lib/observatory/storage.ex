@@ -29,6 +29,23 @@ defmodule Observatory.Storage do
     Observatory.Cluster.Store.ensure_table(name, opts)
   end
 
+  @doc """
+  Runs `fun` in a Mnesia transaction that is on disk when this returns (a
+  `sync_transaction`, then `:mnesia.sync_log/0`) and returns `fun`'s result. An aborted
+  transaction raises, naming `what`: callers never carry on as if it had happened.
+  """
+  @spec transaction(String.t(), (() -> result)) :: result when result: term()
+  def transaction(what, fun) do
+    case :mnesia.sync_transaction(fun) do
+      {:atomic, result} ->
+        _ = :mnesia.sync_log()
+        result
+
+      {:aborted, reason} ->
+        raise "#{what} transaction aborted: #{inspect(reason)}"
+    end
+  end
+
   @doc "Whether Mnesia runs and `tables` can be read here."
   @spec available?([atom()]) :: boolean()
   def available?(tables) do

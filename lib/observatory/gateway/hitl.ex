@@ -155,8 +155,8 @@ defmodule Observatory.Gateway.HITL do
 
   # The change and its audit entry in one transaction, on disk when this returns.
   defp write(state, entry, change) do
-    transaction =
-      :mnesia.sync_transaction(fn ->
+    seq =
+      Observatory.Storage.transaction("HITL", fn ->
         # The next number of the log, which every node of a cluster writes (issue 14):
         # taken under the table's write lock, so two nodes never take the same one.
         :mnesia.lock({:table, @audit}, :write)
@@ -173,14 +173,7 @@ defmodule Observatory.Gateway.HITL do
         seq
       end)
 
-    case transaction do
-      {:atomic, seq} ->
-        _ = :mnesia.sync_log()
-        %{state | seq: seq}
-
-      {:aborted, reason} ->
-        raise "HITL transaction aborted: #{inspect(reason)}"
-    end
+    %{state | seq: seq}
   end
 
   defp entry(action, session_id, operator, reason) do

@@ -41,6 +41,7 @@ defmodule Observatory.Gateway.StepDetector do
 
   alias Observatory.Gateway.{Events, IdleSweep}
   alias Observatory.Native
+  alias Observatory.Storage
 
   @blocks :observatory_step_blocks
 
@@ -152,7 +153,10 @@ defmodule Observatory.Gateway.StepDetector do
   @spec reset(String.t(), keyword()) :: :ok | {:error, :unknown_session}
   def reset(session_id, opts) do
     durable? = block_of(session_id) != nil
-    if durable?, do: transact(fn -> :mnesia.delete({@blocks, session_id}) end)
+
+    if durable?,
+      do:
+        Storage.transaction("step detector block", fn -> :mnesia.delete({@blocks, session_id}) end)
 
     if Native.step_reset(store(), session_id) or durable? do
       operator = Keyword.get(opts, :operator, "operator")
@@ -201,7 +205,10 @@ defmodule Observatory.Gateway.StepDetector do
   defp keep_block(session_id, verdict) do
     if :mnesia.table_info(@blocks, :size) < settings()[:max_sessions] do
       block = Map.put(verdict, :at, DateTime.utc_now())
-      transact(fn -> :mnesia.write({@blocks, session_id, block}) end)
+
+      Storage.transaction("step detector block", fn ->
+        :mnesia.write({@blocks, session_id, block})
+      end)
     else
       Logger.warning(
         "step detector: #{settings()[:max_sessions]} durable blocks kept already; " <>
@@ -223,13 +230,6 @@ defmodule Observatory.Gateway.StepDetector do
     case :mnesia.async_dirty(fn -> :mnesia.select(@blocks, spec, max(limit, 1), :read) end) do
       {found, _continuation} -> found
       :"$end_of_table" -> []
-    end
-  end
-
-  defp transact(fun) do
-    case :mnesia.sync_transaction(fun) do
-      {:atomic, _} -> _ = :mnesia.sync_log()
-      {:aborted, reason} -> raise "step detector block transaction aborted: #{inspect(reason)}"
     end
   end
 

@@ -44,6 +44,7 @@ defmodule Observatory.KillSwitch.Agents do
   require Logger
 
   alias Observatory.KillSwitch.Settings
+  alias Observatory.Storage
 
   @agents :observatory_agents
   @events :observatory_agent_events
@@ -221,8 +222,13 @@ defmodule Observatory.KillSwitch.Agents do
   @spec fetch_or_register(String.t(), keyword()) :: {:ok, agent()} | {:error, :agent_limit}
   def fetch_or_register(id, opts \\ []) when is_binary(id) do
     case get(id) do
-      nil -> transact(fn -> read_or_create(id, Keyword.get(opts, :limit, true)) end)
-      agent -> {:ok, agent}
+      nil ->
+        Storage.transaction("agent store", fn ->
+          read_or_create(id, Keyword.get(opts, :limit, true))
+        end)
+
+      agent ->
+        {:ok, agent}
     end
   end
 
@@ -239,7 +245,7 @@ defmodule Observatory.KillSwitch.Agents do
   """
   @spec delete(String.t()) :: {:ok, [String.t()]} | {:error, :not_found}
   def delete(id) when is_binary(id) do
-    transact(fn ->
+    Storage.transaction("agent store", fn ->
       case read(id) do
         nil ->
           {:error, :not_found}
@@ -265,7 +271,7 @@ defmodule Observatory.KillSwitch.Agents do
   @spec configure(String.t(), Settings.changes(), map()) ::
           {:ok, before :: agent(), after_ :: agent(), event()} | {:error, :agent_limit}
   def configure(id, changes, details \\ %{}) do
-    transact(fn ->
+    Storage.transaction("agent store", fn ->
       with {:ok, before} <- read_or_create(id, true) do
         {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
         now = now()
@@ -293,7 +299,7 @@ defmodule Observatory.KillSwitch.Agents do
   def deactivate(id, by, details \\ %{}) when by in [:kill_switch, :manual] do
     type = if by == :kill_switch, do: "kill_switch", else: "manual_deactivation"
 
-    transact(fn ->
+    Storage.transaction("agent store", fn ->
       case read(id) do
         nil ->
           {:error, :not_found}
@@ -325,7 +331,7 @@ defmodule Observatory.KillSwitch.Agents do
   @spec activate(String.t(), map()) ::
           {:ok, agent(), event()} | {:error, :not_found | :already_active}
   def activate(id, details \\ %{}) do
-    transact(fn ->
+    Storage.transaction("agent store", fn ->
       case read(id) do
         nil ->
           {:error, :not_found}
@@ -392,17 +398,6 @@ defmodule Observatory.KillSwitch.Agents do
 
     :mnesia.write({@events, {agent_id, at_us, unique}, event})
     event
-  end
-
-  defp transact(fun) do
-    case :mnesia.sync_transaction(fun) do
-      {:atomic, result} ->
-        _ = :mnesia.sync_log()
-        result
-
-      {:aborted, reason} ->
-        raise "agent store transaction aborted: #{inspect(reason)}"
-    end
   end
 
   defp new(id, now) do

@@ -83,17 +83,13 @@ defmodule ObservatoryWeb.Dashboard.Session do
   def revoke(%{sid: sid, expires: expires}) do
     now = System.system_time(:second)
 
-    {:atomic, :ok} =
-      :mnesia.sync_transaction(fn ->
-        expired =
-          :mnesia.select(@revoked, [{{@revoked, :"$1", :"$2"}, [{:<, :"$2", now}], [:"$1"]}])
+    Observatory.Storage.transaction("sign-out", fn ->
+      expired =
+        :mnesia.select(@revoked, [{{@revoked, :"$1", :"$2"}, [{:<, :"$2", now}], [:"$1"]}])
 
-        Enum.each(expired, &:mnesia.delete({@revoked, &1}))
-        :mnesia.write({@revoked, sid, expires})
-      end)
-
-    _ = :mnesia.sync_log()
-    :ok
+      Enum.each(expired, &:mnesia.delete({@revoked, &1}))
+      :mnesia.write({@revoked, sid, expires})
+    end)
   end
 
   # Fails closed: when the store cannot be read, the session is not trusted.
