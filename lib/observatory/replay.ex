@@ -510,6 +510,18 @@ defmodule Observatory.Replay do
     %{state | bad: add_bad(state.bad, name, line_no, reason)}
   end
 
+  # Refusals other than validation (another agent's session, an owner that did not
+  # answer in a cluster) are bad lines too, with their reason.
+  defp result(
+         {:error, {_kind, %{path: path, reason: reason}}},
+         _session,
+         name,
+         line_no,
+         _kind2,
+         state
+       ),
+       do: %{state | bad: add_bad(state.bad, name, line_no, "#{path} #{reason}")}
+
   defp new_session(result, name, line_no) do
     %{
       session_id: result.session_id,
