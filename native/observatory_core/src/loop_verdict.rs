@@ -543,7 +543,12 @@ impl VerdictState {
         } else if times >= config.repeat_suspect {
             (Level::Suspect, Reason::Repeated { times, blank }, stale + 1)
         } else {
-            (Level::Progress, Reason::Polling { times: run as u32 }, run)
+            // Said nothing new, but not yet as often as `repeat_suspect` asks.
+            (
+                Level::Progress,
+                Reason::Repeated { times, blank },
+                stale + 1,
+            )
         };
         Some(Finding {
             level,

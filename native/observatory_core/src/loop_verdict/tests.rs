@@ -594,3 +594,23 @@ fn a_history_entry_is_forty_bytes() {
     // Four hashes, the step number and four flags: what a session pays per step kept.
     assert_eq!(std::mem::size_of::<Entry>(), 40);
 }
+
+#[test]
+fn a_a_repeat_below_the_suspect_threshold_is_progress_but_says_why() {
+    // repeat_suspect 3: the second identical answer is not yet suspect, and the reason
+    // does not claim the result moved.
+    let config = Config {
+        repeat_suspect: 3,
+        repeat_loop: 4,
+        ..Config::default()
+    };
+    let v = run_with(&[ok(1, 5), ok(1, 5)], &config);
+    assert_eq!(v[1].level, Progress);
+    assert_eq!(
+        v[1].reason,
+        Reason::Repeated {
+            times: 2,
+            blank: false
+        }
+    );
+}
