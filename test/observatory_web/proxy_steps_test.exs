@@ -193,6 +193,11 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       assert count == 0
       assert log =~ "is a session of another agent"
       assert length(steps(session)) == 1
+      # The refused step is not remembered as ingested: were it allowed later, the turn
+      # re-sent would bring it in (review finding: a claimed key was kept on refusal).
+      other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
+      [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
+      assert Observatory.Proxy.StepMemory.claim(session, key)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1

@@ -34,6 +34,20 @@ defmodule Observatory.Proxy.StepMemory do
     end
   end
 
+  @doc """
+  Forgets a claimed key: its step was not ingested (refused, or its session's owner
+  did not answer in a cluster), so the turn re-sent later must try it again.
+  """
+  @spec release(String.t(), binary()) :: :ok
+  def release(session_id, key) do
+    case :ets.take(@keys, {session_id, key}) do
+      [{_, age}] -> :ets.delete(@ages, age)
+      [] -> :ok
+    end
+
+    :ok
+  end
+
   @doc "How many keys are remembered."
   @spec size() :: non_neg_integer()
   def size, do: :ets.info(@keys, :size)

@@ -50,7 +50,8 @@ defmodule Observatory.Proxy.Steps do
     format
     |> envelopes(agent_id, session_id, body)
     |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(session_id, key) and ingest(envelope, agent_id, session_id)
+      StepMemory.claim(session_id, key) and
+        (ingest(envelope, agent_id, session_id) or release(session_id, key))
     end)
   end
 
@@ -123,6 +124,12 @@ defmodule Observatory.Proxy.Steps do
 
         false
     end
+  end
+
+  # A step that was not ingested is not remembered: the next turn carries it again.
+  defp release(session_id, key) do
+    StepMemory.release(session_id, key)
+    false
   end
 
   defp api_name(:openai), do: "chat_completions"

@@ -17,6 +17,15 @@ defmodule Observatory.Proxy.StepMemoryTest do
       assert StepMemory.claim(session <> "-other", "k1")
     end
 
+    test "a released key (its step was not ingested) is claimed again", %{session: session} do
+      assert StepMemory.claim(session, "refused")
+      assert StepMemory.release(session, "refused") == :ok
+      assert StepMemory.claim(session, "refused")
+      refute StepMemory.claim(session, "refused")
+      # Releasing what was never claimed is harmless.
+      assert StepMemory.release(session, "never") == :ok
+    end
+
     test "racing claims of one key: exactly one wins", %{session: session} do
       wins =
         1..50
