@@ -17,7 +17,6 @@ defmodule Observatory.JSON do
   alias Observatory.Native
 
   @dirty_bytes 64 * 1024
-  @dirty_words 16 * 1024
 
   @doc "Decodes a JSON document."
   @spec decode(binary()) :: {:ok, term()} | {:error, String.t()}
@@ -29,10 +28,16 @@ defmodule Observatory.JSON do
   @doc "Encodes a term as a JSON binary."
   @spec encode(term()) :: {:ok, binary()} | {:error, String.t()}
   def encode(term) do
-    if :erts_debug.flat_size(term) > @dirty_words,
+    if dirty_encode?(term),
       do: Native.json_encode_dirty(term),
       else: Native.json_encode(term)
   end
+
+  @doc false
+  # Whether encoding `term` may take long enough to need a dirty scheduler: its
+  # external size counts the bytes of its strings (a 1 MB string is 1 MB here, where
+  # `:erts_debug.flat_size/1` counts it as a few words).
+  def dirty_encode?(term), do: :erlang.external_size(term) > @dirty_bytes
 
   @doc "Like `encode/1`, raising `ArgumentError` on a term JSON cannot express."
   @spec encode!(term()) :: binary()

@@ -21,6 +21,14 @@ defmodule Observatory.JSONTest do
     assert {:ok, ^big} = JSON.decode(json)
   end
 
+  test "a term holding one big string is encoded on the dirty scheduler (review finding)" do
+    # A 1 MiB string is a few words of heap but a millisecond of escaping.
+    assert JSON.dirty_encode?(%{"content" => String.duplicate("\"", 1_048_576)})
+    refute JSON.dirty_encode?(%{"content" => "short"})
+    big = %{"content" => String.duplicate("a\n", 100_000)}
+    assert {:ok, ^big} = big |> JSON.encode!() |> JSON.decode()
+  end
+
   test "terms JSON cannot express are refused with a reason" do
     assert {:error, msg} = JSON.encode({:a, 1})
     assert msg =~ "Tuple"
