@@ -20,6 +20,10 @@ defmodule Observatory.Proxy.Conversation do
       {1, "fix the build", [%{id: "c1", name: "run", input: %{"cmd" => "make"}, result: "ok", status: "success"}]}
   """
 
+  # Tool calls read from one assistant turn: a body of a few KiB can hold thousands of
+  # calls, each a synchronous ingest and a slot of the step memory.
+  @max_calls 128
+
   @type format :: :openai | :anthropic
   @type call :: %{
           id: String.t() | nil,
@@ -32,7 +36,7 @@ defmodule Observatory.Proxy.Conversation do
 
   @doc """
   The previous assistant turn: its index in `messages`, the intent it states (its own
-  text, else the last user text) and its tool calls, each with its result
+  text, else the last user text) and its tool calls (the first #{@max_calls}), each with its result
   (`"success"`, `"failure"` for an Anthropic `is_error` result, `"pending"` while
   unanswered). `nil` when the last assistant message called no tool.
   """
@@ -41,7 +45,7 @@ defmodule Observatory.Proxy.Conversation do
     messages = messages(body)
 
     with {message, position} when is_map(message) <- last_assistant(messages),
-         [_ | _] = calls <- calls(format, message) do
+         [_ | _] = calls <- Enum.take(calls(format, message), @max_calls) do
       answers = results(format, Enum.drop(messages, position + 1))
 
       %{

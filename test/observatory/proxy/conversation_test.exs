@@ -5,6 +5,16 @@ defmodule Observatory.Proxy.ConversationTest do
 
   doctest Conversation
 
+  describe "review finding: the calls read from one turn are capped" do
+    test "a turn of 1,000 tool calls gives its first 128" do
+      calls = for i <- 1..1000, do: %{"id" => "c#{i}", "function" => %{"name" => "a"}}
+      body = %{"messages" => [%{"role" => "assistant", "tool_calls" => calls}]}
+      turn = Conversation.last_turn(:openai, body)
+      assert length(turn.calls) == 128
+      assert hd(turn.calls).id == "c1"
+    end
+  end
+
   describe "issue 15: the previous assistant turn's tool calls and their results" do
     test "OpenAI: parallel calls, unparsable arguments, a call still unanswered" do
       body = %{
