@@ -4,7 +4,7 @@ defmodule ObservatoryWeb.ProxyTLSTest do
   use ExUnit.Case, async: false
 
   alias Observatory.JSON
-  alias Observatory.Test.HTTP
+  alias Observatory.Test.{HTTP, TLSServer}
 
   @keys [:llm_upstream, :llm_upstream_cacertfile]
   @completion %{
@@ -25,69 +25,16 @@ defmodule ObservatoryWeb.ProxyTLSTest do
 
     on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
 
-    {:ok, _} = Application.ensure_all_started(:ssl)
-    san = {:Extension, {2, 5, 29, 17}, false, [dNSName: ~c"localhost"]}
-    rsa = [key: {:rsa, 2048, 65_537}, digest: :sha256]
-
-    %{server_config: server, client_config: client} =
-      :public_key.pkix_test_data(%{
-        server_chain: %{root: rsa, intermediates: [], peer: [{:extensions, [san]} | rsa]},
-        client_chain: %{root: rsa, intermediates: [], peer: rsa}
-      })
-
-    {:ok, listen} =
-      :ssl.listen(0, [:binary, active: false, reuseaddr: true, ip: {127, 0, 0, 1}] ++ server)
-
-    {:ok, {_, port}} = :ssl.sockname(listen)
-    serve(listen)
-    on_exit(fn -> :ssl.close(listen) end)
-
     dir = Path.join(System.tmp_dir!(), "observatory-tls-#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
     on_exit(fn -> File.rm_rf!(dir) end)
-    ca_file = Path.join(dir, "ca.pem")
 
-    pem =
-      :public_key.pem_encode(for der <- client[:cacerts], do: {:Certificate, der, :not_encrypted})
+    %{port: port, ca_file: ca_file, listen: listen} =
+      TLSServer.start(%{answer: {200, "application/json", @completion}, notify: self(), dir: dir})
 
-    File.write!(ca_file, pem)
+    on_exit(fn -> :ssl.close(listen) end)
 
     %{port: port, ca_file: ca_file, agent: "agent-tls-#{System.unique_integer([:positive])}"}
-  end
-
-  # Answers every connection with the same chat completion.
-  defp serve(listen) do
-    spawn_link(fn -> accept(listen) end)
-  end
-
-  defp accept(listen) do
-    with {:ok, socket} <- :ssl.transport_accept(listen),
-         {:ok, socket} <- :ssl.handshake(socket, 5_000) do
-      spawn(fn -> answer(socket, "") end)
-      accept(listen)
-    end
-  end
-
-  defp answer(socket, acc) do
-    with [head, body] <- String.split(acc, "\r\n\r\n", parts: 2),
-         [_, length] <- Regex.run(~r/content-length: (\d+)/i, head),
-         true <- byte_size(body) >= String.to_integer(length) do
-      json = JSON.encode!(@completion)
-
-      :ssl.send(socket, [
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
-        "content-length: #{byte_size(json)}\r\nconnection: close\r\n\r\n",
-        json
-      ])
-
-      :ssl.close(socket)
-    else
-      _ ->
-        case :ssl.recv(socket, 0, 5_000) do
-          {:ok, data} -> answer(socket, acc <> data)
-          _ -> :ssl.close(socket)
-        end
-    end
   end
 
   defp chat(agent) do

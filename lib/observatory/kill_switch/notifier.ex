@@ -53,9 +53,9 @@ defmodule Observatory.KillSwitch.Notifier do
 
     result =
       with {:ok, uri, ip} <- WebhookURL.resolve(url) do
-        {target, headers} = target(uri, ip)
+        {target, headers, tls} = target(uri, ip)
         request = {target, headers, ~c"application/json", JSON.encode!(payload)}
-        :httpc.request(:post, request, options, [])
+        :httpc.request(:post, request, options ++ tls, [])
       end
 
     case result do
@@ -72,15 +72,29 @@ defmodule Observatory.KillSwitch.Notifier do
     end
   end
 
-  # http:// connects to the address that was checked, naming the host in `Host`;
-  # https:// needs the host name for its certificate check.
-  defp target(%URI{scheme: "http"} = uri, ip) do
-    host = if tuple_size(ip) == 8, do: "[#{:inet.ntoa(ip)}]", else: to_string(:inet.ntoa(ip))
-    host_header = if uri.port == 80, do: uri.host, else: "#{uri.host}:#{uri.port}"
-
-    {String.to_charlist(URI.to_string(%{uri | host: host})),
-     [{~c"host", String.to_charlist(host_header)}]}
+  # Both schemes connect to the address that was checked (no second DNS answer can
+  # send the POST elsewhere), naming the host in `Host`; https:// also checks the
+  # certificate against the system's CAs and the host name (sent as SNI).
+  defp target(uri, ip) do
+    address = if tuple_size(ip) == 8, do: "[#{:inet.ntoa(ip)}]", else: to_string(:inet.ntoa(ip))
+    default_port = if uri.scheme == "https", do: 443, else: 80
+    host_header = if uri.port == default_port, do: uri.host, else: "#{uri.host}:#{uri.port}"
+    url = String.to_charlist(URI.to_string(%{uri | host: address}))
+    {url, [{~c"host", String.to_charlist(host_header)}], tls(uri)}
   end
 
-  defp target(uri, _ip), do: {String.to_charlist(URI.to_string(uri)), []}
+  defp tls(%URI{scheme: "https", host: host}) do
+    [
+      ssl: [
+        verify: :verify_peer,
+        cacerts: :public_key.cacerts_get(),
+        server_name_indication: String.to_charlist(host),
+        customize_hostname_check: [
+          match_fun: :public_key.pkix_verify_hostname_match_fun(:https)
+        ]
+      ]
+    ]
+  end
+
+  defp tls(_uri), do: []
 end

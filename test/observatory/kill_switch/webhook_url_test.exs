@@ -152,6 +152,36 @@ defmodule Observatory.KillSwitch.WebhookURLTest do
       refute_received {:redirect_target, _}
     end
 
+    test "an https:// webhook whose certificate the system does not trust gets nothing (review finding)" do
+      allow_private(true)
+
+      dir =
+        Path.join(System.tmp_dir!(), "observatory-hook-tls-#{System.unique_integer([:positive])}")
+
+      File.mkdir_p!(dir)
+      on_exit(fn -> File.rm_rf!(dir) end)
+
+      %{port: port, listen: listen} =
+        Observatory.Test.TLSServer.start(%{
+          answer: {204, "text/plain", ""},
+          notify: self(),
+          dir: dir
+        })
+
+      on_exit(fn -> :ssl.close(listen) end)
+
+      log =
+        capture_log(fn ->
+          assert {:error, :failed} =
+                   Observatory.KillSwitch.Notifier.deliver("https://localhost:#{port}/hook", %{
+                     "event" => "kill_switch"
+                   })
+        end)
+
+      assert log =~ "kill switch notification failed"
+      refute_received {:tls_request, _}
+    end
+
     test "with private networks allowed, a loopback webhook is delivered", %{agent: agent} do
       allow_private(true)
       trip(agent, receiver(:hook, 204))
