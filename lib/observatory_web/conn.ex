@@ -149,14 +149,17 @@ defmodule ObservatoryWeb.Conn do
   end
 
   @doc """
-  Reads the whole body, at most `:max_body_bytes` (default 1 MiB).
+  Reads the whole body, at most `:max_body_bytes` (default 1 MiB), within the
+  endpoint's `idle_timeout_ms` (past it the connection is closed).
   Returns `{:ok, body}` or `{:error, :too_large}`.
   """
   @spec read_body(t()) :: {:ok, binary()} | {:error, :too_large}
   def read_body(%__MODULE__{req: req}) do
     max = max_body_bytes()
 
-    case :mochiweb_request.recv_body(max, req) do
+    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+           :mochiweb_request.recv_body(max, req)
+         end) do
       :undefined -> {:ok, ""}
       body -> {:ok, IO.iodata_to_binary(body)}
     end
