@@ -6,8 +6,9 @@ defmodule ObservatoryWeb.Conn do
   and answer with `json/3`, `text/4`, `html/4`, `redirect/3` or `no_content/1`. Reading the body is explicit
   (`read_body/1`) and bounded by `:max_body_bytes`.
 
-  Every path segment, query parameter and header value is valid UTF-8, and a
-  `Content-Length` is a decimal number: a request where one is not carries
+  Every path segment, query parameter and header value is valid UTF-8, no header
+  value holds a control character (tab aside), and a `Content-Length` is a decimal
+  number: a request where one is not carries
   `bad_request` (the reason) and the router answers `400` before any handler runs.
   `remote_ip` is the TCP peer's address; `X-Forwarded-For` is not trusted.
   """
@@ -48,6 +49,7 @@ defmodule ObservatoryWeb.Conn do
     |> refuse_unless(Enum.all?(segments, &match?({:ok, _}, &1)), "the path is not valid UTF-8")
     |> refuse_unless(is_map(query), "the query string is not valid UTF-8")
     |> refuse_unless(headers_utf8?(req), "a header is not valid UTF-8")
+    |> refuse_unless(header_values_clean?(req), "a header value contains a control character")
     |> refuse_unless(content_length_ok?(req), "Content-Length must be a decimal number")
   end
 
@@ -101,6 +103,20 @@ defmodule ObservatoryWeb.Conn do
     end)
   end
 
+  # MochiWeb keeps a folded line's `\r\n ` and a bare `\r` inside a value: passed
+  # on (the proxy forwards `anthropic-version`), they would split an upstream head.
+  # Tab is the one control character a value may hold (RFC 9110 field-vchar, OWS).
+  defp header_values_clean?(req) do
+    req
+    |> then(&:mochiweb_request.get(:headers, &1))
+    |> :mochiweb_headers.to_list()
+    |> Enum.all?(fn {_name, value} -> not control_char?(bytes(value)) end)
+  end
+
+  defp control_char?(<<c, _::binary>>) when (c < 0x20 and c != ?\t) or c == 0x7F, do: true
+  defp control_char?(<<_, rest::binary>>), do: control_char?(rest)
+  defp control_char?(<<>>), do: false
+
   defp content_length_ok?(req) do
     case :mochiweb_request.get_header_value(~c"content-length", req) do
       :undefined -> true
@@ -149,14 +165,17 @@ defmodule ObservatoryWeb.Conn do
   end
 
   @doc """
-  Reads the whole body, at most `:max_body_bytes` (default 1 MiB).
+  Reads the whole body, at most `:max_body_bytes` (default 1 MiB), within the
+  endpoint's `idle_timeout_ms` (past it the connection is closed).
   Returns `{:ok, body}` or `{:error, :too_large}`.
   """
   @spec read_body(t()) :: {:ok, binary()} | {:error, :too_large}
   def read_body(%__MODULE__{req: req}) do
     max = max_body_bytes()
 
-    case :mochiweb_request.recv_body(max, req) do
+    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+           :mochiweb_request.recv_body(max, req)
+         end) do
       :undefined -> {:ok, ""}
       body -> {:ok, IO.iodata_to_binary(body)}
     end

@@ -8,7 +8,7 @@ defmodule ObservatoryWeb.Endpoint do
         ip: {127, 0, 0, 1},        # loopback unless you say otherwise
         port: 4000,                # required with server: true; 0 picks a free port (tests)
         max_connections: 8_192,    # open connections at most; more wait in the backlog
-        idle_timeout_ms: 10_000    # a connection with no request under way is closed after this
+        idle_timeout_ms: 10_000    # time for a request's headers, for its body, and between requests
 
   Observatory's own config (`config/config.exs`) sets `server: true, port: 4000`; a
   Phoenix host, which does not load that file, gets no server, so no port of its own
@@ -20,9 +20,10 @@ defmodule ObservatoryWeb.Endpoint do
   on a kept-alive connection), and stops accepting at `max_connections`: two
   thousand sockets that send nothing were enough to keep everyone else out. So each
   connection is given `idle_timeout_ms` to *complete* its request's headers (a
-  slow-header client is cut off too) and, between requests, to start the next one;
-  past that it is closed. A request under way — a slow upload within the body
-  limits, a dashboard's event stream — is not cut.
+  slow-header client is cut off too), the same again to send its whole body once a
+  handler reads it (MochiWeb would wait 300 s for each piece), and, between
+  requests, to start the next one; past that it is closed. A request under way —
+  a handler's work, a dashboard's event stream — is not cut.
 
   The deadline costs no process and no message per request: a BIF timer that each
   request cancels and re-arms, aimed at `ObservatoryWeb.Endpoint.IdleReaper`, which
@@ -32,6 +33,7 @@ defmodule ObservatoryWeb.Endpoint do
   require Logger
 
   @state_key {__MODULE__, :idle}
+  @idle_ms_key {__MODULE__, :idle_ms}
 
   @doc false
   def child_spec(_opts) do
@@ -92,28 +94,59 @@ defmodule ObservatoryWeb.Endpoint do
   # One connection, in its acceptor process: MochiWeb's HTTP loop, with the idle
   # deadline armed while no request is under way.
   def connection(socket, opts, idle_ms) do
-    arm(idle_ms, 0)
+    Process.put(@idle_ms_key, idle_ms)
+    arm(idle_ms)
 
     :mochiweb_http.loop(socket, opts, fn req ->
-      {timer, seq} = Process.get(@state_key)
-      Process.put(@state_key, {:busy, seq})
-      :erlang.cancel_timer(timer, async: true, info: false)
+      disarm()
 
       try do
         ObservatoryWeb.Router.call(req)
       after
-        arm(idle_ms, seq + 1)
+        arm(idle_ms)
       end
     end)
   end
 
-  defp arm(idle_ms, seq) do
-    timer = :erlang.start_timer(idle_ms, __MODULE__.IdleReaper, {:idle, self(), seq})
-    Process.put(@state_key, {timer, seq})
+  @doc """
+  Runs `fun` (a read of the request body) under the same `idle_timeout_ms`
+  deadline as the headers: MochiWeb waits 300 s for each piece of a body, so a
+  client that announces a body and never sends it would otherwise hold the
+  connection. Outside an endpoint connection (a test calling the router) it
+  just runs `fun`.
+  """
+  @spec with_read_deadline((() -> result)) :: result when result: term()
+  def with_read_deadline(fun) do
+    case {Process.get(@state_key), Process.get(@idle_ms_key)} do
+      {:busy, idle_ms} when is_integer(idle_ms) ->
+        arm(idle_ms)
+
+        try do
+          fun.()
+        after
+          disarm()
+        end
+
+      _ ->
+        fun.()
+    end
+  end
+
+  # Each timer carries a fresh id, so a timer that fired just before being
+  # cancelled cannot close the connection during a later deadline.
+  defp arm(idle_ms) do
+    id = :erlang.unique_integer()
+    timer = :erlang.start_timer(idle_ms, __MODULE__.IdleReaper, {:idle, self(), id})
+    Process.put(@state_key, {timer, id})
+  end
+
+  defp disarm do
+    {timer, _id} = Process.put(@state_key, :busy)
+    :erlang.cancel_timer(timer, async: true, info: false)
   end
 
   @doc false
-  # Called by the reaper: whether the connection is still idle since timer `seq`.
+  # Called by the reaper: whether the connection is still waiting on timer `seq`.
   def idle?(pid, seq) do
     case Process.info(pid, :dictionary) do
       {:dictionary, dict} ->

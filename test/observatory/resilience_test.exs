@@ -241,6 +241,57 @@ defmodule Observatory.ResilienceTest do
     end
   end
 
+  describe "slowloris in the body phase: a body that never arrives is cut off" do
+    @login_head "POST /login HTTP/1.1\r\nHost: x\r\n" <>
+                  "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n"
+
+    test "a request whose body never arrives is closed after idle_timeout_ms" do
+      endpoint = [server: true, port: 0, idle_timeout_ms: 300]
+      {_peer, node, {:ok, _}} = start_peer([{ObservatoryWeb.Endpoint, endpoint}])
+      port = call(node, ObservatoryWeb.Endpoint, :port, [])
+
+      {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 5_000)
+      :ok = :gen_tcp.send(socket, @login_head)
+
+      # MochiWeb alone would wait 300 s for the body.
+      assert {:error, :closed} = :gen_tcp.recv(socket, 0, 5_000)
+      assert wait_until(fn -> call(node, ObservatoryWeb.Endpoint, :connections, []) == 0 end)
+    end
+
+    test "a slow but complete body within idle_timeout_ms is read and answered" do
+      endpoint = [server: true, port: 0, idle_timeout_ms: 2_000]
+      {_peer, node, {:ok, _}} = start_peer([{ObservatoryWeb.Endpoint, endpoint}])
+      port = call(node, ObservatoryWeb.Endpoint, :port, [])
+
+      {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 5_000)
+      :ok = :gen_tcp.send(socket, @login_head)
+      body = "token=" <> String.duplicate("x", 94)
+
+      for piece <- [binary_part(body, 0, 50), binary_part(body, 50, 50)] do
+        Process.sleep(200)
+        :ok = :gen_tcp.send(socket, piece)
+      end
+
+      # Read, then refused for its missing CSRF token: an answer, not a closed socket.
+      assert {:ok, "HTTP/1.1 403 " <> _} = :gen_tcp.recv(socket, 0, 5_000)
+
+      # The deadline was lifted after the body: the connection is kept alive as usual.
+      :ok = :gen_tcp.send(socket, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert {:ok, data} = recv_until(socket, "HTTP/1.1 200 ")
+      assert data =~ "HTTP/1.1 200 "
+    end
+  end
+
+  # Data from `socket` until it contains `text`.
+  defp recv_until(socket, text, acc \\ "") do
+    if acc =~ text do
+      {:ok, acc}
+    else
+      with {:ok, data} <- :gen_tcp.recv(socket, 0, 5_000),
+           do: recv_until(socket, text, acc <> data)
+    end
+  end
+
   defp wait_until(fun, ms \\ 10_000) do
     cond do
       fun.() -> true

@@ -203,4 +203,35 @@ defmodule ObservatoryWeb.LLMProxyTest do
       assert settled_in_flight() == 0
     end
   end
+
+  describe "a client's next request sent during the upstream call is not read from its middle" do
+    test "bytes the agent sends while the upstream works close the connection after the answer",
+         %{agent: agent} do
+      use_upstream(gated_upstream())
+      socket = send_raw(agent, Upstream.request("slow"))
+      [upstream] = await_waiting(1)
+
+      # A pipelined request, taken off the socket by the proxy's watch of the agent.
+      :ok = :gen_tcp.send(socket, "GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+      Process.sleep(200)
+      send(upstream, :release)
+
+      {data, ending} = recv_until_closed(socket)
+      [head, _body] = String.split(data, "\r\n\r\n", parts: 2)
+      assert head =~ ~r"^HTTP/1.1 200 "
+      assert String.downcase(head) =~ "connection: close"
+
+      # Closed at once, not kept alive to parse what is left of the healthz request.
+      assert ending == :closed
+      refute data =~ ~r"HTTP/1.1 200 .*HTTP/1.1"s
+    end
+  end
+
+  # Everything until the server closes (:closed) or 3 s pass without a byte (:timeout).
+  defp recv_until_closed(socket, acc \\ "") do
+    case :gen_tcp.recv(socket, 0, 3_000) do
+      {:ok, data} -> recv_until_closed(socket, acc <> data)
+      {:error, reason} -> {acc, reason}
+    end
+  end
 end

@@ -8,7 +8,7 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
   alias Observatory.Gateway.HITL
   alias Observatory.Test.DashboardClient, as: Client
-  alias Observatory.Test.HTTP
+  alias Observatory.Test.{HTTP, Upstream}
 
   defp raw_request(lines), do: HTTP.raw([Enum.join(lines, "\r\n"), "\r\n\r\n"])
 
@@ -114,6 +114,85 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
       assert html =~ sid
       Client.close_stream(stream)
+    end
+  end
+
+  describe "header values with control characters are a 400" do
+    setup do
+      saved = Application.get_env(:observatory, :anthropic_upstream)
+      on_exit(fn -> Application.put_env(:observatory, :anthropic_upstream, saved) end)
+    end
+
+    defp messages_request(version_line) do
+      body =
+        ~s({"model":"claude-test","max_tokens":10,"messages":[{"role":"user","content":"hi"}]})
+
+      head =
+        Enum.join(
+          [
+            "POST /v1/messages HTTP/1.1",
+            "Host: localhost",
+            "Connection: close",
+            "Authorization: Bearer #{HTTP.agent_key()}",
+            "Content-Type: application/json",
+            version_line,
+            "Content-Length: #{byte_size(body)}"
+          ],
+          "\r\n"
+        )
+
+      HTTP.raw([head, "\r\n\r\n", body])
+    end
+
+    test "a folded or CR-split anthropic-version is a 400 and nothing goes upstream" do
+      upstream = Upstream.start(fn _body -> {200, "application/json", Upstream.message("hi")} end)
+      Application.put_env(:observatory, :anthropic_upstream, "http://127.0.0.1:#{upstream.port}")
+
+      for line <- [
+            "anthropic-version: 2023-06-01\r\n X-Injected: yes",
+            "anthropic-version: 2023-06-01\rX-Injected: yes"
+          ] do
+        response = messages_request(line)
+        assert response =~ "HTTP/1.1 400", "#{inspect(line)} gave #{response}"
+        assert response =~ "a header value contains a control character"
+      end
+
+      refute_received {:upstream_request, _, _}
+
+      # The same request with a clean header goes through.
+      assert messages_request("anthropic-version: 2023-06-01") =~ "HTTP/1.1 200"
+      assert_received {:upstream_request, _, _}
+    end
+
+    test "NUL, DEL and other control bytes are a 400 and apply no pause; a tab is allowed" do
+      for {byte, n} <- Enum.with_index([0x00, 0x01, 0x0B, 0x1F, 0x7F]) do
+        session = "s-ctl-#{n}"
+
+        response =
+          raw_request([
+            "POST /api/v1/sessions/#{session}/pause HTTP/1.1",
+            "Host: localhost",
+            "Authorization: Bearer #{HTTP.operator_token()}",
+            <<"X-Note: a", byte, "b">>,
+            "Content-Length: 0"
+          ])
+
+        assert response =~ "HTTP/1.1 400", "byte #{byte} gave #{response}"
+        refute HITL.paused?(session)
+      end
+
+      response =
+        raw_request([
+          "POST /api/v1/sessions/s-ctl-tab/pause HTTP/1.1",
+          "Host: localhost",
+          "Connection: close",
+          "Authorization: Bearer #{HTTP.operator_token()}",
+          "X-Note: a\tb",
+          "Content-Length: 0"
+        ])
+
+      refute response =~ "HTTP/1.1 400"
+      assert HITL.paused?("s-ctl-tab")
     end
   end
 

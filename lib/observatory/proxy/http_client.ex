@@ -28,7 +28,9 @@ defmodule Observatory.Proxy.HTTPClient do
     * `:deadline` — a `System.monotonic_time(:millisecond)` after which every wait
       ends with `{:error, :timeout}` (default: none)
     * `:max_bytes` — the body's byte cap; past it `read/1` gives `{:error, :too_large}`
-    * `:watch` — the agent's socket (`:gen_tcp`), already in `active: :once` mode
+    * `:watch` — the agent's socket (`:gen_tcp`), already in `active: :once` mode;
+      bytes from it while waiting (the agent's next request) end the watching and
+      mark the agent's MochiWeb connection to close after this answer
   """
 
   defstruct [
@@ -256,9 +258,11 @@ defmodule Observatory.Proxy.HTTPClient do
         {:error, :client_closed}
 
       {data_tag, ^watch, _} when data_tag in [:tcp, :ssl] ->
-        # Agents send nothing while they wait for an answer; keep watching for a close.
-        :inet.setopts(watch, active: :once)
-        receive_more(conn)
+        # The agent sent (the start of) its next request, and these bytes are gone
+        # from its socket: MochiWeb must close the connection after this answer
+        # rather than read a request from the middle. Watching stops here.
+        Process.put(:mochiweb_request_force_close, true)
+        receive_more(%{conn | watch: nil})
     after
       wait(conn) -> {:error, :timeout}
     end
