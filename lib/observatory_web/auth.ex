@@ -17,8 +17,8 @@ defmodule ObservatoryWeb.Auth do
   `OBSERVATORY_OPERATOR_TOKENS`.
 
   A credential that is presented and wrong counts against the client in
-  `ObservatoryWeb.AuthThrottle` (the router refuses a locked-out client's credentials
-  with `429` before they are checked).
+  `ObservatoryWeb.AuthThrottle`, once however often it is retried (the router refuses
+  a locked-out client's credentials with `429` before they are checked).
 
   The shared `:agent_keys` of earlier releases are honoured only with
   `insecure_shared_agent_keys: true`: such a key authenticates as `:any_agent`, which
@@ -89,7 +89,7 @@ defmodule ObservatoryWeb.Auth do
 
   defp count_failure({:error, :unauthorized} = error, conn, presented)
        when is_binary(presented) and presented != "" do
-    AuthThrottle.failure(conn.remote_ip)
+    AuthThrottle.failure(conn.remote_ip, presented)
     error
   end
 
