@@ -19,8 +19,9 @@ defmodule ObservatoryWeb.API.ToolCalls do
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
          {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
          :ok <- own_session(conn, agent, session_id) do
-      # The breaker's counts live on the session's owner (issue 14).
+      # The breaker's counts live on the session's owner (issue 14), per agent.
       case Observatory.Cluster.call_owner(session_id, CallBreaker, :check, [
+             agent,
              session_id,
              tool,
              arguments
