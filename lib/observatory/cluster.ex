@@ -121,6 +121,34 @@ defmodule Observatory.Cluster do
   end
 
   @doc """
+  `{:ok, apply(module, fun, args)}` on the owner of `session_id`, and never on a node
+  that does not own it: for answers that authorize (whose session is this?), where a
+  local read of a session this node does not hold would say "nobody's". An owner that
+  is gone (distribution says so) hands over to the next owner, as a step does
+  (`SchemaInterceptor`); one that does not answer in time is
+  `{:error, :owner_unavailable}`, for the caller to answer `503`.
+  """
+  @spec call_owner(String.t(), module(), atom(), list(), [node()]) ::
+          {:ok, term()} | {:error, :owner_unavailable}
+  def call_owner(session_id, module, fun, args, down \\ []) do
+    case owner(session_id, down) do
+      owner when owner == node() ->
+        {:ok, apply(module, fun, args)}
+
+      owner ->
+        try do
+          {:ok, :erpc.call(owner, module, fun, args, rpc_timeout())}
+        catch
+          :error, {:erpc, :noconnection} ->
+            call_owner(session_id, module, fun, args, [owner | down])
+
+          :error, {:erpc, _timeout_or_other} ->
+            {:error, :owner_unavailable}
+        end
+    end
+  end
+
+  @doc """
   `apply(module, fun, args)` on every member, the lists they return concatenated:
   the fleet as the dashboard shows it. A member that does not answer in time is
   left out (its sessions reappear at the next snapshot).

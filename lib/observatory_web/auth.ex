@@ -6,7 +6,7 @@ defmodule ObservatoryWeb.Auth do
 
   Every agent key is bound to one agent id (`Observatory.AgentKeys`): `agent/1`
   answers that id, and the handlers let the request act as that agent only —
-  `acts_as?/2` for a named agent, `may_use_session?/2` for a session. Operator tokens
+  `acts_as?/2` for a named agent, `session_access/2` for a session. Operator tokens
   are compared in constant time on their SHA-256 digests.
 
       config :observatory, :operator_tokens, %{"token-of-alice" => "alice"}
@@ -17,8 +17,8 @@ defmodule ObservatoryWeb.Auth do
   `OBSERVATORY_OPERATOR_TOKENS`.
 
   A credential that is presented and wrong counts against the client in
-  `ObservatoryWeb.AuthThrottle` (the router refuses a locked-out client's credentials
-  with `429` before they are checked).
+  `ObservatoryWeb.AuthThrottle`, once however often it is retried (the router refuses
+  a locked-out client's credentials with `429` before they are checked).
 
   The shared `:agent_keys` of earlier releases are honoured only with
   `insecure_shared_agent_keys: true`: such a key authenticates as `:any_agent`, which
@@ -89,7 +89,7 @@ defmodule ObservatoryWeb.Auth do
 
   defp count_failure({:error, :unauthorized} = error, conn, presented)
        when is_binary(presented) and presented != "" do
-    AuthThrottle.failure(conn.remote_ip)
+    AuthThrottle.failure(conn.remote_ip, presented)
     error
   end
 
@@ -145,27 +145,33 @@ defmodule ObservatoryWeb.Auth do
   def acts_as?(agent, agent_id), do: agent == agent_id
 
   @doc """
-  Whether an authenticated agent may read or add to a session: not when the gateway
-  has recorded the session for another agent (the tracker's agent of the session).
+  Whether an authenticated agent may read or add to a session: `{:error, :forbidden}`
+  when the gateway has recorded the session for another agent (the tracker's agent of
+  the session, read on the session's owner), `{:error, :owner_unavailable}` when that
+  owner does not answer in a cluster — never allowed for want of an answer.
   """
-  @spec may_use_session?(agent(), String.t()) :: boolean()
-  def may_use_session?(:any_agent, _session_id), do: true
+  @spec session_access(agent(), String.t()) :: :ok | {:error, :forbidden | :owner_unavailable}
+  def session_access(:any_agent, _session_id), do: :ok
 
-  def may_use_session?(agent, session_id) do
+  def session_access(agent, session_id) do
     case session_owner(session_id) do
-      nil -> true
-      owner -> owner == agent
+      {:ok, owner} when owner in [nil, agent] -> :ok
+      {:ok, _other} -> {:error, :forbidden}
+      {:error, :owner_unavailable} = error -> error
     end
   end
 
-  @doc "The agent the gateway has recorded for a session, or nil."
-  @spec session_owner(String.t()) :: String.t() | nil
+  @doc "The agent the gateway has recorded for a session (nil for none), read on its owner."
+  @spec session_owner(String.t()) :: {:ok, String.t() | nil} | {:error, :owner_unavailable}
   def session_owner(session_id) do
-    case Observatory.Cluster.on_owner(session_id, EntropyTracker, :session, [session_id]) do
-      %{agent_id: owner} -> owner
-      _ -> nil
+    with {:ok, session} <-
+           Observatory.Cluster.call_owner(session_id, EntropyTracker, :session, [session_id]) do
+      {:ok, session_agent(session)}
     end
   end
+
+  defp session_agent(%{agent_id: agent}), do: agent
+  defp session_agent(_none), do: nil
 
   defp shared_key?(key) do
     Application.get_env(:observatory, :insecure_shared_agent_keys, false) and

@@ -1,9 +1,16 @@
 defmodule ObservatoryWeb.AuthThrottle do
   @moduledoc """
-  Throttles credential guessing (issue 13, finding 14): failed credentials are counted
-  per client, and a client with `max_failures` failures within `window_s` is locked
-  out for `lockout_s` — every request of it that presents a credential is answered
-  `429` with `Retry-After`, whether the credential is right or not.
+  Throttles credential guessing (issue 13, finding 14): the distinct wrong credentials
+  a client presents are counted, and a client with `max_failures` of them within
+  `window_s` is locked out for `lockout_s` — every request of it that presents a
+  credential is answered `429` with `Retry-After`, whether the credential is right or
+  not.
+
+  Distinct, because a client is an address, and every local agent shares 127.0.0.1:
+  one agent retrying a stale key (a rotation) is one failed credential however often
+  it retries, and does not lock the other agents out. Guessing needs a new credential
+  per try, so each try counts. The client's entry keeps the SHA-256 digests of its
+  failed credentials of the window, at most `max_failures + 1` of them.
 
       config :observatory, :auth_throttle,
         max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000
@@ -48,39 +55,73 @@ defmodule ObservatoryWeb.AuthThrottle do
     end
   end
 
-  @doc "Counts a failed credential of the client; locks it out at `max_failures`."
-  @spec failure(String.t() | nil) :: :ok
-  def failure(client) do
+  @doc """
+  Counts a failed `credential` of the client, unless it already failed in this
+  window; locks the client out at `max_failures` distinct failed credentials.
+  """
+  @spec failure(String.t() | nil, String.t()) :: :ok
+  def failure(client, credential) when is_binary(credential) do
     settings = settings()
-    now = now_ms()
     key = admit(key(client), settings[:max_clients])
-    window_ms = settings[:window_s] * 1000
-
-    failures =
-      case lookup(key) do
-        {_, _, started, locked_until} when now - started < window_ms or locked_until > now ->
-          :ets.update_counter(@table, key, {2, 1})
-
-        _ ->
-          # Not locked: `locked_until` is now (monotonic time may be negative, never 0).
-          :ets.insert(@table, {key, 1, now, now})
-          1
-      end
-
-    # At the limit and beyond (a failure after a short lockout), lock (again).
-    if failures >= settings[:max_failures] do
-      :ets.update_element(@table, key, {4, now + settings[:lockout_s] * 1000})
-
-      Logger.warning(
-        "#{failures} failed credentials from #{inspect(key)} within #{settings[:window_s]} s: " <>
-          "locked out for #{settings[:lockout_s]} s"
-      )
-    end
-
-    :ok
+    count(key, :crypto.hash(:sha256, credential), settings)
   rescue
     # No table (the web server is off): nothing to count.
     ArgumentError -> :ok
+  end
+
+  # Read, add the digest, write back only if the entry is still the one read
+  # (compare-and-swap): concurrent guesses of one client are each counted.
+  defp count(key, digest, settings) do
+    now = now_ms()
+    old = lookup(key)
+
+    case next_entry(old, key, digest, now, settings) do
+      :known ->
+        :ok
+
+      new ->
+        if swap(old, new) do
+          lock_if_due(new, now, settings)
+        else
+          count(key, digest, settings)
+        end
+    end
+  end
+
+  defp next_entry({_, digests, started, locked_until}, key, digest, now, settings) do
+    current? = now - started < settings[:window_s] * 1000 or locked_until > now
+
+    cond do
+      # A new window. Not locked: `locked_until` is now (monotonic time may be negative).
+      not current? -> {key, [digest], now, now}
+      digest in digests -> :known
+      length(digests) > settings[:max_failures] -> {key, digests, started, locked_until}
+      true -> {key, [digest | digests], started, locked_until}
+    end
+  end
+
+  defp next_entry(nil, key, digest, now, _settings), do: {key, [digest], now, now}
+
+  defp swap(nil, new), do: :ets.insert_new(@table, new)
+  defp swap(old, new), do: :ets.select_replace(@table, [{old, [], [{:const, new}]}]) == 1
+
+  # At the limit and beyond (a new credential after a short lockout), lock (again);
+  # logged when a lockout starts, not for every guess during one.
+  defp lock_if_due({key, digests, _started, locked_until}, now, settings) do
+    failures = length(digests)
+
+    if failures >= settings[:max_failures] do
+      :ets.update_element(@table, key, {4, now + settings[:lockout_s] * 1000})
+
+      if locked_until <= now,
+        do:
+          Logger.warning(
+            "#{failures} distinct failed credentials from #{inspect(key)} within " <>
+              "#{settings[:window_s]} s: locked out for #{settings[:lockout_s]} s"
+          )
+    end
+
+    :ok
   end
 
   @doc "How many clients the table holds (for tests and metrics)."

@@ -280,6 +280,36 @@ defmodule Observatory.ClusterDistributedTest do
       assert counts == [1, 2, 3, 4, 5, 6]
     end
 
+    test "the session-owner check fails closed: an owner that does not answer in time is a 503, never a yes",
+         %{nodes: [a, b, c]} do
+      # agent-cluster's session, on b; the key below is agent-http's.
+      session = owned_by(b, [a, b, c], "sess-owner-check")
+      for e <- steps(session, 1), do: {:ok, _} = :erpc.call(a, SchemaInterceptor, :ingest, [e])
+      port = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
+      call = ~s({"session_id": "#{session}", "tool": "read_file", "arguments": {"path": "/x"}})
+      check = fn -> http(:post, port, "/api/v1/tool_calls/check", call, "test-agent-key") end
+      # Answered by the owner: another agent's session.
+      assert %{status: 403} = check.()
+
+      # No owner answers in 0 ms: a's own (empty) tracker must not be asked instead.
+      config = Keyword.put(:erpc.call(a, Cluster, :config, []), :rpc_timeout_ms, 0)
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+
+      assert %{status: 503, body: answer} = check.()
+      assert answer =~ "owner_unavailable"
+
+      assert %{status: 503, body: answer} =
+               http(:get, port, "/api/v1/sessions/#{session}", "", "test-agent-key")
+
+      assert answer =~ "owner_unavailable"
+
+      # The LLM proxy answers in the API's shape, before anything goes upstream.
+      assert %{status: 503, body: answer} =
+               chat(port, "test-agent-key", [{~c"x-session-id", String.to_charlist(session)}])
+
+      assert {:ok, %{"error" => %{"code" => "owner_unavailable"}}} = JSON.decode(answer)
+    end
+
     test "the fleet snapshot gathers every member's sessions", %{nodes: [a, b, c] = nodes} do
       ids = for n <- nodes, do: owned_by(n, nodes, "sess-fleet-#{n}")
 
@@ -386,14 +416,15 @@ defmodule Observatory.ClusterDistributedTest do
     %{status: status, body: body}
   end
 
-  defp chat(port, key) do
+  defp chat(port, key, headers \\ []) do
     body = ~s({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
     {:ok, {{_, status, _}, _headers, resp}} =
       :httpc.request(
         :post,
         {~c"http://127.0.0.1:#{port}/v1/chat/completions",
-         [{~c"authorization", String.to_charlist("Bearer " <> key)}], ~c"application/json", body},
+         [{~c"authorization", String.to_charlist("Bearer " <> key)} | headers],
+         ~c"application/json", body},
         [timeout: 10_000],
         body_format: :binary
       )

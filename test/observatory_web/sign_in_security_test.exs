@@ -69,11 +69,14 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       on_exit(&AuthThrottle.reset/0)
     end
 
-    test "after 5 wrong operator tokens the API answers 429 with Retry-After, even to the right one" do
-      wrong = [{"authorization", "Bearer guess"}]
-      for _ <- 1..5, do: assert(HTTP.get("/api/v1/agents", wrong).status == 401)
+    test "after 5 distinct wrong operator tokens the API answers 429 with Retry-After, even to the right one" do
+      for n <- 1..5,
+          do:
+            assert(
+              HTTP.get("/api/v1/agents", [{"authorization", "Bearer guess-#{n}"}]).status == 401
+            )
 
-      locked = HTTP.get("/api/v1/agents", wrong)
+      locked = HTTP.get("/api/v1/agents", [{"authorization", "Bearer guess-6"}])
       assert locked.status == 429
       assert locked.body["error"] == "too_many_attempts"
       assert String.to_integer(locked.headers["retry-after"]) in 1..30
@@ -82,6 +85,73 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 429
       # Requests without a credential are not guesses: health stays open.
       assert HTTP.get("/healthz").status == 200
+    end
+
+    test "a stale key retried does not lock out the other agents on the same address" do
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 3,
+        window_s: 60,
+        lockout_s: 30
+      )
+
+      stale = [headers: [{"authorization", "Bearer stale-key-before-rotation"}]]
+
+      # One agent keeps its old key after a rotation: every retry is a 401, none a 429.
+      for _ <- 1..20,
+          do:
+            assert(HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale).status == 401)
+
+      # Every agent and the operator on 127.0.0.1 are the same client, and are still served.
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 200
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 200
+      assert AuthThrottle.check("127.0.0.1") == :ok
+    end
+
+    test "guessing distinct tokens is throttled" do
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 3,
+        window_s: 60,
+        lockout_s: 30
+      )
+
+      stale = [headers: [{"authorization", "Bearer stale-key-before-rotation"}]]
+      guess = fn n -> [{"authorization", "Bearer guess-#{n}"}] end
+
+      # A stale key retried counts once, between the guesses as before them.
+      for _ <- 1..5, do: HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale)
+      assert HTTP.get("/api/v1/agents", guess.(1)).status == 401
+      for _ <- 1..5, do: HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale)
+      assert HTTP.get("/api/v1/agents", guess.(2)).status == 401
+
+      # The third distinct wrong credential locks the client out, for every credential.
+      assert HTTP.get("/api/v1/agents", guess.(3)).status == 429
+      assert HTTP.get("/api/v1/agents", guess.(4)).status == 429
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 429
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 429
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale).status == 429
+    end
+
+    test "a client's failed credentials are kept bounded: at most max_failures + 1 digests" do
+      for n <- 1..1_000, do: AuthThrottle.failure("192.0.2.9", "guess-#{n}")
+      assert [{"192.0.2.9", digests, _, _}] = :ets.lookup(AuthThrottle, "192.0.2.9")
+      assert length(digests) == 6
+      assert {:error, _} = AuthThrottle.check("192.0.2.9")
+    end
+
+    test "concurrent distinct guesses are each counted" do
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 50,
+        window_s: 60,
+        lockout_s: 30
+      )
+
+      1..49
+      |> Task.async_stream(&AuthThrottle.failure("192.0.2.10", "guess-#{&1}"), max_concurrency: 8)
+      |> Stream.run()
+
+      assert AuthThrottle.check("192.0.2.10") == :ok
+      AuthThrottle.failure("192.0.2.10", "guess-50")
+      assert {:error, _} = AuthThrottle.check("192.0.2.10")
     end
 
     test "the sign-in form is throttled too, with a clear page and Retry-After" do
@@ -95,7 +165,7 @@ defmodule ObservatoryWeb.SignInSecurityTest do
         )
       end
 
-      for _ <- 1..5, do: assert(attempt.("guess").status == 401)
+      for n <- 1..5, do: assert(attempt.("guess-#{n}").status == 401)
 
       locked = attempt.(HTTP.operator_token())
       assert locked.status == 429
@@ -106,7 +176,7 @@ defmodule ObservatoryWeb.SignInSecurityTest do
 
     test "X-Forwarded-For does not make a new client" do
       for n <- 1..5 do
-        headers = [{"authorization", "Bearer guess"}, {"x-forwarded-for", "10.0.0.#{n}"}]
+        headers = [{"authorization", "Bearer guess-#{n}"}, {"x-forwarded-for", "10.0.0.#{n}"}]
         assert HTTP.get("/api/v1/agents", headers).status == 401
       end
 
@@ -119,7 +189,7 @@ defmodule ObservatoryWeb.SignInSecurityTest do
     test "a lockout ends; the failures of a window are forgotten after it" do
       Application.put_env(:observatory, :auth_throttle, max_failures: 2, window_s: 1, lockout_s: 1)
 
-      for _ <- 1..2, do: AuthThrottle.failure("192.0.2.1")
+      for n <- 1..2, do: AuthThrottle.failure("192.0.2.1", "guess-#{n}")
       assert {:error, 1} = AuthThrottle.check("192.0.2.1")
       assert AuthThrottle.check("192.0.2.2") == :ok
       Process.sleep(1_100)
@@ -129,7 +199,7 @@ defmodule ObservatoryWeb.SignInSecurityTest do
     end
 
     test "the table is bounded: past max_clients, new clients share one bucket" do
-      for n <- 1..1_000, do: AuthThrottle.failure("198.51.100.#{n}")
+      for n <- 1..1_000, do: AuthThrottle.failure("198.51.100.#{n}", "guess-#{n}")
       assert AuthThrottle.size() == 101
 
       # The shared bucket took the other 900 failures: it is locked, for every newcomer.

@@ -160,8 +160,9 @@ defmodule ObservatoryWeb.API.LLMProxy do
         {:ok, Steps.session_id(agent_id, decoded)}
 
       id ->
-        cond do
-          not KillSwitch.valid_agent_id?(id) ->
+        if KillSwitch.valid_agent_id?(id),
+          do: own_session(conn, dialect, agent_id, id),
+          else:
             error(
               conn,
               dialect,
@@ -170,22 +171,36 @@ defmodule ObservatoryWeb.API.LLMProxy do
               "invalid_session_id",
               "X-Session-Id must be 1 to 256 bytes of UTF-8 without control characters"
             )
+    end
+  end
 
-          # An agent acts only in its own sessions (issue 13): no steps into, and no
-          # pause probing of, another agent's session.
-          not Auth.may_use_session?(agent_id, id) ->
-            error(
-              conn,
-              dialect,
-              403,
-              "forbidden",
-              "forbidden",
-              "X-Session-Id names a session of another agent"
-            )
+  # An agent acts only in its own sessions (issue 13): no steps into, and no pause
+  # probing of, another agent's session. Whose it is is asked of the session's owner;
+  # one that does not answer is a 503, never a yes.
+  defp own_session(conn, dialect, agent_id, id) do
+    case Auth.session_access(agent_id, id) do
+      :ok ->
+        {:ok, id}
 
-          true ->
-            {:ok, id}
-        end
+      {:error, :forbidden} ->
+        error(
+          conn,
+          dialect,
+          403,
+          "forbidden",
+          "forbidden",
+          "X-Session-Id names a session of another agent"
+        )
+
+      {:error, :owner_unavailable} ->
+        error(
+          conn,
+          dialect,
+          503,
+          "api_error",
+          "owner_unavailable",
+          "the session's owner in the gateway cluster did not answer in time; retry"
+        )
     end
   end
 

@@ -16,12 +16,25 @@ defmodule ObservatoryWeb.API.Sessions do
 
   def show(conn, id) do
     with {:ok, principal} <- authorize(conn, &Auth.agent_or_operator/1) do
-      # In a cluster (issue 14) the session's state is on its owner: read it there.
-      {session, view} = Cluster.on_owner(id, __MODULE__, :lookup, [id])
+      # In a cluster (issue 14) the session's state is on its owner: read it there,
+      # and only there (a local read would not know whose session it is).
+      case Cluster.call_owner(id, __MODULE__, :lookup, [id]) do
+        {:ok, {session, view}} when view != nil ->
+          if readable?(principal, session),
+            do: Conn.json(conn, 200, view),
+            else: Conn.error(conn, 404, "not_found", "no such session")
 
-      if view != nil and readable?(principal, session),
-        do: Conn.json(conn, 200, view),
-        else: Conn.error(conn, 404, "not_found", "no such session")
+        {:ok, {_session, nil}} ->
+          Conn.error(conn, 404, "not_found", "no such session")
+
+        {:error, :owner_unavailable} ->
+          Conn.error(
+            conn,
+            503,
+            "owner_unavailable",
+            "the session's owner in the gateway cluster did not answer in time; retry"
+          )
+      end
     end
   end
 

@@ -6,7 +6,8 @@ defmodule ObservatoryWeb.API.ToolCalls do
   `200` with `{"decision": "allow", "count": n}` or
   `{"decision": "deny", "reason": "...", "count": n, "retry_after_ms": ms}`;
   `422` for a body without a session id or tool; `403` for a session the gateway has
-  recorded for another agent than the key's.
+  recorded for another agent than the key's; `503 owner_unavailable` in a cluster when
+  the session's owner does not answer in time.
   """
 
   alias Observatory.Gateway.CallBreaker
@@ -18,16 +19,17 @@ defmodule ObservatoryWeb.API.ToolCalls do
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
          {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
          :ok <- own_session(conn, agent, session_id) do
-      # The breaker's counts live on the session's owner (issue 14).
-      case Observatory.Cluster.on_owner(session_id, CallBreaker, :check, [
+      # The breaker's counts live on the session's owner (issue 14), per agent.
+      case Observatory.Cluster.call_owner(session_id, CallBreaker, :check, [
+             agent,
              session_id,
              tool,
              arguments
            ]) do
-        {:allow, count} ->
+        {:ok, {:allow, count}} ->
           Conn.json(conn, 200, %{decision: "allow", count: count})
 
-        {:deny, count, retry_after} ->
+        {:ok, {:deny, count, retry_after}} ->
           Conn.json(conn, 200, %{
             decision: "deny",
             reason:
@@ -36,19 +38,38 @@ defmodule ObservatoryWeb.API.ToolCalls do
             retry_after_ms: retry_after
           })
 
-        {:error, reason} ->
+        {:ok, {:error, reason}} ->
           Conn.error(conn, 422, "invalid_arguments", reason)
+
+        {:error, :owner_unavailable} ->
+          owner_unavailable(conn)
       end
     end
   end
 
   # An agent checks calls in its own sessions only: another agent's breaker is not
-  # its to fill.
+  # its to fill. Whose session it is is asked of its owner, and no answer is no yes.
   defp own_session(conn, agent, session_id) do
-    if Auth.may_use_session?(agent, session_id),
-      do: :ok,
-      else: halt(Conn.error(conn, 403, "forbidden", "the session belongs to another agent"))
+    case Auth.session_access(agent, session_id) do
+      :ok ->
+        :ok
+
+      {:error, :forbidden} ->
+        halt(Conn.error(conn, 403, "forbidden", "the session belongs to another agent"))
+
+      {:error, :owner_unavailable} ->
+        halt(owner_unavailable(conn))
+    end
   end
+
+  defp owner_unavailable(conn),
+    do:
+      Conn.error(
+        conn,
+        503,
+        "owner_unavailable",
+        "the session's owner in the gateway cluster did not answer in time; retry"
+      )
 
   defp parse(body) do
     case JSON.decode(body) do
