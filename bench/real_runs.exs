@@ -215,16 +215,7 @@ alias Observatory.JSON
 Logger.configure(level: :error)
 
 unless List.keymember?(Application.started_applications(), :observatory, 0) do
-  endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
-
-  Application.put_env(
-    :observatory,
-    ObservatoryWeb.Endpoint,
-    Keyword.put(endpoint, :server, false)
-  )
-
-  Application.put_env(:observatory, :demo, false)
-  Application.put_env(:observatory, :session_log_size, 1)
+  Observatory.Replay.prepare_app(own_data_dir: true)
   {:ok, _apps} = Application.ensure_all_started(:observatory)
 end
 

@@ -239,6 +239,38 @@ defmodule Observatory.Replay do
   end
 
   @doc """
+  Sets the application up for a replay, before it starts: no HTTP server, no demo
+  fleet, one envelope per session in the session log (nothing reads them). With
+  `own_data_dir: true` (a VM of its own, as `mix observatory.replay` and
+  `bench/real_runs.exs` start) the application also gets a temporary data directory,
+  removed when the VM exits: a replay needs no durable state, and a gateway may be
+  running on the configured directory, which it holds locked.
+  """
+  @spec prepare_app(keyword()) :: :ok
+  def prepare_app(opts \\ []) do
+    endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
+
+    Application.put_env(
+      :observatory,
+      ObservatoryWeb.Endpoint,
+      Keyword.put(endpoint, :server, false)
+    )
+
+    Application.put_env(:observatory, :demo, false)
+    Application.put_env(:observatory, :session_log_size, 1)
+
+    if Keyword.get(opts, :own_data_dir, false) do
+      dir = Path.join(System.tmp_dir!(), "observatory-replay-#{System.pid()}")
+      File.rm_rf!(dir)
+      Application.put_env(:observatory, :data_dir, dir)
+      Application.delete_env(:mnesia, :dir)
+      System.at_exit(fn _status -> File.rm_rf(dir) end)
+    end
+
+    :ok
+  end
+
+  @doc """
   Replays the sources in order and returns the report.
 
   ## Options

@@ -266,32 +266,8 @@ defmodule Mix.Tasks.Observatory.Replay do
       Logger.configure_backend(:console, device: :standard_error)
     end
 
-    endpoint = Application.get_env(:observatory, ObservatoryWeb.Endpoint, [])
-
-    Application.put_env(
-      :observatory,
-      ObservatoryWeb.Endpoint,
-      Keyword.put(endpoint, :server, false)
-    )
-
-    Application.put_env(:observatory, :demo, false)
-    Application.put_env(:observatory, :session_log_size, 1)
-
-    unless running? do
-      use_own_data_dir()
-      Mix.Task.run("app.start")
-    end
-  end
-
-  # A replay needs no durable state, and a gateway may be running on the configured
-  # directory (which it holds locked): the replay's VM gets a directory of its own,
-  # removed when the VM exits.
-  defp use_own_data_dir do
-    dir = Path.join(System.tmp_dir!(), "observatory-replay-#{System.pid()}")
-    File.rm_rf!(dir)
-    Application.put_env(:observatory, :data_dir, dir)
-    Application.delete_env(:mnesia, :dir)
-    System.at_exit(fn _status -> File.rm_rf(dir) end)
+    Replay.prepare_app(own_data_dir: not running?)
+    unless running?, do: Mix.Task.run("app.start")
   end
 
   # A progress bar on stderr, redrawn at most 5 times a second: on a terminal, or
