@@ -60,8 +60,14 @@ config :observatory,
   # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_concurrent: 256,
-  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
-  proxy_step_memory: 100_000,
+  # Steps answered recently (Observatory.Gateway.Idempotency): a step delivered again
+  # within the window gets its first answer and is not counted twice.
+  idempotency: [
+    enabled: true,
+    window_ms: :timer.minutes(10),
+    max_steps_per_session: 1_000,
+    max_steps: 100_000
+  ],
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

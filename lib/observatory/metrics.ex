@@ -25,6 +25,8 @@ defmodule Observatory.Metrics do
     proxy_paused: "observatory_proxy_paused_responses_total",
     kill_switch_trips: "observatory_kill_switch_trips_total",
     verdict_errors: "observatory_verdict_errors_total",
+    step_replays: "observatory_step_replays_total",
+    step_conflicts: "observatory_step_conflicts_total",
     normal: nil,
     warning: nil,
     loop: nil,

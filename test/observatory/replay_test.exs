@@ -541,6 +541,7 @@ defmodule Observatory.ReplayTest do
       assert report.summary == %{
                sessions: 14,
                steps: 266,
+               replayed_steps: 0,
                sessions_warning: 10,
                sessions_loop: 8,
                alerts: 45,

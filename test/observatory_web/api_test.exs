@@ -40,8 +40,12 @@ defmodule ObservatoryWeb.APITest do
     end
 
     test "the loop verdict is in the answer, with its reason and evidence", %{sid: sid} do
-      failed = msg(sid, %{"action" => %{"result" => %{"error" => "ENOENT: config.yml"}}})
-      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", failed)
+      # Three steps (each its own step_id) with the same call and the same failure.
+      failed = fn ->
+        msg(sid, %{"action" => %{"result" => %{"error" => "ENOENT: config.yml"}}})
+      end
+
+      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", failed.())
       assert %{"verdict" => %{"verdict" => "suspect", "rule" => "repeat"}} = second.body
 
       assert %{

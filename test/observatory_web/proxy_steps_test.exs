@@ -4,7 +4,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   # interceptor and HITL. Changes :llm_upstream: not async.
   use ExUnit.Case, async: false
 
-  alias Observatory.Gateway.{HITL, SessionLog}
+  alias Observatory.Gateway.{HITL, Idempotency, SessionLog}
   alias Observatory.JSON
   alias Observatory.Proxy.Steps
   alias Observatory.Test.{HTTP, Upstream}
@@ -193,11 +193,15 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       assert count == 0
       assert log =~ "is a session of another agent"
       assert length(steps(session)) == 1
-      # The refused step is not remembered as ingested: were it allowed later, the turn
+      # The refused step is not remembered as answered: were it allowed later, the turn
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
-      [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      assert Observatory.Proxy.StepMemory.claim(session, key)
+      [{_key, refused}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
+      fingerprint = Idempotency.fingerprint(refused)
+
+      assert {:new, ticket} = Idempotency.claim(session, refused["meta"]["step_id"], fingerprint)
+
+      Idempotency.release(ticket)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1

@@ -3,7 +3,7 @@ defmodule Observatory.KillSwitch.Supervisor do
   Starts the kill switch: the configured agent keys are checked and seeded in
   `init/1` (the agent store — Mnesia and its tables — is set up before, by
   `Observatory.Storage`), then the window store's owner, the task supervisor for
-  notifications, the proxy's upstream slots and its memory of ingested steps.
+  notifications and the proxy's upstream slots.
   """
 
   use Supervisor
@@ -18,8 +18,7 @@ defmodule Observatory.KillSwitch.Supervisor do
     children = [
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
-      Observatory.KillSwitch.Upstream,
-      Observatory.Proxy.StepMemory
+      Observatory.KillSwitch.Upstream
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)

@@ -20,15 +20,17 @@ defmodule Observatory.Proxy.Steps do
 
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
-  for the next turn even when the model repeats the same call with the same id.
-  `Observatory.Proxy.StepMemory` remembers the keys ingested per session.
+  for the next turn even when the model repeats the same call with the same id. The
+  gateway's own idempotency (`Observatory.Gateway.Idempotency`) answers a step id it
+  has seen with the first answer and counts it once, as for every entry point; a
+  call first seen unanswered (`pending`) keeps that first record.
   """
 
   require Logger
 
   alias Observatory.Gateway.SchemaInterceptor
   alias Observatory.Metrics
-  alias Observatory.Proxy.{Conversation, StepMemory}
+  alias Observatory.Proxy.Conversation
 
   @max_field_bytes 1024
 
@@ -42,17 +44,14 @@ defmodule Observatory.Proxy.Steps do
   end
 
   @doc """
-  Ingests the steps of the request's previous assistant turn that were not ingested
-  before. Returns how many were.
+  Ingests the steps of the request's previous assistant turn. Returns how many were
+  new: a step ingested before is answered as a replay and not counted again.
   """
   @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
   def record(format, agent_id, session_id, body) do
     format
     |> envelopes(agent_id, session_id, body)
-    |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(session_id, key))
-    end)
+    |> Enum.count(fn {_key, envelope} -> ingest(envelope, agent_id, session_id) end)
   end
 
   @doc """
@@ -98,9 +97,17 @@ defmodule Observatory.Proxy.Steps do
   defp ingest(envelope, agent_id, session_id) do
     # As the key's agent (issue 13): a session another agent took meanwhile is refused.
     case SchemaInterceptor.ingest(envelope, agent: agent_id) do
-      {:ok, _result} ->
+      {:ok, %{replayed: false}} ->
         Metrics.inc(:proxy_steps)
         true
+
+      # Seen before: on a retry of the turn, or (conflict) answered since it was
+      # first seen pending.
+      {:ok, %{replayed: true}} ->
+        false
+
+      {:error, {:conflict, _violation}} ->
+        false
 
       {:error, {:invalid, violations}} ->
         Logger.warning(
@@ -116,20 +123,16 @@ defmodule Observatory.Proxy.Steps do
 
         false
 
-      # In a cluster, the session's owner did not answer in time (issue 14).
-      {:error, {:unavailable, violation}} ->
+      # In a cluster, the session's owner did not answer in time (issue 14), or the
+      # step's first delivery is still being scored: a retry of the request carries it
+      # again.
+      {:error, {kind, violation}} when kind in [:unavailable, :in_progress] ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was not scored: #{violation.reason}"
         )
 
         false
     end
-  end
-
-  # A step that was not ingested is not remembered: the next turn carries it again.
-  defp release(session_id, key) do
-    StepMemory.release(session_id, key)
-    false
   end
 
   defp api_name(:openai), do: "chat_completions"
