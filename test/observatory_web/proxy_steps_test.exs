@@ -4,7 +4,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   # interceptor and HITL. Changes :llm_upstream: not async.
   use ExUnit.Case, async: false
 
-  alias Observatory.Gateway.{HITL, Idempotency, SessionLog}
+  alias Observatory.Gateway.{DecisionLog, HITL, Idempotency, SessionLog}
   alias Observatory.JSON
   alias Observatory.Proxy.Steps
   alias Observatory.Test.{HTTP, Upstream}
@@ -197,7 +197,8 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
       [{_key, refused}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      fingerprint = Idempotency.fingerprint(refused)
+      {:ok, parsed, fields} = DecisionLog.from_map(refused)
+      fingerprint = Idempotency.fingerprint(parsed, fields)
 
       assert {:new, ticket} = Idempotency.claim(session, refused["meta"]["step_id"], fingerprint)
 

@@ -12,11 +12,10 @@ defmodule Observatory.Gateway.Idempotency do
       `complete/2` the ticket with the answer (or `release/1` it if scoring failed);
     * `{:replay, answer}` — seen with the same body: answer this, record nothing;
     * `{:error, {:conflict, violation}}` — seen with a different body: refuse it;
-    * `{:error, {:in_progress, violation}}` — the first delivery is still being
-      scored: retry shortly.
+    * `{:error, {:in_progress, violation}}` — its first delivery is still being
+      scored: retry shortly. (A first delivery whose process died is taken over.)
 
-  The first delivery's claim is atomic (`:ets.insert_new/2`): of identical deliveries
-  racing, one is scored.
+  A claim is atomic: of identical deliveries racing, one is scored.
 
   ## The same body
 
@@ -24,11 +23,11 @@ defmodule Observatory.Gateway.Idempotency do
   key order and whitespace do not count — apart from the two fields that say nothing
   about the step itself: `cognition.entropy_score`, which the gateway overwrites, and
   `meta.timestamp`, which a client may stamp again when it retries (the proxy does).
-  `fingerprint/1` is the SHA-256 of that value (its first 16 bytes).
+  `fingerprint/2` is the SHA-256 of that value (its first 16 bytes).
 
   ## Bounds
 
-  Every step a client sends takes a slot, so memory is capped three ways
+  Every step a client sends is remembered, so memory is capped three ways
   (`config :observatory, :idempotency`, read on every step):
 
   | key | default | what |
@@ -38,27 +37,21 @@ defmodule Observatory.Gateway.Idempotency do
   | `:max_steps` | `100_000` | steps remembered in all; past it the oldest go, whatever their session |
   | `:enabled` | `true` | `false`: every delivery is a new step, nothing is remembered |
 
-  Forgotten steps are removed at once when a cap is passed, and at the idle sweep
-  (`:entropy_sweep_interval_ms`) when they leave the window; an expired step is never
-  replayed meanwhile. `stats/0` counts what is held. The memory lives on the node that
-  scores the session's steps: when a cluster moves a session to a new owner, its
-  remembered steps stay behind, as its window does.
+  The store is Rust (`observatory_core::answered_steps`): 16 shards by session,
+  each capped at its share of `:max_steps`, every check O(1). Steps past a cap go at
+  once; steps that left the window are never answered from memory and are freed at
+  the idle sweep (`:entropy_sweep_interval_ms`). `stats/0` and `count/1` count what is
+  held. The memory lives on the node that scores the session's steps: when a
+  cluster moves a session to a new owner, its remembered steps stay behind, as its
+  window does.
   """
 
   use GenServer
 
   alias Observatory.Gateway.IdleSweep
-  alias Observatory.Metrics
+  alias Observatory.{Metrics, Native}
 
-  # {{session_id, step_id}, fingerprint, seq, at_ms, {:pending, pid} | {:answer, answer}}
-  @steps __MODULE__.Steps
-  # {{session_id, seq}, step_id}: each session's steps, oldest first
-  @by_session __MODULE__.BySession
-  # {seq, session_id, step_id, at_ms}: every step, oldest first
-  @by_age __MODULE__.ByAge
-  # {session_id, steps remembered}
-  @counts __MODULE__.Counts
-
+  @shards 16
   @defaults [
     enabled: true,
     window_ms: :timer.minutes(10),
@@ -67,263 +60,182 @@ defmodule Observatory.Gateway.Idempotency do
   ]
 
   @typedoc "What `claim/3` hands the first delivery, for `complete/2` or `release/1`."
-  @opaque ticket :: {{String.t(), String.t()}, pos_integer()} | nil
+  @opaque ticket :: {String.t(), String.t(), non_neg_integer()} | nil
+
+  @typedoc "Why a delivery is not scored: its step's violation, path `meta.step_id`."
+  @type refusal :: {:conflict | :in_progress, %{path: String.t(), reason: String.t()}}
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
-  @doc "The settings in force: `#{inspect(@defaults)}` merged with the configured ones."
+  @doc """
+  The settings in force: each configured value that is valid, else its default
+  (`#{inspect(@defaults)}`).
+  """
   @spec settings() :: keyword()
   def settings do
+    env = env()
+    for {key, _default} <- @defaults, do: {key, setting(env, key)}
+  end
+
+  defp env do
     case Application.get_env(:observatory, :idempotency, []) do
-      env when is_list(env) -> Keyword.merge(@defaults, Keyword.filter(env, &valid?/1))
-      _other -> @defaults
+      env when is_list(env) -> env
+      _other -> []
     end
   end
 
-  defp valid?({:enabled, value}), do: is_boolean(value)
-
-  defp valid?({key, n}) when key in [:window_ms, :max_steps_per_session, :max_steps],
-    do: is_integer(n) and n > 0
-
-  defp valid?(_other), do: false
+  defp setting(env, key) do
+    case :lists.keyfind(key, 1, env) do
+      {:enabled, value} when is_boolean(value) -> value
+      {_limit, n} when key != :enabled and is_integer(n) and n > 0 -> n
+      _absent_or_invalid -> Keyword.fetch!(@defaults, key)
+    end
+  end
 
   @doc """
-  The body's identity: SHA-256 (16 bytes) of the envelope without
-  `cognition.entropy_score` and `meta.timestamp`.
+  The body's identity, from a parsed envelope and its fields
+  (`Observatory.Gateway.DecisionLog.parse/1`): SHA-256 (16 bytes) of the envelope
+  without `cognition.entropy_score` and `meta.timestamp`. `action.tool_input` and
+  `action.result`, the parts that can be large, enter through the step's hashes the
+  parse has computed already (`approach`, `outcome`: canonical JSON), so the cost
+  does not grow with them.
   """
-  @spec fingerprint(map()) :: binary()
-  def fingerprint(envelope) when is_map(envelope) do
-    envelope
-    |> drop_in("meta", "timestamp")
-    |> drop_in("cognition", "entropy_score")
+  @spec fingerprint(map(), %{approach: binary(), outcome: binary() | nil}) :: binary()
+  def fingerprint(envelope, %{approach: approach, outcome: outcome}) when is_map(envelope) do
+    rest =
+      envelope
+      |> drop_in("meta", ["timestamp"])
+      |> drop_in("cognition", ["entropy_score"])
+      |> drop_in("action", ["tool_input", "result"])
+
+    {approach, outcome, rest}
     |> :erlang.term_to_binary([:deterministic])
     |> then(&:crypto.hash(:sha256, &1))
     |> binary_part(0, 16)
   end
 
-  defp drop_in(envelope, outer, inner) do
+  defp drop_in(envelope, outer, keys) do
     case envelope do
-      %{^outer => %{} = map} -> %{envelope | outer => Map.delete(map, inner)}
+      %{^outer => %{} = map} -> %{envelope | outer => Map.drop(map, keys)}
       _ -> envelope
     end
   end
 
-  @doc """
-  Claims a step for scoring, or says why it is not scored again (see the module doc).
-  """
+  @doc "Claims a step for scoring, or says why it is not scored again (see the module doc)."
   @spec claim(String.t(), String.t(), binary()) ::
-          {:new, ticket()}
-          | {:replay, term()}
-          | {:error, {:conflict | :in_progress, %{path: String.t(), reason: String.t()}}}
+          {:new, ticket()} | {:replay, term()} | {:error, refusal()}
   def claim(session_id, step_id, fingerprint) do
-    settings = settings()
+    env = env()
 
-    outcome =
-      if settings[:enabled],
-        do: claim(session_id, step_id, fingerprint, settings, 3),
-        else: {:new, nil}
+    if setting(env, :enabled) do
+      limits =
+        {setting(env, :window_ms), setting(env, :max_steps_per_session), setting(env, :max_steps)}
 
-    case outcome do
-      {:replay, _} -> Metrics.inc(:step_replays)
-      :conflict -> Metrics.inc(:step_conflicts)
-      _ -> :ok
-    end
+      now = System.monotonic_time(:millisecond)
 
-    refusal(outcome, session_id, step_id)
-  rescue
-    # The tables are gone while this process restarts: score the step, remember nothing.
-    ArgumentError -> {:new, nil}
-  end
+      case Native.answered_claim(store(), session_id, step_id, fingerprint, now, limits) do
+        {:new, seq} ->
+          {:new, {session_id, step_id, seq}}
 
-  defp refusal(:conflict, session_id, step_id),
-    do:
-      {:error,
-       {:conflict,
-        %{
-          path: "meta.step_id",
-          reason:
-            "#{inspect(step_id)} of session #{inspect(session_id)} was already recorded " <>
-              "with a different body; a new step needs a new step_id"
-        }}}
+        {:replay, answer} ->
+          Metrics.inc(:step_replays)
+          {:replay, :erlang.binary_to_term(answer)}
 
-  defp refusal(:in_progress, session_id, step_id),
-    do:
-      {:error,
-       {:in_progress,
-        %{
-          path: "meta.step_id",
-          reason:
-            "#{inspect(step_id)} of session #{inspect(session_id)} is still being scored " <>
-              "(an earlier delivery); retry it"
-        }}}
+        :conflict ->
+          Metrics.inc(:step_conflicts)
+          refuse(:conflict, session_id, step_id)
 
-  defp refusal(outcome, _session_id, _step_id), do: outcome
-
-  defp claim(_session_id, _step_id, _fingerprint, _settings, 0), do: :in_progress
-
-  defp claim(session_id, step_id, fingerprint, settings, tries) do
-    key = {session_id, step_id}
-    seq = :erlang.unique_integer([:monotonic, :positive])
-    now = System.monotonic_time(:millisecond)
-
-    if :ets.insert_new(@steps, {key, fingerprint, seq, now, {:pending, self()}}) do
-      index(session_id, step_id, seq, now, settings)
-      {:new, {key, seq}}
-    else
-      case :ets.lookup(@steps, key) do
-        [{_, held, held_seq, at, state}] ->
-          cond do
-            at < now - settings[:window_ms] or abandoned?(state) ->
-              forget(session_id, step_id, held_seq)
-              claim(session_id, step_id, fingerprint, settings, tries - 1)
-
-            held != fingerprint ->
-              :conflict
-
-            match?({:answer, _}, state) ->
-              {:replay, elem(state, 1)}
-
-            true ->
-              :in_progress
-          end
-
-        [] ->
-          claim(session_id, step_id, fingerprint, settings, tries - 1)
+        :in_progress ->
+          refuse(:in_progress, session_id, step_id)
       end
+    else
+      {:new, nil}
     end
   end
 
-  # A first delivery whose process died before it answered will never answer.
-  defp abandoned?({:pending, pid}), do: node(pid) == node() and not Process.alive?(pid)
-  defp abandoned?(_answered), do: false
+  defp refuse(:conflict, session_id, step_id) do
+    {:error,
+     {:conflict,
+      %{
+        path: "meta.step_id",
+        reason:
+          "#{inspect(step_id)} of session #{inspect(session_id)} was already recorded " <>
+            "with a different body; a new step needs a new step_id"
+      }}}
+  end
+
+  defp refuse(:in_progress, session_id, step_id) do
+    {:error,
+     {:in_progress,
+      %{
+        path: "meta.step_id",
+        reason:
+          "#{inspect(step_id)} of session #{inspect(session_id)} is still being scored " <>
+            "(an earlier delivery); retry it"
+      }}}
+  end
 
   @doc "Stores the first delivery's answer: the one every retry of the step gets."
   @spec complete(ticket(), term()) :: :ok
   def complete(nil, _answer), do: :ok
 
-  def complete({key, seq}, answer) do
-    # Still this delivery's claim (not forgotten under a cap meanwhile).
-    with [{_, _, ^seq, _, _}] <- :ets.lookup(@steps, key),
-         do: :ets.update_element(@steps, key, {5, {:answer, answer}})
-
+  def complete({session_id, step_id, seq}, answer) do
+    Native.answered_complete(store(), session_id, step_id, seq, :erlang.term_to_binary(answer))
     :ok
-  rescue
-    ArgumentError -> :ok
   end
 
   @doc "Forgets a claim whose step was not scored: a retry of it is a new step."
   @spec release(ticket()) :: :ok
   def release(nil), do: :ok
 
-  def release({{session_id, step_id}, seq}) do
-    forget(session_id, step_id, seq)
-  rescue
-    ArgumentError -> :ok
+  def release({session_id, step_id, seq}) do
+    Native.answered_release(store(), session_id, step_id, seq)
+    :ok
   end
 
-  @doc "What is held: steps, sessions, and the tables' memory in bytes."
+  @doc "How many steps of the session are remembered."
+  @spec count(String.t()) :: non_neg_integer()
+  def count(session_id), do: Native.answered_session_len(store(), session_id)
+
+  @doc """
+  What is held: steps, sessions, and bytes (the slabs' capacity plus the ids and
+  answers they hold).
+  """
   @spec stats() :: %{
           steps: non_neg_integer(),
           sessions: non_neg_integer(),
           bytes: non_neg_integer()
         }
   def stats do
-    words = Enum.sum(for t <- [@steps, @by_session, @by_age, @counts], do: :ets.info(t, :memory))
-
-    %{
-      steps: :ets.info(@steps, :size),
-      sessions: :ets.info(@counts, :size),
-      bytes: words * :erlang.system_info(:wordsize)
-    }
+    {steps, sessions, bytes} = Native.answered_stats(store())
+    %{steps: steps, sessions: sessions, bytes: bytes}
   end
 
-  ## Bounds
+  @doc false
+  # Forgets the steps older than `window_ms` now; the sweep's work, and tests'.
+  def sweep(window_ms \\ setting(env(), :window_ms)),
+    do: Native.answered_sweep(store(), System.monotonic_time(:millisecond), window_ms)
 
-  defp index(session_id, step_id, seq, now, settings) do
-    :ets.insert(@by_age, {seq, session_id, step_id, now})
-    total = :atomics.add_get(total(), 1, 1)
-    :ets.insert(@by_session, {{session_id, seq}, step_id})
-    count = :ets.update_counter(@counts, session_id, {2, 1}, {session_id, 0})
+  defp store, do: :persistent_term.get(__MODULE__)
 
-    if count > settings[:max_steps_per_session], do: forget_oldest_of(session_id)
-    if total > settings[:max_steps], do: forget_oldest(total - settings[:max_steps])
-    :ok
-  end
-
-  defp forget_oldest_of(session_id) do
-    with {^session_id, seq} = key <- :ets.next(@by_session, {session_id, 0}),
-         [{_, step_id}] <- :ets.lookup(@by_session, key),
-         do: forget(session_id, step_id, seq)
-  end
-
-  defp forget_oldest(0), do: :ok
-
-  defp forget_oldest(n) do
-    with seq when is_integer(seq) <- :ets.first(@by_age),
-         [{_, session_id, step_id, _}] <- :ets.lookup(@by_age, seq) do
-      forget(session_id, step_id, seq)
-      forget_oldest(n - 1)
-    end
-  end
-
-  # Idempotent, and safe against a racing forget: each row is taken by one process,
-  # which alone adjusts the count that row stands for.
-  defp forget(session_id, step_id, seq) do
-    if :ets.take(@by_age, seq) != [], do: :atomics.sub(total(), 1, 1)
-    if :ets.take(@by_session, {session_id, seq}) != [], do: uncount(session_id)
-    :ets.select_delete(@steps, [{{{session_id, step_id}, :_, seq, :_, :_}, [], [true]}])
-    :ok
-  end
-
-  defp uncount(session_id) do
-    if :ets.update_counter(@counts, session_id, {2, -1}) <= 0,
-      do: :ets.select_delete(@counts, [{{session_id, :"$1"}, [{:"=<", :"$1", 0}], [true]}])
-  end
-
-  defp total, do: :persistent_term.get(__MODULE__)
-
-  ## The process: owns the tables, forgets steps that left the window
+  ## The process: owns the store, forgets steps that left the window
 
   @impl true
   def init(_opts) do
-    for {name, type} <- [
-          {@steps, :set},
-          {@by_session, :ordered_set},
-          {@by_age, :ordered_set},
-          {@counts, :set}
-        ] do
-      :ets.new(name, [
-        :named_table,
-        :public,
-        type,
-        write_concurrency: true,
-        read_concurrency: true
-      ])
-    end
+    # A restart keeps the memory: the store is the NIF resource, not this process's.
+    if :persistent_term.get(__MODULE__, nil) == nil,
+      do: :persistent_term.put(__MODULE__, Native.answered_new(@shards))
 
-    :persistent_term.put(__MODULE__, :atomics.new(1, signed: true))
     IdleSweep.schedule()
     {:ok, %{}}
   end
 
   @impl true
   def handle_info(:sweep, state) do
-    sweep(System.monotonic_time(:millisecond) - settings()[:window_ms])
+    sweep()
     IdleSweep.schedule()
     {:noreply, state}
   end
 
   def handle_info(_other, state), do: {:noreply, state}
-
-  @doc false
-  # Forgets every step older than `cutoff` (monotonic ms); the sweep's work, and tests'.
-  def sweep(cutoff) do
-    with seq when is_integer(seq) <- :ets.first(@by_age),
-         [{_, session_id, step_id, at}] when at < cutoff <- :ets.lookup(@by_age, seq) do
-      forget(session_id, step_id, seq)
-      sweep(cutoff)
-    else
-      _ -> :ok
-    end
-  end
 end

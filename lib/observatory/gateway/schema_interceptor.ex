@@ -176,7 +176,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp once(envelope, fields, opts) do
     %{session_id: session_id, step_id: step_id} = fields
 
-    case Idempotency.claim(session_id, step_id, Idempotency.fingerprint(envelope)) do
+    case Idempotency.claim(session_id, step_id, Idempotency.fingerprint(envelope, fields)) do
       {:new, ticket} ->
         result =
           try do

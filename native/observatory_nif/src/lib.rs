@@ -5,6 +5,7 @@ mod data_dir_lock;
 mod decision_log;
 mod entropy_tracker;
 mod error;
+mod idempotency;
 mod json;
 mod kill_switch;
 mod loop_verdict;
@@ -58,6 +59,11 @@ mod atoms {
         invalid_json,
         // data directory lock
         locked,
+        // idempotency: what a claim finds
+        new,
+        replay,
+        conflict,
+        in_progress,
     }
 }
 
