@@ -241,6 +241,58 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "idempotent ingest: the owner decides" do
+    test "a retry after the owner's 503 is counted once, whichever node it reaches",
+         %{nodes: [a, b, c]} do
+      session = owned_by(b, [a, b, c], "sess-retry")
+      [step] = steps(session, 1)
+      body = JSON.encode!(put_in(step, ["meta", "agent_id"], "agent-http"))
+      window = fn -> :erpc.call(b, Observatory.Gateway.EntropyTracker, :window, [session]) end
+
+      # a gives up on b at once: the client gets 503, and b scores the step anyway.
+      config = :erpc.call(a, Cluster, :config, [])
+
+      :ok =
+        :erpc.call(a, Application, :put_env, [
+          :observatory,
+          :cluster,
+          Keyword.put(config, :rpc_timeout_ms, 0)
+        ])
+
+      port_a = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
+
+      assert %{status: 503, body: refused} =
+               http(:post, port_a, "/api/v1/decision_logs", body, "test-agent-key")
+
+      assert refused =~ "owner_unavailable"
+      :ok = await(fn -> length(window.()) == 1 end)
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+
+      # The client retries, through c, then through a: the owner's first answer twice.
+      answers =
+        for node <- [c, a] do
+          port = :erpc.call(node, ObservatoryWeb.Endpoint, :port, [])
+
+          assert %{status: 200, body: answer} =
+                   http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")
+
+          {:ok, answer} = JSON.decode(answer)
+          answer
+        end
+
+      assert [%{"replayed" => true} = first, %{"replayed" => true} = second] = answers
+      assert first == second
+      assert first["verdict"]["step_number"] == 1
+      assert length(window.()) == 1
+      assert :erpc.call(b, Observatory.Gateway.SessionLog, :count, [session]) == 1
+      # Nothing scored or remembered anywhere else.
+      for n <- [a, c] do
+        assert :erpc.call(n, Observatory.Gateway.EntropyTracker, :session, [session]) == nil
+        assert :erpc.call(n, Observatory.Gateway.Idempotency, :count, [session]) == 0
+      end
+    end
+  end
+
   describe "issue 14: the whole fleet on every node" do
     test "the session API, Inspect and Pause work on a node that does not own the session",
          %{nodes: [a, b, c]} do
@@ -403,6 +455,15 @@ defmodule Observatory.ClusterDistributedTest do
     events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
     assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
+  end
+
+  # Until `check` holds (what a step scored on another node does is seen by polling).
+  defp await(check, tries \\ 200) do
+    cond do
+      check.() -> :ok
+      tries == 0 -> flunk("never happened")
+      true -> Process.sleep(10) && await(check, tries - 1)
+    end
   end
 
   defp http(method, port, path, body \\ "", token \\ "test-operator-token") do
