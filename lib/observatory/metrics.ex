@@ -122,7 +122,20 @@ defmodule Observatory.Metrics do
       "\n"
     ]
 
-    [counters, severities, verdicts, histogram]
+    [counters, severities, verdicts, histogram, remembered()]
+  end
+
+  # What the idempotency check holds now (Observatory.Gateway.Idempotency), as gauges.
+  defp remembered do
+    stats = Observatory.Gateway.Idempotency.stats()
+
+    for {name, value} <- [
+          {"observatory_idempotency_steps", stats.steps},
+          {"observatory_idempotency_sessions", stats.sessions},
+          {"observatory_idempotency_bytes", stats.bytes}
+        ] do
+      ["# TYPE ", name, " gauge\n", name, " ", Integer.to_string(value), "\n"]
+    end
   end
 
   defp ref, do: :persistent_term.get(__MODULE__)

@@ -274,6 +274,9 @@ defmodule ObservatoryWeb.APITest do
     assert metrics.body =~ ~s(observatory_ingest_duration_microseconds_bucket{le="+Inf"})
     assert metrics.body =~ ~s(observatory_severity_total{severity="loop"})
     assert metrics.body =~ ~s(observatory_verdict_total{verdict="suspect"})
+    assert metrics.body =~ ~r/^observatory_step_replays_total \d+$/m
+    assert metrics.body =~ ~r/^observatory_idempotency_steps \d+$/m
+    assert metrics.body =~ ~r/^observatory_idempotency_bytes \d+$/m
     assert HTTP.get("/nope").status == 404
     assert HTTP.get("/api/v1/decision_logs").status == 405
   end

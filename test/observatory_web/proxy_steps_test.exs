@@ -5,7 +5,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   use ExUnit.Case, async: false
 
   alias Observatory.Gateway.{DecisionLog, HITL, Idempotency, SessionLog}
-  alias Observatory.JSON
+  alias Observatory.{JSON, Metrics}
   alias Observatory.Proxy.Steps
   alias Observatory.Test.{HTTP, Upstream}
   alias ObservatoryWeb.SessionClusterManager, as: Manager
@@ -86,10 +86,14 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       assert envelope["proxy"] == %{"api" => "chat_completions", "tool_call_id" => "call_3"}
       assert is_float(envelope["cognition"]["entropy_score"])
 
-      # A retry of the same turn (the SDK after a timeout) adds nothing.
+      # A retry of the same turn (the SDK after a timeout) adds nothing: the gateway
+      # answers its step as a replay.
+      {proxied, replays} = {Metrics.get(:proxy_steps), Metrics.get(:step_replays)}
       assert chat(agent, conversation("Fix build #{n}", 3), headers).status == 200
       assert length(steps(session)) == 3
       assert SessionLog.count(session) == 3
+      assert Metrics.get(:proxy_steps) == proxied
+      assert Metrics.get(:step_replays) > replays
     end
 
     test "without X-Session-Id the session is derived from the conversation, stable across turns",
