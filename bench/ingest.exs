@@ -3,10 +3,14 @@
 #   MIX_ENV=prod mix run bench/ingest.exs             # in-process + HTTP (needs wrk)
 #   MIX_ENV=prod mix run bench/ingest.exs -- --quick
 #
-# In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions.
+# In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions,
+# every step a new one (its own step_id), with the idempotency check and without it
+# (`enabled: false`), alternately in the same run: the check's cost per step is the
+# difference, and their ratio. Then the same steps again: each a retry, answered from
+# memory (a replay).
 # HTTP: wrk POSTing envelopes to /api/v1/decision_logs against the same server's
 # /healthz as the baseline (the cost of HTTP alone), reported as a ratio.
-alias Observatory.Gateway.SchemaInterceptor
+alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
 quick? = "--quick" in System.argv()
@@ -17,11 +21,12 @@ intents = ~w(search plan execute summarize)
 tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
 statuses = ~w(success failure pending)
 
-messages =
+# Each message is a template around its step_id: every ingest is a new step.
+templates =
   for i <- 0..9_999 do
     Observatory.JSON.encode!(%{
       "meta" => %{
-        "step_id" => "step-#{i}",
+        "step_id" => "@STEP@",
         "session_id" => "sess-#{rem(i, 1000)}",
         "agent_id" => "agent-#{rem(i, 50)}",
         "parent_step_id" => "step-#{i - 1}",
@@ -40,14 +45,20 @@ messages =
         "result" => %{"bytes" => 1024 + i}
       }
     })
+    |> String.split("@STEP@")
+    |> List.to_tuple()
   end
   |> List.to_tuple()
 
+{pre, post} = elem(templates, 0)
+
 IO.puts(
-  "message size: ~#{byte_size(elem(messages, 0))} bytes; schedulers: #{System.schedulers_online()}\n"
+  "message size: ~#{byte_size(pre <> "r1-1-1" <> post)} bytes; schedulers: #{System.schedulers_online()}\n"
 )
 
-run = fn callers ->
+# `callers` processes each ingest `count` steps, step ids tagged with `run`.
+# Returns messages per second.
+run = fn callers, run, count ->
   parent = self()
 
   {micros, _} =
@@ -55,8 +66,11 @@ run = fn callers ->
       pids =
         for c <- 1..callers do
           spawn_link(fn ->
-            for n <- 1..per_caller do
-              {:ok, _} = SchemaInterceptor.ingest(elem(messages, rem(n * 7 + c, 10_000)))
+            tag = run <> "-" <> Integer.to_string(c) <> "-"
+
+            for n <- 1..count do
+              {pre, post} = elem(templates, rem(n * 7 + c, 10_000))
+              {:ok, _} = SchemaInterceptor.ingest(pre <> tag <> Integer.to_string(n) <> post)
             end
 
             send(parent, {:done, self()})
@@ -66,12 +80,53 @@ run = fn callers ->
       for pid <- pids, do: receive(do: ({:done, ^pid} -> :ok))
     end)
 
-  callers * per_caller / (micros / 1_000_000)
+  callers * count / (micros / 1_000_000)
 end
 
-IO.puts("| in-process callers | messages/s |")
-IO.puts("|---:|---:|")
-for callers <- [1, 2], do: IO.puts("| #{callers} | #{round(run.(callers))} |")
+check = fn on? ->
+  configured = Application.get_env(:observatory, :idempotency, [])
+  Application.put_env(:observatory, :idempotency, Keyword.put(configured, :enabled, on?))
+end
+
+us = fn rate, callers -> callers / rate * 1_000_000 end
+r = fn x -> :erlang.float_to_binary(x / 1, decimals: 2) end
+
+IO.puts(
+  "| in-process callers | without the check | with the check | the check a step | ratio | a retry (replayed) |"
+)
+
+IO.puts("|---:|---:|---:|---:|---:|---:|")
+
+for callers <- [1, 2] do
+  # Alternately, twice each; the better of each pair.
+  rates =
+    for {on?, round} <- [{true, 1}, {false, 1}, {true, 2}, {false, 2}] do
+      check.(on?)
+      {on?, run.(callers, "c#{callers}-#{on?}-#{round}", per_caller)}
+    end
+
+  best = fn on? ->
+    rates |> Enum.filter(&(elem(&1, 0) == on?)) |> Enum.map(&elem(&1, 1)) |> Enum.max()
+  end
+
+  {with, without} = {best.(true), best.(false)}
+  # Steps sent twice: the second time every one is answered from memory. (Fewer of
+  # them: all must fit under the default cap, 100 000 remembered.)
+  check.(true)
+  run.(callers, "r#{callers}", 20_000)
+  replayed = run.(callers, "r#{callers}", 20_000)
+
+  IO.puts(
+    "| #{callers} | #{round(without)} msg/s (#{r.(us.(without, callers))} µs) " <>
+      "| #{round(with)} msg/s (#{r.(us.(with, callers))} µs) " <>
+      "| #{r.(us.(with, callers) - us.(without, callers))} µs " <>
+      "| #{r.(without / with)} | #{round(replayed)} msg/s |"
+  )
+end
+
+IO.puts(
+  "\nremembered at the end: #{inspect(Idempotency.stats())} (#{inspect(Idempotency.settings())})\n"
+)
 
 if System.find_executable("wrk") do
   # Agent "a"'s own key: a key acts only as its agent (issue 13).
@@ -83,10 +138,15 @@ if System.find_executable("wrk") do
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Authorization"] = "Bearer #{bench_key}"
-  local n = 0
+  -- Each thread its own step ids: a step id sent twice would be answered as a replay.
+  local threads, n = 0, 0
+  setup = function(thread)
+    threads = threads + 1
+    thread:set("id", tostring(threads))
+  end
   request = function()
     n = n + 1
-    local body = string.format('{"meta":{"step_id":"w%d","session_id":"wsess-%d","agent_id":"a","timestamp":"2026-02-22T10:30:00Z"},"cognition":{"intent":"search","entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/x"},"status":"success"}}', n, n % 1000)
+    local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"wsess-%d","agent_id":"a","timestamp":"2026-02-22T10:30:00Z"},"cognition":{"intent":"search","entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/x"},"status":"success"}}', id or "0", n, n % 1000)
     return wrk.format(nil, "/api/v1/decision_logs", nil, body)
   end
   """)

@@ -5,7 +5,7 @@ defmodule Observatory.Gateway.Idempotency do
   LLM proxy sees twice, a retry after a cluster owner's `503` — is answered with its
   first answer and never counted twice.
 
-  A step is identified by its session and `meta.step_id`. `claim/3` is the one check,
+  A step is identified by its session and `meta.step_id`. `claim/2` is the one check,
   made on the session's owner before anything is scored:
 
     * `{:new, ticket}` — not seen (or no longer remembered): score it, then
@@ -48,7 +48,7 @@ defmodule Observatory.Gateway.Idempotency do
 
   use GenServer
 
-  alias Observatory.Gateway.IdleSweep
+  alias Observatory.Gateway.{DecisionLog, IdleSweep}
   alias Observatory.{Metrics, Native}
 
   @shards 16
@@ -121,7 +121,19 @@ defmodule Observatory.Gateway.Idempotency do
     end
   end
 
-  @doc "Claims a step for scoring, or says why it is not scored again (see the module doc)."
+  @doc """
+  Claims a parsed step for scoring, or says why it is not scored again (see the module
+  doc). Nothing is computed when the check is off (`enabled: false`).
+  """
+  @spec claim(map(), DecisionLog.fields()) ::
+          {:new, ticket()} | {:replay, term()} | {:error, refusal()}
+  def claim(envelope, fields) do
+    if setting(env(), :enabled),
+      do: claim(fields.session_id, fields.step_id, fingerprint(envelope, fields)),
+      else: {:new, nil}
+  end
+
+  @doc "`claim/2` for a step whose fingerprint (`fingerprint/2`) is known."
   @spec claim(String.t(), String.t(), binary()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
   def claim(session_id, step_id, fingerprint) do

@@ -174,9 +174,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   # A step is scored once; its retries get the first answer (Idempotency).
   defp once(envelope, fields, opts) do
-    %{session_id: session_id, step_id: step_id} = fields
-
-    case Idempotency.claim(session_id, step_id, Idempotency.fingerprint(envelope, fields)) do
+    case Idempotency.claim(envelope, fields) do
       {:new, ticket} ->
         result =
           try do
