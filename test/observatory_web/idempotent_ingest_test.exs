@@ -61,7 +61,7 @@ defmodule ObservatoryWeb.IdempotentIngestTest do
                "violations" => [%{"path" => "meta.step_id"}]
              } = resp.body
 
-      assert message =~ ~s("#{sid}-1" of session "#{sid}")
+      assert message =~ ~s(step "#{sid}-1" of session "#{sid}" was already recorded)
       assert length(EntropyTracker.window(sid)) == 1
     end
 

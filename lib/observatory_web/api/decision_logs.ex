@@ -59,14 +59,16 @@ defmodule ObservatoryWeb.API.DecisionLogs do
         Conn.json(conn, 200, answer(result))
 
       {:error, {:conflict, violation}} ->
-        Conn.error(conn, 409, "step_conflict", violation.reason, %{violations: [violation]})
+        Conn.error(conn, 409, "step_conflict", "step " <> violation.reason, %{
+          violations: [violation]
+        })
 
       {:error, {:in_progress, violation}} ->
         Conn.error(
           conn,
           503,
           "step_in_progress",
-          violation.reason,
+          "step " <> violation.reason,
           %{violations: [violation]},
           [{"Retry-After", "1"}]
         )
