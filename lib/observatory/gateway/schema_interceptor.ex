@@ -172,6 +172,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
          do: once(envelope, fields, opts)
   end
 
+  # Not kept for a retry: its own (ids, envelope) or current (the pause) instead.
+  @not_kept [:step_id, :session_id, :agent_id, :envelope, :paused, :directives]
+
   # A step is scored once; its retries get the first answer (Idempotency).
   defp once(envelope, fields, opts) do
     case Idempotency.claim(envelope, fields) do
@@ -185,11 +188,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
               :erlang.raise(kind, reason, __STACKTRACE__)
           end
 
-        Idempotency.complete(ticket, Map.drop(result, [:envelope, :paused, :directives]))
+        Idempotency.complete(ticket, Map.drop(result, @not_kept))
         {:ok, Map.put(result, :replayed, false)}
 
       {:replay, first} ->
-        {:ok, replay(first, envelope)}
+        {:ok, replay(first, envelope, fields)}
 
       {:error, _refusal} = error ->
         error
@@ -197,8 +200,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   end
 
   # The first answer again, with the session's pause as it is now.
-  defp replay(first, envelope) do
-    pause = HITL.pause_of(first.session_id)
+  defp replay(first, envelope, fields) do
+    pause = HITL.pause_of(fields.session_id)
 
     envelope =
       if first.severity,
@@ -206,6 +209,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         else: envelope
 
     Map.merge(first, %{
+      step_id: fields.step_id,
+      session_id: fields.session_id,
+      agent_id: fields.agent_id,
       paused: pause != nil,
       directives: directives(pause) ++ step_directives(first.step),
       envelope: envelope,

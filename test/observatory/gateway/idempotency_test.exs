@@ -201,15 +201,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
       assert reason =~ "is still being scored"
 
-      first = %{
-        step_id: "step-1",
-        session_id: sid,
-        agent_id: "agent-http",
-        entropy_score: 1.0,
-        severity: :normal,
-        verdict: nil,
-        step: nil
-      }
+      first = %{entropy_score: 1.0, severity: :normal, verdict: nil, step: nil}
 
       Idempotency.complete(ticket, first)
       assert {:ok, %{replayed: true, entropy_score: 1.0}} = SchemaInterceptor.ingest(step)
