@@ -128,40 +128,48 @@ defmodule Observatory.Gateway.Idempotency do
   @spec claim(map(), DecisionLog.fields()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
   def claim(envelope, fields) do
-    if setting(env(), :enabled),
-      do: claim(fields.session_id, fields.step_id, fingerprint(envelope, fields)),
-      else: {:new, nil}
+    case limits() do
+      nil -> {:new, nil}
+      limits -> claim(fields.session_id, fields.step_id, fingerprint(envelope, fields), limits)
+    end
   end
 
   @doc "`claim/2` for a step whose fingerprint (`fingerprint/2`) is known."
   @spec claim(String.t(), String.t(), binary()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
   def claim(session_id, step_id, fingerprint) do
+    case limits() do
+      nil -> {:new, nil}
+      limits -> claim(session_id, step_id, fingerprint, limits)
+    end
+  end
+
+  # `{window_ms, max_steps_per_session, max_steps}`, or nil when the check is off.
+  defp limits do
     env = env()
 
-    if setting(env, :enabled) do
-      limits =
+    if setting(env, :enabled),
+      do:
         {setting(env, :window_ms), setting(env, :max_steps_per_session), setting(env, :max_steps)}
+  end
 
-      now = System.monotonic_time(:millisecond)
+  defp claim(session_id, step_id, fingerprint, limits) do
+    now = :erlang.monotonic_time(:millisecond)
 
-      case Native.answered_claim(store(), session_id, step_id, fingerprint, now, limits) do
-        {:new, seq} ->
-          {:new, {session_id, step_id, seq}}
+    case Native.answered_claim(store(), session_id, step_id, fingerprint, now, limits) do
+      {:new, seq} ->
+        {:new, {session_id, step_id, seq}}
 
-        {:replay, answer} ->
-          Metrics.inc(:step_replays)
-          {:replay, :erlang.binary_to_term(answer)}
+      {:replay, answer} ->
+        Metrics.inc(:step_replays)
+        {:replay, :erlang.binary_to_term(answer)}
 
-        :conflict ->
-          Metrics.inc(:step_conflicts)
-          refuse(:conflict, session_id, step_id)
+      :conflict ->
+        Metrics.inc(:step_conflicts)
+        refuse(:conflict, session_id, step_id)
 
-        :in_progress ->
-          refuse(:in_progress, session_id, step_id)
-      end
-    else
-      {:new, nil}
+      :in_progress ->
+        refuse(:in_progress, session_id, step_id)
     end
   end
 
