@@ -37,8 +37,9 @@ defmodule Observatory.Gateway.Idempotency do
   | `:max_steps` | `100_000` | steps remembered in all; past it the oldest go, whatever their session |
   | `:enabled` | `true` | `false`: every delivery is a new step, nothing is remembered |
 
-  The store is Rust (`observatory_core::answered_steps`): 16 shards by session,
-  each capped at its share of `:max_steps`, every check O(1). Steps past a cap go at
+  The store is Rust (`observatory_core::answered_steps`): 64 shards by session,
+  each capped at its share of `:max_steps` (so a session holds at most the smaller of
+  `:max_steps_per_session` and `:max_steps / 64`), every check O(1). Steps past a cap go at
   once; steps that left the window are never answered from memory and are freed at
   the idle sweep (`:entropy_sweep_interval_ms`). `stats/0` and `count/1` count what is
   held. The memory lives on the node that scores the session's steps: when a
@@ -51,7 +52,7 @@ defmodule Observatory.Gateway.Idempotency do
   alias Observatory.Gateway.{DecisionLog, IdleSweep}
   alias Observatory.{Metrics, Native}
 
-  @shards 16
+  @shards 64
   @defaults [
     enabled: true,
     window_ms: :timer.minutes(10),
