@@ -7,8 +7,8 @@
 //! claimant is scoring it, and a retry arriving meanwhile is told so.
 //!
 //! Memory is bounded three ways: per session (`max_steps_per_session`, the session's
-//! oldest go first), in all (`max_steps`, split evenly over the shards; the shard's
-//! oldest go first) and in time (a step older than `window_ms` is never answered from
+//! oldest go first), in all (`max_steps`, split over the shards, at least one step
+//! each; the shard's oldest go first) and in time (a step older than `window_ms` is never answered from
 //! memory, and [`AnsweredSteps::sweep`] frees it). Each shard keeps its steps in a slab
 //! threaded by two doubly linked lists — the shard's age order and each session's — so
 //! every claim, answer and eviction is O(1): no scan, no compaction, however the caps
@@ -141,7 +141,8 @@ impl<P> AnsweredSteps<P> {
     ) -> Claim {
         let session_hash = self.hasher.hash_one(session);
         let hash = self.hasher.hash_one((session, step));
-        let mut shard = self.shard(session_hash).lock();
+        let index = self.shard_index(session_hash);
+        let mut shard = self.shards[index].lock();
         if let Some(at) = shard.find(hash, session, step) {
             let node = shard.node(at);
             let stale = node.at_ms < now_ms.saturating_sub(limits.window_ms)
@@ -155,7 +156,11 @@ impl<P> AnsweredSteps<P> {
             }
             shard.remove(at);
         }
-        let max_in_shard = limits.max_steps.div_ceil(self.shards.len()).max(1);
+        // The shard's share of `max_steps`: the shares add up to it exactly (but each
+        // shard holds at least the step just claimed).
+        let n = self.shards.len();
+        let max_in_shard =
+            (limits.max_steps / n + usize::from(index < limits.max_steps % n)).max(1);
         let seq = shard.insert(
             session,
             session_hash,
@@ -253,7 +258,11 @@ impl<P> AnsweredSteps<P> {
     }
 
     fn shard(&self, session_hash: u64) -> &Mutex<Shard<P>> {
-        &self.shards[(session_hash >> 32) as usize % self.shards.len()]
+        &self.shards[self.shard_index(session_hash)]
+    }
+
+    fn shard_index(&self, session_hash: u64) -> usize {
+        (session_hash >> 32) as usize % self.shards.len()
     }
 }
 
