@@ -60,8 +60,10 @@ config :observatory,
   # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_concurrent: 256,
-  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once:
+  # in all, and per agent (an agent's new keys only ever push out its own old ones).
   proxy_step_memory: 100_000,
+  proxy_step_memory_per_agent: 10_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
   kill_switch: [
     window_size: 10,

@@ -197,7 +197,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
       [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      assert Observatory.Proxy.StepMemory.claim(session, key)
+      assert Observatory.Proxy.StepMemory.claim("#{victim}-other", session, key)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1

@@ -21,7 +21,7 @@ defmodule Observatory.Proxy.Steps do
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
   for the next turn even when the model repeats the same call with the same id.
-  `Observatory.Proxy.StepMemory` remembers the keys ingested per session.
+  `Observatory.Proxy.StepMemory` remembers the keys ingested per agent and session.
   """
 
   require Logger
@@ -50,8 +50,8 @@ defmodule Observatory.Proxy.Steps do
     format
     |> envelopes(agent_id, session_id, body)
     |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(session_id, key))
+      StepMemory.claim(agent_id, session_id, key) and
+        (ingest(envelope, agent_id, session_id) or release(agent_id, session_id, key))
     end)
   end
 
@@ -127,8 +127,8 @@ defmodule Observatory.Proxy.Steps do
   end
 
   # A step that was not ingested is not remembered: the next turn carries it again.
-  defp release(session_id, key) do
-    StepMemory.release(session_id, key)
+  defp release(agent_id, session_id, key) do
+    StepMemory.release(agent_id, session_id, key)
     false
   end
 
