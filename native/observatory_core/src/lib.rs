@@ -15,6 +15,7 @@
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
 //! * [`messages`] — the last user message and tool-call signatures of a chat request.
 //! * [`anthropic_messages`] — the same for an Anthropic Messages request and answer.
+//! * [`responses`] — the same for an OpenAI Responses API request and answer.
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
@@ -32,6 +33,7 @@ pub mod loop_verdict;
 pub mod messages;
 pub mod normalize;
 pub mod replay;
+pub mod responses;
 pub mod session_store;
 pub mod severity;
 pub mod simhash;
