@@ -63,6 +63,20 @@ if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
   config :observatory, anthropic_upstream_api_key: key
 end
 
+#   OBSERVATORY_LLM_TIMEOUT_MS=600000  OBSERVATORY_LLM_MAX_STREAM_MS=1800000
+#   OBSERVATORY_LLM_MAX_REQUEST_BYTES=33554432
+for {var, key} <- [
+      {"OBSERVATORY_LLM_TIMEOUT_MS", :llm_timeout_ms},
+      {"OBSERVATORY_LLM_MAX_STREAM_MS", :llm_max_stream_ms},
+      {"OBSERVATORY_LLM_MAX_REQUEST_BYTES", :llm_max_request_bytes}
+    ],
+    value = System.get_env(var) do
+  case Integer.parse(value) do
+    {n, ""} when n > 0 -> config :observatory, [{key, n}]
+    _ -> raise "#{var} must be a positive integer, got: #{inspect(value)}"
+  end
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

@@ -144,7 +144,14 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       refute_received {:upstream_request, _, _}
 
       {:ok, _} = HITL.resume(session, operator: "alice")
-      assert chat(agent, conversation("Loop #{n}", 8, same)).status == 200
+
+      # Seven identical calls with the same result: the step detector has blocked the
+      # session too, and its block refuses the next request the way a pause does.
+      blocked = chat(agent, conversation("Loop #{n}", 8, same))
+      assert blocked.status == 403
+      assert blocked.body["error"]["code"] == "session_blocked"
+      :ok = Observatory.Gateway.StepDetector.reset(session, operator: "alice")
+      assert chat(agent, conversation("Loop #{n}", 9, same)).status == 200
     end
   end
 

@@ -10,42 +10,46 @@ defmodule Observatory.Proxy.Steps do
 
   | DecisionLog field | from |
   |---|---|
-  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a hash of the agent id and the conversation's start (`session_id/2`) |
+  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a keyed hash of the agent id and the conversation's start (`session_id/2`) |
   | `meta.agent_id` | the proxy's agent id |
   | `meta.step_id` | `"proxy-"` + the step's key (below) |
   | `cognition.intent` | the assistant turn's text, else the last user text, else `"call <tool>"` (at most 1 KiB) |
   | `action.tool_call`, `action.tool_input` | the call's name and arguments (parsed when they are JSON) |
   | `action.status`, `action.result` | `success` with the tool result; `failure` for an Anthropic `is_error` result; `pending` while unanswered |
-  | `proxy` | `{"api", "tool_call_id"}`, kept as an unknown field |
+  | `proxy` | `{"api", "tool_call_id"}` (`api`: `chat_completions`, `messages` or `responses`), kept as an unknown field |
 
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
   for the next turn even when the model repeats the same call with the same id.
   `Observatory.Proxy.StepMemory` remembers the keys ingested per agent and session.
+
+  The Responses API's `function_call` and `function_call_output` items are read as
+  the Chat Completions tool calls and `role: "tool"` messages they are
+  (`Observatory.Proxy.Responses.chat_body/1`).
   """
 
   require Logger
 
   alias Observatory.Gateway.SchemaInterceptor
   alias Observatory.Metrics
-  alias Observatory.Proxy.{Conversation, StepMemory}
+  alias Observatory.Proxy.{Conversation, Responses, SessionId, StepMemory}
 
   @max_field_bytes 1024
 
   @doc """
   The session of a request that names none: a stable id derived from the agent and
-  the start of the conversation, the same on every turn.
+  the start of the conversation, the same on every turn, keyed with a server secret
+  (`Observatory.Proxy.SessionId`).
   """
   @spec session_id(String.t(), map()) :: String.t()
-  def session_id(agent_id, body) do
-    "proxy-" <> hash({agent_id, Conversation.start(body)}, 12)
-  end
+  defdelegate session_id(agent_id, body), to: SessionId, as: :derive
 
   @doc """
   Ingests the steps of the request's previous assistant turn that were not ingested
   before. Returns how many were.
   """
-  @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
+  @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          non_neg_integer()
   def record(format, agent_id, session_id, body) do
     format
     |> envelopes(agent_id, session_id, body)
@@ -60,7 +64,14 @@ defmodule Observatory.Proxy.Steps do
   with its key (see the module doc: the same on every later turn that carries it).
   Nothing is ingested; `mix observatory.replay` reads recorded requests with it.
   """
-  @spec envelopes(Conversation.format(), String.t(), String.t(), map()) :: [{String.t(), map()}]
+  @spec envelopes(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          [{String.t(), map()}]
+  # The Responses API's items, read as the Chat Completions conversation they are.
+  def envelopes(:responses, agent_id, session_id, body) do
+    for {key, envelope} <- envelopes(:openai, agent_id, session_id, Responses.chat_body(body)),
+        do: {key, put_in(envelope, ["proxy", "api"], "responses")}
+  end
+
   def envelopes(format, agent_id, session_id, body) do
     case Conversation.last_turn(format, body) do
       nil ->
