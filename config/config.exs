@@ -63,6 +63,8 @@ config :observatory,
   # Caps of the proxy: a request body (a whole conversation), an upstream answer's bytes
   # (streamed or not), one server-sent event, upstream calls in flight.
   llm_max_request_bytes: 32 * 1024 * 1024,
+  # Request bodies the proxy holds at once while it reads and takes them apart.
+  llm_max_request_bytes_in_flight: 256 * 1024 * 1024,
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_event_bytes: 4 * 1024 * 1024,
   llm_max_concurrent: 256,

@@ -227,6 +227,59 @@ defmodule ObservatoryWeb.ProxyTransportTest do
     end
   end
 
+  describe "issue 19 item 4: the bodies held at once have a budget" do
+    test "past :llm_max_request_bytes_in_flight, 503 gateway_busy with Retry-After; one alone always passes",
+         %{agent: agent} do
+      use_openai(Upstream.answering("ok"))
+      Application.put_env(:observatory, :llm_max_request_bytes_in_flight, 10_000)
+      on_exit(fn -> Application.delete_env(:observatory, :llm_max_request_bytes_in_flight) end)
+
+      # One request larger than the whole budget, alone: admitted.
+      big = %{model: "m", messages: [%{role: "user", content: String.duplicate("x", 20_000)}]}
+      assert chat(agent, big).status == 200
+
+      # A slow client holds 9,000 bytes of the budget while its body trickles in.
+      {:ok, slow} =
+        :gen_tcp.connect(~c"127.0.0.1", ObservatoryWeb.Endpoint.port(), [:binary, active: false])
+
+      :ok =
+        :gen_tcp.send(
+          slow,
+          "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer #{HTTP.key_for(agent)}\r\n" <>
+            "Content-Type: application/json\r\nContent-Length: 9000\r\n\r\n{\"model\": "
+        )
+
+      await(fn -> Slots.request_bytes_in_flight() >= 9_000 end)
+
+      # (:httpc would retry a 503 with Retry-After by itself: the agent's side is raw.)
+      body =
+        JSON.encode!(%{
+          model: "m",
+          messages: [%{role: "user", content: String.duplicate("y", 2_000)}]
+        })
+
+      headers = [{"content-type", "application/json"} | HTTP.agent_headers(agent)]
+      {:ok, conn} = HTTPClient.request(HTTP.url("/v1/chat/completions"), headers, body)
+      {:ok, 503, busy_headers, conn} = HTTPClient.read_head(conn)
+      {:ok, busy, _} = HTTPClient.read_all(conn)
+      assert {:ok, %{"error" => %{"code" => "gateway_busy"}}} = JSON.decode(busy)
+      assert {"retry-after", "1"} in busy_headers
+
+      :gen_tcp.close(slow)
+      await(fn -> Slots.request_bytes_in_flight() == 0 end)
+      assert chat(agent, conversation("S", "after", 0)).status == 200
+    end
+  end
+
+  # Polls a condition another process makes true (a socket's bytes being read).
+  defp await(condition, tries \\ 200) do
+    cond do
+      condition.() -> :ok
+      tries == 0 -> flunk("the condition never held")
+      true -> Process.sleep(10) && await(condition, tries - 1)
+    end
+  end
+
   describe "issue 19 item 5: upstream headers pass through, error or not" do
     @upstream_key "sk-upstream-secret-key"
 

@@ -40,6 +40,8 @@ defmodule Observatory.KillSwitch.Upstream do
           | :count_tokens
           | :anthropic_models
 
+  @bytes_key {__MODULE__, :request_bytes}
+
   @endpoints %{
     chat_completions: {:openai, "/chat/completions"},
     responses: {:openai, "/responses"},
@@ -55,12 +57,14 @@ defmodule Observatory.KillSwitch.Upstream do
   end
 
   @doc """
-  Creates the in-flight counter. Returns `:ignore`: there is no process; the counter
-  is published with `:persistent_term` once and outlives restarts of the supervisor.
+  Creates the in-flight counters (calls, request bytes). Returns `:ignore`: there is
+  no process; the counters are published with `:persistent_term` once and outlive
+  restarts of the supervisor.
   """
   def start_link do
-    unless :persistent_term.get(__MODULE__, nil),
-      do: :persistent_term.put(__MODULE__, :atomics.new(1, signed: true))
+    for key <- [__MODULE__, @bytes_key],
+        :persistent_term.get(key, nil) == nil,
+        do: :persistent_term.put(key, :atomics.new(1, signed: true))
 
     :ignore
   end
@@ -144,6 +148,42 @@ defmodule Observatory.KillSwitch.Upstream do
         fun.()
       after
         :atomics.sub(counter, 1, 1)
+      end
+    end
+  end
+
+  @doc """
+  `:llm_max_request_bytes_in_flight`, default 256 MiB: the proxied request bodies the
+  gateway holds at once.
+  """
+  def max_request_bytes_in_flight,
+    do: Application.get_env(:observatory, :llm_max_request_bytes_in_flight, 256 * 1024 * 1024)
+
+  @doc "Proxied request bytes held now."
+  @spec request_bytes_in_flight() :: non_neg_integer()
+  def request_bytes_in_flight, do: :atomics.get(:persistent_term.get(@bytes_key), 1)
+
+  @doc """
+  Runs `fun` holding `bytes` of the `:llm_max_request_bytes_in_flight` budget, or
+  returns `{:error, :busy}` at once when they would exceed it (the proxy answers
+  `503`, which the SDKs retry): each body may be up to `:llm_max_request_bytes`, and
+  many at once must not exhaust the node's memory. One request alone is always
+  admitted.
+  """
+  @spec with_request_bytes(non_neg_integer(), (() -> result)) :: result | {:error, :busy}
+        when result: term()
+  def with_request_bytes(bytes, fun) do
+    counter = :persistent_term.get(@bytes_key)
+    held = :atomics.add_get(counter, 1, bytes)
+
+    if held > max_request_bytes_in_flight() and held > bytes do
+      :atomics.sub(counter, 1, bytes)
+      {:error, :busy}
+    else
+      try do
+        fun.()
+      after
+        :atomics.sub(counter, 1, bytes)
       end
     end
   end

@@ -38,11 +38,16 @@ defmodule Observatory.Proxy.SessionId do
     [@table]
   end
 
-  @doc "The session id of a request `body` (a decoded JSON object) of `agent_id`."
-  @spec derive(String.t(), map()) :: String.t()
-  def derive(agent_id, body) when is_binary(agent_id) and is_map(body) do
+  @doc """
+  The session id of a request `body` (a decoded JSON object) of `agent_id`, keyed
+  with the server secret — or with `key`: a replay of recorded requests, which runs
+  without the gateway's secret, keys its ids with a fixed one so that they are the
+  same from run to run (`Observatory.Replay.ProxyRequest`).
+  """
+  @spec derive(String.t(), map(), binary() | nil) :: String.t()
+  def derive(agent_id, body, key \\ nil) when is_binary(agent_id) and is_map(body) do
     data = :erlang.term_to_binary({agent_id, start(body)}, [:deterministic])
-    digest = :crypto.mac(:hmac, :sha256, secret(), data)
+    digest = :crypto.mac(:hmac, :sha256, key || secret(), data)
     "proxy-" <> Base.encode16(binary_part(digest, 0, @digest_bytes), case: :lower)
   end
 

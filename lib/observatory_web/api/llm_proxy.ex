@@ -77,16 +77,24 @@ defmodule ObservatoryWeb.API.LLMProxy do
          ctx = %{ctx | agent_id: agent_id},
          :ok <- still_active(ctx),
          :ok <- json_content(ctx),
-         {:ok, body} <- body(ctx),
+         {:forward, ctx, verdict, request, body} <- holding_body(ctx, &admitted/1) do
+      forward(ctx, verdict, request, body)
+    end
+  end
+
+  # Steps 2 to 5: the body read, fingerprinted, decoded, its steps recorded, and the
+  # request admitted or refused.
+  defp admitted(ctx) do
+    with {:ok, body} <- body(ctx),
          {:ok, request} <- fingerprint(ctx, body),
          {:ok, decoded} <- decode(ctx, body),
          {:ok, session_id} <- session_id(ctx, decoded),
          ctx = %{ctx | session_id: session_id},
-         _steps = Steps.record(dialect.format(), agent_id, session_id, decoded),
+         _steps = Steps.record(ctx.dialect.format(), ctx.agent_id, session_id, decoded),
          :ok <- not_paused(ctx),
          :ok <- not_blocked(ctx),
          {:ok, verdict} <- admit(ctx, request) do
-      forward(ctx, verdict, request, body)
+      {:forward, ctx, verdict, request, body}
     end
   end
 
@@ -102,50 +110,54 @@ defmodule ObservatoryWeb.API.LLMProxy do
   def pass(conn, dialect, api, opts) do
     Metrics.inc(:proxy_requests)
     ctx = %{conn: conn, dialect: dialect, agent_id: nil, session_id: nil, upstream: []}
-    method = Keyword.fetch!(opts, :method)
 
     with {:ok, agent_id} <- check(ctx, Auth.proxy_agent(conn)),
          ctx = %{ctx | agent_id: agent_id},
-         :ok <- still_active(ctx),
-         {:ok, body} <- if(method == "GET", do: {:ok, ""}, else: pass_body(ctx)) do
-      path = Keyword.get(opts, :path, "") <> query(conn)
-
-      result =
-        Upstream.with_slot(fn ->
-          with {:ok, status, headers, upstream} <-
-                 Upstream.open(api, body, dialect.forward_headers(conn),
-                   method: method,
-                   path: path
-                 ) do
-            try do
-              case HTTPClient.read_all(upstream) do
-                {:ok, answer, _} -> {:ok, status, headers, answer}
-                {:error, :deadline} -> {:error, :timeout}
-                error -> error
-              end
-            after
-              HTTPClient.close(upstream)
-            end
-          end
-        end)
-
-      case result do
-        {:ok, status, headers, answer} ->
-          ctx = %{ctx | upstream: upstream_headers(headers)}
-          type = content_type(headers) || "application/json"
-          Conn.send_resp(conn, status, type, answer, answer_headers(ctx))
-
-        {:error, :busy} ->
-          busy(ctx)
-
-        {:error, reason} ->
-          upstream_error(ctx, Upstream.describe(api, reason))
+         :ok <- still_active(ctx) do
+      if Keyword.fetch!(opts, :method) == "GET" do
+        pass_upstream(ctx, api, opts, "")
+      else
+        with :ok <- json_content(ctx) do
+          holding_body(ctx, fn ctx ->
+            with {:ok, body} <- body(ctx), do: pass_upstream(ctx, api, opts, body)
+          end)
+        end
       end
     end
   end
 
-  defp pass_body(ctx) do
-    with :ok <- json_content(ctx), do: body(ctx)
+  defp pass_upstream(ctx, api, opts, body) do
+    path = Keyword.get(opts, :path, "") <> query(ctx.conn)
+    upstream_opts = [method: Keyword.fetch!(opts, :method), path: path]
+
+    result =
+      Upstream.with_slot(fn ->
+        with {:ok, status, headers, upstream} <-
+               Upstream.open(api, body, ctx.dialect.forward_headers(ctx.conn), upstream_opts) do
+          try do
+            case HTTPClient.read_all(upstream) do
+              {:ok, answer, _} -> {:ok, status, headers, answer}
+              {:error, :deadline} -> {:error, :timeout}
+              error -> error
+            end
+          after
+            HTTPClient.close(upstream)
+          end
+        end
+      end)
+
+    case result do
+      {:ok, status, headers, answer} ->
+        ctx = %{ctx | upstream: upstream_headers(headers)}
+        type = content_type(headers) || "application/json"
+        Conn.send_resp(ctx.conn, status, type, answer, answer_headers(ctx))
+
+      {:error, :busy} ->
+        busy(ctx)
+
+      {:error, reason} ->
+        upstream_error(ctx, Upstream.describe(api, reason))
+    end
   end
 
   # The query string as the agent sent it (`?limit=20`), for the upstream.
@@ -156,6 +168,43 @@ defmodule ObservatoryWeb.API.LLMProxy do
       [_path, query] when query != "" -> "?" <> query
       _ -> ""
     end
+  end
+
+  # The body's bytes count against the gateway's budget of request bytes in flight
+  # (its Content-Length, or the cap when it is chunked) while it is read, decoded and
+  # taken apart — the part of a request that holds several copies of it — not while
+  # the upstream answers (a stream may last many minutes).
+  defp holding_body(ctx, fun) do
+    bytes =
+      case Integer.parse(Conn.header(ctx.conn, "content-length") || "") do
+        {n, ""} -> min(n, max_request_bytes())
+        _ -> max_request_bytes()
+      end
+
+    case Upstream.with_request_bytes(bytes, fn -> fun.(ctx) end) do
+      {:error, :busy} ->
+        discard_body(ctx.conn)
+        busy(ctx, :request_bytes)
+
+      result ->
+        result
+    end
+  end
+
+  # Reads a body piece by piece, keeping none of it: a client whose body is left unread
+  # when the connection closes may see a reset instead of the answer (and retry blind).
+  defp discard_body(%Conn{req: req}) do
+    ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+      :mochiweb_request.stream_body(
+        64 * 1024,
+        fn _piece, acc -> acc end,
+        nil,
+        max_request_bytes(),
+        req
+      )
+    end)
+  catch
+    :exit, _ -> :ok
   end
 
   @doc """
@@ -213,10 +262,9 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  @doc false
   # `Conn.read_body/1` with the proxy's own cap: read once, into one binary that is
   # fingerprinted, decoded and sent upstream as it is (never copied again).
-  def read_body(%Conn{req: req}, max) do
+  defp read_body(%Conn{req: req}, max) do
     case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
            :mochiweb_request.recv_body(max, req)
          end) do
@@ -339,28 +387,33 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   @typep refusal :: :inactive | :revoked | {:paused, map()} | {:blocked, String.t() | nil}
 
-  @spec refusal(map(), refusal()) :: {pos_integer(), String.t(), String.t(), String.t()}
-  defp refusal(ctx, :inactive),
+  # `what` says what became of the request: refused before it went upstream ("the
+  # request was not sent"), or its stream ended ("the answer was cut short").
+  @spec refusal(map(), refusal(), String.t()) ::
+          {pos_integer(), String.t(), String.t(), String.t()}
+  defp refusal(ctx, :inactive, _what),
     do: {403, "agent_inactive", "agent_inactive", "Agent #{ctx.agent_id} is inactive"}
 
-  defp refusal(ctx, {:paused, pause}) do
+  defp refusal(ctx, {:paused, pause}, what) do
     reason = if pause[:reason] in [nil, ""], do: "", else: " (#{pause.reason})"
 
     {403, "session_paused", "session_paused",
      "session #{ctx.session_id} is paused by an operator#{reason}; " <>
-       "the request was not sent; retry after the operator resumes it"}
+       "#{what}; retry after the operator resumes it"}
   end
 
-  defp refusal(ctx, {:blocked, guidance}) do
+  defp refusal(ctx, {:blocked, guidance}, what) do
     {403, "session_blocked", "session_blocked",
      "session #{ctx.session_id} is blocked by the step detector" <>
-       if(guidance, do: ": #{guidance}", else: "") <>
-       " The request was not sent; an operator lifts the block " <>
+       if(guidance, do: ": #{guidance}", else: ".") <>
+       " #{String.capitalize(what)}; an operator lifts the block " <>
        "(POST /api/v1/sessions/:id/step_detector/reset)."}
   end
 
-  defp refusal(_ctx, :revoked),
-    do: {401, "invalid_request_error", "invalid_api_key", "the agent key is no longer valid"}
+  defp refusal(_ctx, :revoked, what),
+    do:
+      {401, "invalid_request_error", "invalid_api_key",
+       "the agent key is no longer valid; #{what}"}
 
   defp refuse(ctx, :inactive) do
     Metrics.inc(:proxy_inactive)
@@ -374,7 +427,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
       _ -> :ok
     end
 
-    {status, type, code, message} = refusal(ctx, reason)
+    {status, type, code, message} = refusal(ctx, reason, "the request was not sent")
     error(ctx, status, type, code, message)
   end
 
@@ -635,7 +688,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   defp stream_failure(ctx, {:cancelled, reason}) do
     Metrics.inc(:proxy_cancelled)
-    refusal(ctx, reason)
+    refusal(ctx, reason, "the answer was cut short")
   end
 
   defp stream_failure(ctx, reason) do
@@ -718,17 +771,23 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   ## Answers
 
-  defp busy(ctx) do
+  defp busy(ctx, what \\ :calls) do
     Metrics.inc(:proxy_busy)
 
-    body =
-      ctx.dialect.error_body(
-        503,
-        "server_error",
-        "upstream_busy",
-        "#{Upstream.max_concurrent()} upstream requests are in flight " <>
-          "(config :observatory, :llm_max_concurrent); retry shortly"
-      )
+    {code, message} =
+      case what do
+        :calls ->
+          {"upstream_busy",
+           "#{Upstream.max_concurrent()} upstream requests are in flight " <>
+             "(config :observatory, :llm_max_concurrent); retry shortly"}
+
+        :request_bytes ->
+          {"gateway_busy",
+           "the gateway holds #{Upstream.max_request_bytes_in_flight()} bytes of request " <>
+             "bodies already (config :observatory, :llm_max_request_bytes_in_flight); retry shortly"}
+      end
+
+    body = ctx.dialect.error_body(503, "server_error", code, message)
 
     Conn.send_resp(
       ctx.conn,
