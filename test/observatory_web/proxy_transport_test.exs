@@ -667,7 +667,7 @@ defmodule ObservatoryWeb.ProxyTransportTest do
       assert [_, %{data: %{"error" => %{"code" => "upstream_error", "message" => message}}}] =
                events
 
-      assert message =~ "maximum duration of 0 s"
+      assert message =~ "the stream reached its maximum duration of 300 ms"
       assert log =~ "maximum duration"
     end
 

@@ -256,7 +256,7 @@ defmodule Observatory.KillSwitch.Upstream do
 
   def describe(_api, :stream_deadline),
     do:
-      "the stream reached its maximum duration of #{div(max_stream_ms(), 1000)} s " <>
+      "the stream reached its maximum duration of #{duration(max_stream_ms())} " <>
         "(config :observatory, :llm_max_stream_ms)"
 
   def describe(_api, :event_too_large),
@@ -275,6 +275,9 @@ defmodule Observatory.KillSwitch.Upstream do
   def describe(_api, :closed), do: "the LLM upstream closed the connection without an answer"
   def describe(_api, {:bad_response, why}), do: "the LLM upstream's answer is broken: #{why}"
   def describe(_api, other), do: "the request to the LLM upstream failed (#{inspect(other)})"
+
+  defp duration(ms) when rem(ms, 1000) == 0, do: "#{div(ms, 1000)} s"
+  defp duration(ms), do: "#{ms} ms"
 
   defp format_error({:tls_alert, {_, description}}), do: "TLS: #{description}"
   defp format_error(reason) when is_atom(reason), do: to_string(:inet.format_error(reason))
