@@ -453,29 +453,21 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
+  # The key is followed by its hash; an insecure shared key is not in the agent store,
+  # so there is nothing to revoke. A key revoked since authentication is refused here.
   defp registration(ctx) do
     key = Auth.presented_key(ctx.conn)
 
-    case Auth.agent_for_key(key) do
-      # An insecure shared key is not in the agent store: nothing to revoke.
-      {:ok, :any_agent} ->
-        {:ok,
-         OpenRequests.register(%{
-           agent_id: ctx.agent_id,
-           key_hash: nil,
-           session_id: ctx.session_id
-         })}
+    key_hash =
+      case Auth.agent_for_key(key) do
+        {:ok, :any_agent} -> {:ok, nil}
+        {:ok, _agent} -> {:ok, Observatory.AgentKeys.hash(key)}
+        {:error, :unauthorized} -> {:error, :revoked}
+      end
 
-      {:ok, _agent} ->
-        {:ok,
-         OpenRequests.register(%{
-           agent_id: ctx.agent_id,
-           key_hash: Observatory.AgentKeys.hash(key),
-           session_id: ctx.session_id
-         })}
-
-      {:error, :unauthorized} ->
-        {:error, :revoked}
+    with {:ok, hash} <- key_hash do
+      request = %{agent_id: ctx.agent_id, key_hash: hash, session_id: ctx.session_id}
+      {:ok, OpenRequests.register(request)}
     end
   end
 
