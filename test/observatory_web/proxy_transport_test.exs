@@ -632,6 +632,18 @@ defmodule ObservatoryWeb.ProxyTransportTest do
              } = List.last(events_to_end(conn))
     end
 
+    test "a watcher that crashed comes back and ends the stream all the same", %{agent: agent} do
+      conn = chat_stream(agent)
+      old = Process.whereis(Observatory.Proxy.OpenRequests)
+      Process.exit(old, :kill)
+      await(fn -> Process.whereis(Observatory.Proxy.OpenRequests) not in [nil, old] end)
+      # Subscribed again once its first message is handled.
+      :sys.get_state(Observatory.Proxy.OpenRequests)
+
+      {:ok, _} = KillSwitch.deactivate(agent, operator: "alice")
+      assert %{data: %{"error" => %{"code" => "agent_inactive"}}} = List.last(events_to_end(conn))
+    end
+
     test "a request waiting for a whole answer is answered 403 at once", %{agent: agent} do
       test = self()
 
