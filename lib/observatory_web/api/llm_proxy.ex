@@ -651,9 +651,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
     case relay(upstream, state) do
       {:ok, state} ->
-        unwatch_client(watch)
-        write(resp, "")
-
+        # Fingerprinted before the stream's end goes out: once the agent has it, its
+        # next request may arrive and is scored against this answer.
         if verdict do
           text = IO.iodata_to_binary(state.text)
 
@@ -663,6 +662,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
           )
         end
 
+        unwatch_client(watch)
+        write(resp, "")
         :ok
 
       {:error, :client_closed} ->
