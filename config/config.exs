@@ -66,6 +66,9 @@ config :observatory,
   kill_switch: [
     window_size: 10,
     threshold: 10.0,
+    # A request's prompt: :newest_input (the tool results of a tool turn, else the last
+    # user text) or :last_user_message (the spec's letter: the task, in a tool loop).
+    prompt: :newest_input,
     max_agents: 10_000,
     notification_webhook: nil,
     # Webhooks may not point at loopback/private/link-local addresses unless true.
