@@ -51,9 +51,9 @@ defmodule ObservatoryWeb.AgentsAPITest do
                "active" => true,
                "kill_switch" => %{
                  "enabled" => false,
-                 "window_size" => 10,
-                 "threshold" => 10.0,
-                 "max_score" => 40.5
+                 "window_size" => 6,
+                 "threshold" => 5.0,
+                 "max_score" => 22.5
                },
                "score" => nil,
                "events" => []
