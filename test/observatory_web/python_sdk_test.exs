@@ -300,10 +300,10 @@ defmodule ObservatoryWeb.PythonSDKTest do
              "settings_changed"
            ]
 
-    # Its results differ only in their numbers: similar prompts, 5 of 5 at most; its
-    # calls all differ. The window never went past the threshold.
+    # Its results differ only in their numbers: similar prompts, 4 of 4 at most; its
+    # calls all differ. The window never went past the threshold (5.5).
     assert %{score: score} = KillSwitch.status(run.agent)
-    assert score <= 5.0
+    assert score <= 4.0
 
     # 29 calls answered, one step each, each its own call: the entropy ratio stays 1.0
     # and the verdict says progress. (The session log keeps the latest steps.)
@@ -322,7 +322,7 @@ defmodule ObservatoryWeb.PythonSDKTest do
 
     if switch_on? do
       # Requests 2..4 answer the same call with the same result: 0, 2.5, 5.0; the
-      # fifth scores 7.5 > 5 and is refused with the inactive-agent answer.
+      # fifth scores 7.5 > 5.5 and is refused with the inactive-agent answer.
       assert seen["statuses"] == [200, 200, 200, 200, 403], "#{source}"
       assert seen["error"] in ["agent_inactive", "Agent #{agent} is inactive"]
       assert %{active: false, deactivated_by: :kill_switch} = Agents.get(agent)

@@ -559,11 +559,11 @@ mod tests {
         (tripped, highest)
     }
 
-    /// The whole path at the proxy's defaults (window 6, threshold 5: `config.exs`):
+    /// The whole path at the proxy's defaults (window 5, threshold 5.5: `config.exs`):
     /// request bodies → prompt and signatures → score → verdict.
     #[test]
     fn a_looping_tool_agent_trips_the_switch_and_a_healthy_one_does_not() {
-        let defaults = Settings::new(6, 5.0).unwrap();
+        let defaults = Settings::new(5, 5.5).unwrap();
         // A healthy agent: a different search each turn, each with its own answer.
         let healthy: Vec<(String, String)> = (1..=30)
             .map(|k| {
@@ -579,9 +579,9 @@ mod tests {
         let requests = tool_conversation(&healthy);
         let (tripped, highest) = replay(&requests, &defaults, PromptSource::NewestInput);
         assert_eq!(tripped, None, "highest score {highest}");
-        // Its results differ only in numbers, so they are similar prompts (5 of 5, the
-        // threshold is the window's size - 1); the calls are all different.
-        assert_eq!(highest, 5.0);
+        // Its results differ only in numbers, so they are similar prompts (4 of 4); the
+        // calls are all different. One re-read would add 1.5: 5.5, not above.
+        assert_eq!(highest, 4.0);
 
         // A looping one: the same search, the same answer.
         let looping: Vec<(String, String)> = (1..=30)
@@ -594,20 +594,20 @@ mod tests {
             .collect();
         let requests = tool_conversation(&looping);
         // Request k + 1 answers the k-th call: (k - 1) earlier entries × (1.0 + 1.5)
-        // exceed 5 at k = 4.
+        // exceed 5.5 at k = 4.
         assert_eq!(
             replay(&requests, &defaults, PromptSource::NewestInput).0,
             Some(5)
         );
 
         // The seed's letter reads the task on every turn: every request is a similar
-        // prompt, and the healthy agent sits at the threshold from its sixth request on.
+        // prompt, and the healthy agent sits at 4 from its fifth request on.
         let (tripped, highest) = replay(
             &tool_conversation(&healthy),
             &defaults,
             PromptSource::LastUserMessage,
         );
-        assert_eq!((tripped, highest), (None, 5.0));
+        assert_eq!((tripped, highest), (None, 4.0));
     }
 
     #[derive(Debug, Clone)]
