@@ -592,6 +592,25 @@ mod tests {
                 )
             })
             .collect();
+        // The same healthy agent re-reading one of its files: one repeated call.
+        let mut reread = healthy.clone();
+        reread[11] = healthy[9].clone();
+        let (tripped, highest) = replay(
+            &tool_conversation(&reread),
+            &defaults,
+            PromptSource::NewestInput,
+        );
+        assert_eq!((tripped, highest), (None, 5.5));
+        // A third read of the same file within the window (turns 10, 12 and 13), its
+        // answers alike, stops it: 4 + 2 × 1.5 = 7.
+        reread[12] = healthy[9].clone();
+        let (tripped, _) = replay(
+            &tool_conversation(&reread),
+            &defaults,
+            PromptSource::NewestInput,
+        );
+        assert_eq!(tripped, Some(14));
+
         let requests = tool_conversation(&looping);
         // Request k + 1 answers the k-th call: (k - 1) earlier entries × (1.0 + 1.5)
         // exceed 5.5 at k = 4.
