@@ -51,38 +51,15 @@ defmodule ObservatoryWeb.PythonSDKTest do
            end}
 
         request["tools"] ->
-          {200, "application/json", tool_call_completion()}
+          id = "call_#{System.unique_integer([:positive])}"
+
+          {200, "application/json",
+           Upstream.tool_call_completion(id, "read_file", %{path: "build.log"})}
 
         true ->
           {200, "application/json", Upstream.completion("Hello.")}
       end
     end)
-  end
-
-  defp tool_call_completion do
-    JSON.encode!(%{
-      id: "chatcmpl-test",
-      object: "chat.completion",
-      created: 1_700_000_000,
-      model: "test-model",
-      choices: [
-        %{
-          index: 0,
-          finish_reason: "tool_calls",
-          message: %{
-            role: "assistant",
-            content: nil,
-            tool_calls: [
-              %{
-                id: "call_#{System.unique_integer([:positive])}",
-                type: "function",
-                function: %{name: "read_file", arguments: ~s({"path": "build.log"})}
-              }
-            ]
-          }
-        }
-      ]
-    })
   end
 
   defp anthropic_upstream(id) do

@@ -79,37 +79,40 @@ defmodule Observatory.Test.Upstream do
 
   @doc "The server-sent events of a streamed Anthropic message whose text is `pieces`."
   def message_events(pieces) do
-    event = fn name, data ->
-      "event: #{name}\ndata: #{JSON.encode!(Map.put(data, :type, name))}\n\n"
-    end
-
     start = [
-      event.("message_start", %{
-        message: %{
-          id: "msg_test",
-          type: "message",
-          role: "assistant",
-          model: "test-model",
-          content: [],
-          stop_reason: nil,
-          usage: %{input_tokens: 1, output_tokens: 0}
-        }
-      }),
-      event.("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
+      message_start(),
+      event("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
     ]
 
     deltas =
       for piece <- pieces,
-          do:
-            event.("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
+          do: event("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
 
     stop = [
-      event.("content_block_stop", %{index: 0}),
-      event.("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
-      event.("message_stop", %{})
+      event("content_block_stop", %{index: 0}),
+      event("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
+      event("message_stop", %{})
     ]
 
     {start, deltas, stop}
+  end
+
+  # One server-sent event of the Messages API.
+  defp event(type, data),
+    do: "event: #{type}\ndata: #{JSON.encode!(Map.put(data, :type, type))}\n\n"
+
+  defp message_start do
+    event("message_start", %{
+      message: %{
+        id: "msg_test",
+        type: "message",
+        role: "assistant",
+        model: "test-model",
+        content: [],
+        stop_reason: nil,
+        usage: %{input_tokens: 1, output_tokens: 0}
+      }
+    })
   end
 
   @doc """
@@ -181,46 +184,24 @@ defmodule Observatory.Test.Upstream do
   calls `name(input)` with the block id `id`: the input arrives as two pieces of JSON.
   """
   def tool_use_events(text, id, name, input) do
-    event = fn type, data ->
-      "event: #{type}\ndata: #{JSON.encode!(Map.put(data, :type, type))}\n\n"
-    end
-
     json = JSON.encode!(input)
     half = div(byte_size(json), 2)
+    piece = fn json -> %{index: 1, delta: %{type: "input_json_delta", partial_json: json}} end
 
     [
-      event.("message_start", %{
-        message: %{
-          id: "msg_test",
-          type: "message",
-          role: "assistant",
-          model: "test-model",
-          content: [],
-          stop_reason: nil,
-          usage: %{input_tokens: 1, output_tokens: 0}
-        }
-      }),
-      event.("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}}),
-      event.("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: text}}),
-      event.("content_block_stop", %{index: 0}),
-      event.("content_block_start", %{
+      message_start(),
+      event("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}}),
+      event("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: text}}),
+      event("content_block_stop", %{index: 0}),
+      event("content_block_start", %{
         index: 1,
         content_block: %{type: "tool_use", id: id, name: name, input: %{}}
       }),
-      event.("content_block_delta", %{
-        index: 1,
-        delta: %{type: "input_json_delta", partial_json: binary_part(json, 0, half)}
-      }),
-      event.("content_block_delta", %{
-        index: 1,
-        delta: %{
-          type: "input_json_delta",
-          partial_json: binary_part(json, half, byte_size(json) - half)
-        }
-      }),
-      event.("content_block_stop", %{index: 1}),
-      event.("message_delta", %{delta: %{stop_reason: "tool_use"}, usage: %{output_tokens: 9}}),
-      event.("message_stop", %{})
+      event("content_block_delta", piece.(binary_part(json, 0, half))),
+      event("content_block_delta", piece.(binary_part(json, half, byte_size(json) - half))),
+      event("content_block_stop", %{index: 1}),
+      event("message_delta", %{delta: %{stop_reason: "tool_use"}, usage: %{output_tokens: 9}}),
+      event("message_stop", %{})
     ]
   end
 
