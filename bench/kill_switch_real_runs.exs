@@ -9,7 +9,11 @@
 #
 #   MIX_ENV=prod mix run --no-start bench/kill_switch_real_runs.exs
 #   MIX_ENV=prod mix run --no-start bench/kill_switch_real_runs.exs -- \
-#     --data DIR --scripted DIR --window 10 --threshold 10 --list
+#     --data DIR --scripted DIR --compare 10:10,6:5 --list
+#
+# The defaults are the configured ones (config :observatory, :kill_switch); --compare
+# lists other window_size:threshold settings replayed in the same run (default
+# 10:10,6:5); --list names the clean sessions tripped and the looping ones missed.
 #
 # A session is one agent with the switch on and an empty window. Request k carries the
 # conversation before the session's step k; the answer to it is step k's action (a
@@ -236,7 +240,7 @@ defaults = {config[:window_size], config[:threshold] / 1}
 
 compared =
   opts
-  |> Keyword.get(:compare, "10:10,8:7")
+  |> Keyword.get(:compare, "10:10,6:5")
   |> String.split(",", trim: true)
   |> Enum.map(parse_settings)
   |> Enum.reject(&(&1 == defaults))
