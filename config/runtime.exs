@@ -77,6 +77,24 @@ for {var, key} <- [
   end
 end
 
+#   OBSERVATORY_KILL_SWITCH_PROMPT=newest_input|last_user_message  what a request's prompt
+#     is for the kill switch (README "Kill switch — How it scores")
+if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
+  source =
+    case prompt do
+      "newest_input" ->
+        :newest_input
+
+      "last_user_message" ->
+        :last_user_message
+
+      other ->
+        raise "OBSERVATORY_KILL_SWITCH_PROMPT must be newest_input or last_user_message, got: #{inspect(other)}"
+    end
+
+  config :observatory, :kill_switch, prompt: source
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

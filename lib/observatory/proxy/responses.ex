@@ -13,25 +13,32 @@ defmodule Observatory.Proxy.Responses do
   for their outputs — so the steps are taken exactly as from Chat Completions
   (`Observatory.Proxy.Steps`).
 
-  What the kill switch reads: the newest input from the user side — the
-  `function_call_output` items of the newest turn when it answers tool calls, else
-  the last user text — the `function_call` items of the current turn (the same
-  signatures as the equivalent Chat Completions calls), and the answer's
-  `output_text`.
+  What the kill switch reads (`observatory_core::responses`, through the readings
+  every API shares): the newest input from the user side — the `function_call_output`
+  items of the newest turn when it answers tool calls, else the last user text (or,
+  with the `:kill_switch` `:prompt` setting `:last_user_message`, the last user text)
+  — the `function_call` items those outputs answer (the same signatures as the
+  equivalent Chat Completions calls), and the answer's `output_text`.
   """
 
   alias Observatory.{KillSwitch, Native}
 
   @dirty_bytes 64 * 1024
 
-  @doc "The kill switch's reading of a request body (see `Observatory.KillSwitch.fingerprint_request/2`)."
+  @doc """
+  The kill switch's reading of a request body (see
+  `Observatory.KillSwitch.fingerprint_request/3`), with the prompt read as the
+  `:kill_switch` `:prompt` setting says (`Observatory.KillSwitch.prompt_source/0`).
+  """
   @spec fingerprint_request(binary()) ::
           {:ok, KillSwitch.fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
   def fingerprint_request(body) when is_binary(body) do
+    source = KillSwitch.prompt_source()
+
     result =
       if byte_size(body) > @dirty_bytes,
-        do: Native.responses_request_fingerprint_dirty(body),
-        else: Native.responses_request_fingerprint(body)
+        do: Native.responses_request_fingerprint_dirty(body, source),
+        else: Native.responses_request_fingerprint(body, source)
 
     case result do
       {:ok, prompt, signatures, stream} ->

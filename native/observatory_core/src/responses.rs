@@ -1,37 +1,45 @@
 //! What the kill switch reads from an OpenAI Responses API body (`POST /v1/responses`):
-//! the same three things as from a chat-completions body ([`crate::messages`]), in the
-//! Responses API's shape.
+//! the conversation as [`read`] sees it — the readings themselves are
+//! [`crate::conversation`]'s, the same for every API — and the answer's text.
 //!
 //! The conversation is `input`: a string (one user message) or a list of items —
 //! messages (`role` user, system, developer or assistant; text in `input_text` /
 //! `output_text` parts, or a string), `function_call` items (`name`, JSON-encoded
-//! `arguments`, `call_id`) and the `function_call_output` items that answer them,
-//! plus items the kill switch does not read (reasoning, built-in tool calls, item
-//! references).
+//! `arguments`) and the `function_call_output` items that answer them, plus items the
+//! kill switch does not read (reasoning, built-in tool calls, item references).
 //!
-//! The newest input from the user side is what repeats in a loop: when the newest
-//! turn answers tool calls, its `function_call_output` items (their outputs joined
-//! with a newline); else the last user message's text. The current turn's calls are
-//! the `function_call` items after the last user message.
+//! Items map onto the conversation's messages: a user message is on the user's side;
+//! a `function_call_output` is a tool result on the user's side; an assistant message
+//! and the `function_call` items after it are one turn of the model's (consecutive
+//! items of the model's side make one turn, as an assistant message with `tool_calls`
+//! is one in Chat Completions); system and developer messages and unread items are
+//! neither. So the newest input from the user's side is the `function_call_output`
+//! items of the newest turn when it answers tool calls, else the last user text, and
+//! the calls compared are the `function_call` items those outputs answer.
 
 use serde_json::Value;
 
-use crate::messages::{tool_call_signature, RequestFingerprint};
+use crate::conversation::{self, Message, PromptSource, Side, ToolCall};
 use crate::simhash::fingerprint;
 use crate::Error;
 
-/// Reads a Responses request body: the fingerprint of its [`newest_user_side_text`],
-/// the [`current_tool_signatures`], and `stream`. Anything but a JSON object is
-/// refused ([`Error::NotAnObject`]).
-pub fn request_fingerprint(request: &Value) -> Result<RequestFingerprint, Error> {
+pub use crate::conversation::RequestFingerprint;
+
+/// Reads a Responses request body. Anything but a JSON object is refused
+/// ([`Error::NotAnObject`]); an object without `input` has no prompt and no calls.
+pub fn request_fingerprint(
+    request: &Value,
+    source: PromptSource,
+) -> Result<RequestFingerprint, Error> {
     if !request.is_object() {
         return Err(Error::NotAnObject);
     }
-    Ok(RequestFingerprint {
-        prompt: newest_user_side_text(request).map(|text| fingerprint(&text)),
-        tool_signatures: current_tool_signatures(request),
-        stream: request.get("stream").and_then(Value::as_bool) == Some(true),
-    })
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    Ok(conversation::request_fingerprint(
+        &read(request),
+        stream,
+        source,
+    ))
 }
 
 /// The fingerprint of a response's `output_text` parts (of its `message` items);
@@ -44,131 +52,107 @@ pub fn response_fingerprint(response: &Value) -> Result<Option<u64>, Error> {
     }
 }
 
-/// The outputs of the trailing `function_call_output` items when the newest turn
-/// answers tool calls (reasoning items between them are skipped), joined with a
-/// newline; else the text of the last user message. `None` when there is neither.
-pub fn newest_user_side_text(request: &Value) -> Option<String> {
-    let items = items(request);
-    let trailing: Vec<&Value> = items
-        .iter()
-        .rev()
-        .filter(|item| kind(item) != Some("reasoning"))
-        .take_while(|item| kind(item) == Some("function_call_output"))
-        .collect();
-    if trailing.is_empty() {
-        return last_user_text(items);
-    }
-    let outputs: Vec<String> = trailing
-        .iter()
-        .rev()
-        .filter_map(|item| output_text_of(item.get("output")?))
-        .collect();
-    (!outputs.is_empty()).then(|| outputs.join("\n"))
-}
-
-/// Signatures of the `function_call` items of the current turn — those after the
-/// last user message — sorted and deduplicated, as [`crate::messages::tool_signatures`]
-/// makes them for the equivalent Chat Completions calls.
-pub fn current_tool_signatures(request: &Value) -> Vec<u64> {
-    let mut signatures: Vec<u64> = items(request)
-        .iter()
-        .rev()
-        .take_while(|item| role(item) != Some("user"))
-        .filter(|item| kind(item) == Some("function_call"))
-        .filter_map(|item| {
-            let name = item.get("name")?.as_str()?;
-            Some(tool_call_signature(
-                name,
-                item.get("arguments").unwrap_or(&Value::Null),
-            ))
-        })
-        .collect();
-    signatures.sort_unstable();
-    signatures.dedup();
-    signatures
-}
-
-/// `input` as a list of items: a string is one user message.
-fn items(request: &Value) -> &[Value] {
-    match request.get("input") {
+/// The conversation of a request: its `input` items as [`Message`]s, consecutive
+/// items of the model's side (an assistant message, `function_call` items) merged into
+/// one turn.
+pub fn read(request: &Value) -> Vec<Message<'_>> {
+    let items: &[Value] = match request.get("input") {
         Some(Value::Array(items)) => items,
         Some(input @ Value::String(_)) => std::slice::from_ref(input),
         _ => &[],
-    }
-}
-
-/// An item's `type`; a message may leave it out (an "easy input message").
-fn kind(item: &Value) -> Option<&str> {
-    match item {
-        Value::String(_) => Some("message"),
-        _ => item
-            .get("type")
-            .and_then(Value::as_str)
-            .or_else(|| item.get("role").map(|_| "message")),
-    }
-}
-
-fn role(item: &Value) -> Option<&str> {
-    match item {
-        // A string `input` is the user's message.
-        Value::String(_) => Some("user"),
-        _ if kind(item) == Some("message") => item.get("role")?.as_str(),
-        _ => None,
-    }
-}
-
-fn last_user_text(items: &[Value]) -> Option<String> {
-    let message = items.iter().rev().find(|item| role(item) == Some("user"))?;
-    match message {
-        Value::String(text) => non_empty(text),
-        _ => content_text(message.get("content")?),
-    }
-}
-
-/// A message's text: a string, or its text parts joined with a newline.
-fn content_text(content: &Value) -> Option<String> {
-    match content {
-        Value::String(text) => non_empty(text),
-        Value::Array(parts) => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter(|part| {
-                    matches!(
-                        part.get("type").and_then(Value::as_str),
-                        Some("input_text" | "output_text" | "text")
-                    )
-                })
-                .filter_map(|part| part.get("text")?.as_str())
-                .filter(|text| !text.is_empty())
-                .collect();
-            (!texts.is_empty()).then(|| texts.join("\n"))
+    };
+    let mut messages: Vec<Message<'_>> = Vec::with_capacity(items.len());
+    for item in items {
+        let message = read_item(item);
+        match messages.last_mut() {
+            Some(turn) if turn.side == Side::Assistant && message.side == Side::Assistant => {
+                turn.texts.extend(message.texts);
+                turn.tool_calls.extend(message.tool_calls);
+            }
+            _ => messages.push(message),
         }
-        _ => None,
+    }
+    messages
+}
+
+fn read_item(item: &Value) -> Message<'_> {
+    if let Value::String(text) = item {
+        // A string `input` is the user's message.
+        return Message {
+            texts: vec![text.as_str()],
+            ..Message::new(Side::User)
+        };
+    }
+    let kind = item.get("type").and_then(Value::as_str);
+    let role = item.get("role").and_then(Value::as_str);
+    match (kind, role) {
+        (Some("function_call"), _) => Message {
+            tool_calls: item
+                .get("name")
+                .and_then(Value::as_str)
+                .map(|name| ToolCall {
+                    name,
+                    arguments: item.get("arguments").unwrap_or(&Value::Null),
+                })
+                .into_iter()
+                .collect(),
+            ..Message::new(Side::Assistant)
+        },
+        (Some("function_call_output"), _) => Message {
+            answers_tools: true,
+            result_texts: item.get("output").map(texts).unwrap_or_default(),
+            ..Message::new(Side::User)
+        },
+        (None | Some("message"), Some("user")) => Message {
+            texts: item.get("content").map(texts).unwrap_or_default(),
+            ..Message::new(Side::User)
+        },
+        (None | Some("message"), Some("assistant")) => Message {
+            texts: item.get("content").map(texts).unwrap_or_default(),
+            ..Message::new(Side::Assistant)
+        },
+        _ => Message::new(Side::Other),
     }
 }
 
-/// A `function_call_output`'s output: a string, or a list of content parts.
-fn output_text_of(output: &Value) -> Option<String> {
-    content_text(output)
+/// A message's (or an output's) texts: a string, or its text parts.
+fn texts(content: &Value) -> Vec<&str> {
+    match content {
+        Value::String(text) => vec![text.as_str()],
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|part| {
+                matches!(
+                    part.get("type").and_then(Value::as_str),
+                    Some("input_text" | "output_text" | "text")
+                )
+            })
+            .filter_map(|part| part.get("text")?.as_str())
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn output_text(items: &[Value]) -> Option<String> {
-    let texts: Vec<String> = items
+    let texts: Vec<&str> = items
         .iter()
-        .filter(|item| kind(item) == Some("message"))
-        .filter_map(|item| content_text(item.get("content")?))
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"))
+        .filter_map(|item| item.get("content"))
+        .flat_map(texts)
+        .filter(|text| !text.is_empty())
         .collect();
     (!texts.is_empty()).then(|| texts.join("\n"))
-}
-
-fn non_empty(text: &str) -> Option<String> {
-    (!text.is_empty()).then(|| text.to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{
+        current_tool_signatures, last_user_text, newest_user_input, tool_call_signature,
+    };
     use serde_json::json;
+
+    const NEWEST: PromptSource = PromptSource::NewestInput;
 
     fn call(name: &str, arguments: &str, id: &str) -> Value {
         json!({"type": "function_call", "call_id": id, "name": name, "arguments": arguments})
@@ -178,11 +162,15 @@ mod tests {
         json!({"type": "function_call_output", "call_id": id, "output": output})
     }
 
+    fn prompt(request: &Value) -> Option<String> {
+        newest_user_input(&read(request))
+    }
+
     #[test]
     fn a_string_input_is_the_user_message() {
         let request = json!({"model": "m", "input": "Retry order #123", "stream": true});
-        let f = request_fingerprint(&request).unwrap();
-        assert_eq!(f.prompt, Some(fingerprint("Retry order #9")));
+        let f = request_fingerprint(&request, NEWEST).unwrap();
+        assert_eq!(f.prompt, Some(fingerprint("Retry order #123")));
         assert!(f.tool_signatures.is_empty());
         assert!(f.stream);
     }
@@ -194,16 +182,14 @@ mod tests {
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
             {"role": "user", "content": [{"type": "input_text", "text": "second"}, {"type": "input_image", "image_url": "x"}, {"type": "input_text", "text": "task"}]},
         ]});
-        assert_eq!(
-            newest_user_side_text(&request).as_deref(),
-            Some("second\ntask")
-        );
-        assert!(current_tool_signatures(&request).is_empty());
+        assert_eq!(prompt(&request).as_deref(), Some("second\ntask"));
+        assert!(current_tool_signatures(&read(&request)).is_empty());
     }
 
     #[test]
-    fn a_turn_that_answers_tool_calls_reads_its_outputs() {
+    fn a_turn_that_answers_tool_calls_reads_its_outputs_and_the_calls_they_answer() {
         let request = json!({"input": [
+            {"role": "developer", "content": "You fix builds."},
             {"role": "user", "content": "fix the build"},
             call("read_file", r#"{"path": "a.log"}"#, "c1"),
             output("c1", json!("no such file")),
@@ -214,21 +200,37 @@ mod tests {
             {"type": "reasoning", "id": "rs_2", "summary": []},
             output("c3", json!([{"type": "input_text", "text": "3 hits"}])),
         ]});
-        assert_eq!(
-            newest_user_side_text(&request).as_deref(),
-            Some("error: 12\n3 hits")
-        );
+        assert_eq!(prompt(&request).as_deref(), Some("error: 12\n3 hits"));
         let mut expected = vec![
-            tool_call_signature("read_file", &json!(r#"{"path": "a.log"}"#)),
             tool_call_signature("read_file", &json!(r#"{"path": "b.log"}"#)),
             tool_call_signature("grep", &json!(r#"{"q": "x"}"#)),
         ];
         expected.sort_unstable();
         assert_eq!(
-            current_tool_signatures(&request),
+            current_tool_signatures(&read(&request)),
             expected,
-            "every call since the last user message"
+            "the calls the newest outputs answer, not an earlier turn's"
         );
+        // The seed's letter reads the task instead.
+        assert_eq!(
+            last_user_text(&read(&request)).as_deref(),
+            Some("fix the build")
+        );
+    }
+
+    #[test]
+    fn an_assistant_message_and_its_calls_are_one_turn() {
+        let request = json!({"input": [
+            {"role": "user", "content": "go"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading it."}]},
+            call("read_file", r#"{"path": "a"}"#, "c1"),
+            output("c1", json!("contents")),
+        ]});
+        let messages = read(&request);
+        assert_eq!(messages.len(), 3);
+        assert_eq!(messages[1].texts, vec!["Reading it."]);
+        assert_eq!(messages[1].tool_calls.len(), 1);
+        assert_eq!(current_tool_signatures(&messages).len(), 1);
     }
 
     #[test]
@@ -238,39 +240,51 @@ mod tests {
             output("c1", json!("timeout")),
             {"role": "user", "content": "try something else"},
         ]});
-        assert!(current_tool_signatures(&request).is_empty());
-        assert_eq!(
-            newest_user_side_text(&request).as_deref(),
-            Some("try something else")
-        );
+        assert!(current_tool_signatures(&read(&request)).is_empty());
+        assert_eq!(prompt(&request).as_deref(), Some("try something else"));
     }
 
     #[test]
     fn the_same_call_has_the_same_signature_as_in_chat_completions() {
-        let chat = crate::messages::tool_signatures(&json!({"tool_calls": [
-            {"type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a\"}"}}
-        ]}));
-        let responses = current_tool_signatures(&json!({"input": [
-            {"role": "user", "content": "go"},
-            call("read", "{\"path\": \"a\"}", "c1"),
-            call("read", "{\"path\":\"a\"}", "c2"),
-        ]}));
+        let chat = crate::messages::request_fingerprint(
+            &json!({"messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "tool_calls": [
+                    {"type": "function", "id": "c1", "function": {"name": "read", "arguments": "{\"path\": \"a\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+            ]}),
+            NEWEST,
+        )
+        .unwrap();
+        let responses = request_fingerprint(
+            &json!({"input": [
+                {"role": "user", "content": "go"},
+                call("read", "{\"path\":\"a\"}", "c1"),
+                output("c1", json!("x")),
+            ]}),
+            NEWEST,
+        )
+        .unwrap();
         assert_eq!(chat, responses);
     }
 
     #[test]
     fn no_input_has_no_prompt_and_non_objects_are_refused() {
-        let f = request_fingerprint(&json!({"model": "m"})).unwrap();
+        let f = request_fingerprint(&json!({"model": "m"}), NEWEST).unwrap();
         assert_eq!(
             (f.prompt, f.tool_signatures.len(), f.stream),
             (None, 0, false)
         );
         assert_eq!(
-            newest_user_side_text(&json!({"input": [{"role": "user", "content": ""}]})),
+            prompt(&json!({"input": [{"role": "user", "content": ""}]})),
             None
         );
         for not_an_object in [json!([]), json!("x"), json!(1), Value::Null] {
-            assert_eq!(request_fingerprint(&not_an_object), Err(Error::NotAnObject));
+            assert_eq!(
+                request_fingerprint(&not_an_object, NEWEST),
+                Err(Error::NotAnObject)
+            );
         }
     }
 
@@ -283,7 +297,7 @@ mod tests {
         ]});
         assert_eq!(
             response_fingerprint(&response),
-            Ok(Some(fingerprint("Deployment 7 failed")))
+            Ok(Some(fingerprint("Deployment 42 failed")))
         );
         let calls_only = json!({"output": [call("deploy", "{}", "c1")]});
         assert_eq!(response_fingerprint(&calls_only), Ok(None));
