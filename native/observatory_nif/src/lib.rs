@@ -10,6 +10,7 @@ mod json;
 mod kill_switch;
 mod loop_verdict;
 mod replay;
+mod responses;
 mod step_detector;
 mod test_support;
 
@@ -64,6 +65,8 @@ mod atoms {
         replay,
         conflict,
         in_progress,
+        // kill switch: how a request's prompt is read
+        last_user_message,
     }
 }
 
