@@ -134,6 +134,7 @@ defmodule Observatory.Metrics do
     for {name, value} <- [
           {"observatory_idempotency_steps", stats.steps},
           {"observatory_idempotency_sessions", stats.sessions},
+          {"observatory_idempotency_agents", stats.agents},
           {"observatory_idempotency_bytes", stats.bytes}
         ] do
       ["# TYPE ", name, " gauge\n", name, " ", Integer.to_string(value), "\n"]

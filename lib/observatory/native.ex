@@ -49,9 +49,9 @@ defmodule Observatory.Native do
   def replay_read_line_dirty(_line, _default_agent, _default_timestamp),
     do: :erlang.nif_error(:nif_not_loaded)
 
-  def answered_new(_shards), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_new, do: :erlang.nif_error(:nif_not_loaded)
 
-  def answered_claim(_store, _session_id, _step_id, _fingerprint, _now_ms, _limits),
+  def answered_claim(_store, _step, _fingerprint, _now_ms, _limits),
     do: :erlang.nif_error(:nif_not_loaded)
 
   def answered_complete(_store, _session_id, _step_id, _seq, _answer),
@@ -62,6 +62,7 @@ defmodule Observatory.Native do
 
   def answered_sweep(_store, _now_ms, _window_ms), do: :erlang.nif_error(:nif_not_loaded)
   def answered_session_len(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_agent_len(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def answered_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
 
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)

@@ -70,7 +70,7 @@ defmodule ObservatoryWeb.IdempotentIngestTest do
       envelope = step(sid, 1)
       {:ok, parsed, fields} = DecisionLog.from_map(envelope)
       # This process plays the first delivery, still scoring.
-      {:new, ticket} = Idempotency.claim(sid, "#{sid}-1", Idempotency.fingerprint(parsed, fields))
+      {:new, ticket} = Idempotency.claim(parsed, fields)
 
       # Raw bytes: :httpc itself retries a 503 that carries Retry-After, as clients should.
       body = JSON.encode!(envelope)

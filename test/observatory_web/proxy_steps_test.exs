@@ -288,9 +288,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
       [{_key, refused}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
       {:ok, parsed, fields} = DecisionLog.from_map(refused)
-      fingerprint = Idempotency.fingerprint(parsed, fields)
-
-      assert {:new, ticket} = Idempotency.claim(session, refused["meta"]["step_id"], fingerprint)
+      assert {:new, ticket} = Idempotency.claim(parsed, fields)
 
       Idempotency.release(ticket)
 

@@ -27,22 +27,22 @@ defmodule Observatory.Gateway.Idempotency do
 
   ## Bounds
 
-  Every step a client sends is remembered, so memory is capped three ways
+  Every step a client sends is remembered, so memory is capped
   (`config :observatory, :idempotency`, read on every step):
 
   | key | default | what |
   |---|---|---|
   | `:window_ms` | 10 minutes | a step older than this is forgotten: delivered again, it is a new step |
   | `:max_steps_per_session` | `1_000` | steps remembered per session; past it the session's oldest go |
+  | `:max_steps_per_agent` | `10_000` | steps remembered per agent; past it the agent's own oldest go, so no agent can flush another's |
   | `:max_steps` | `100_000` | steps remembered in all; past it the oldest go, whatever their session |
   | `:enabled` | `true` | `false`: every delivery is a new step, nothing is remembered |
 
-  The store is Rust (`observatory_core::answered_steps`): 64 shards by session,
-  each capped at its share of `:max_steps` (so a session holds at most the smaller of
-  `:max_steps_per_session` and `:max_steps / 64`), every check O(1). Steps past a cap go at
-  once; steps that left the window are never answered from memory and are freed at
-  the idle sweep (`:entropy_sweep_interval_ms`). `stats/0` and `count/1` count what is
-  held. The memory lives on the node that scores the session's steps: when a
+  The store is Rust (`observatory_core::answered_steps`), every check O(1) under one
+  short lock: a hash lookup, and evictions from the heads of linked lists (every
+  step's age order, its session's, its agent's). Steps past a cap go at once; steps
+  that left the window are never answered from memory and are freed at the idle
+  sweep (`:entropy_sweep_interval_ms`). `stats/0` and `count/1` count what is held. The memory lives on the node that scores the session's steps: when a
   cluster moves a session to a new owner, its remembered steps stay behind, as its
   window does.
   """
@@ -52,11 +52,11 @@ defmodule Observatory.Gateway.Idempotency do
   alias Observatory.Gateway.{DecisionLog, IdleSweep}
   alias Observatory.{Metrics, Native}
 
-  @shards 64
   @defaults [
     enabled: true,
     window_ms: :timer.minutes(10),
     max_steps_per_session: 1_000,
+    max_steps_per_agent: 10_000,
     max_steps: 100_000
   ]
 
@@ -128,36 +128,42 @@ defmodule Observatory.Gateway.Idempotency do
   """
   @spec claim(map(), DecisionLog.fields()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
-  def claim(envelope, fields) do
+  def claim(envelope, fields) when is_map(envelope) do
     case limits() do
       nil -> {:new, nil}
-      limits -> claim(fields.session_id, fields.step_id, fingerprint(envelope, fields), limits)
+      limits -> claim(fields, fingerprint(envelope, fields), limits)
     end
   end
 
-  @doc "`claim/2` for a step whose fingerprint (`fingerprint/2`) is known."
-  @spec claim(String.t(), String.t(), binary()) ::
+  @doc """
+  `claim/2` for a step whose fingerprint (`fingerprint/2`) is known: `step` has its
+  `:session_id`, `:step_id` and `:agent_id`.
+  """
+  @spec claim_fingerprint(map(), binary()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
-  def claim(session_id, step_id, fingerprint) do
+  def claim_fingerprint(step, fingerprint) when is_binary(fingerprint) do
     case limits() do
       nil -> {:new, nil}
-      limits -> claim(session_id, step_id, fingerprint, limits)
+      limits -> claim(step, fingerprint, limits)
     end
   end
 
-  # `{window_ms, max_steps_per_session, max_steps}`, or nil when the check is off.
+  # `{window_ms, max_steps_per_session, max_steps_per_agent, max_steps}`, or nil when
+  # the check is off.
   defp limits do
     env = env()
 
     if setting(env, :enabled),
       do:
-        {setting(env, :window_ms), setting(env, :max_steps_per_session), setting(env, :max_steps)}
+        {setting(env, :window_ms), setting(env, :max_steps_per_session),
+         setting(env, :max_steps_per_agent), setting(env, :max_steps)}
   end
 
-  defp claim(session_id, step_id, fingerprint, limits) do
+  defp claim(%{session_id: session_id, step_id: step_id, agent_id: agent_id}, fingerprint, limits) do
     now = :erlang.monotonic_time(:millisecond)
+    step = {session_id, step_id, agent_id}
 
-    case Native.answered_claim(store(), session_id, step_id, fingerprint, now, limits) do
+    case Native.answered_claim(store(), step, fingerprint, now, limits) do
       {:new, seq} ->
         {:new, {session_id, step_id, seq}}
 
@@ -214,22 +220,24 @@ defmodule Observatory.Gateway.Idempotency do
     :ok
   end
 
-  @doc "How many steps of the session are remembered."
-  @spec count(String.t()) :: non_neg_integer()
-  def count(session_id), do: Native.answered_session_len(store(), session_id)
+  @doc "How many steps of a session (`{:session, id}`) or an agent (`{:agent, id}`) are remembered."
+  @spec count({:session | :agent, String.t()}) :: non_neg_integer()
+  def count({:session, session_id}), do: Native.answered_session_len(store(), session_id)
+  def count({:agent, agent_id}), do: Native.answered_agent_len(store(), agent_id)
 
   @doc """
-  What is held: steps, sessions, and bytes (the slabs' capacity plus the ids and
-  answers they hold).
+  What is held: steps, the sessions and agents they belong to, and bytes (the store's
+  capacity plus the ids and answers it holds).
   """
   @spec stats() :: %{
           steps: non_neg_integer(),
           sessions: non_neg_integer(),
+          agents: non_neg_integer(),
           bytes: non_neg_integer()
         }
   def stats do
-    {steps, sessions, bytes} = Native.answered_stats(store())
-    %{steps: steps, sessions: sessions, bytes: bytes}
+    {steps, sessions, agents, bytes} = Native.answered_stats(store())
+    %{steps: steps, sessions: sessions, agents: agents, bytes: bytes}
   end
 
   @doc false
@@ -245,7 +253,7 @@ defmodule Observatory.Gateway.Idempotency do
   def init(_opts) do
     # A restart keeps the memory: the store is the NIF resource, not this process's.
     if :persistent_term.get(__MODULE__, nil) == nil,
-      do: :persistent_term.put(__MODULE__, Native.answered_new(@shards))
+      do: :persistent_term.put(__MODULE__, Native.answered_new())
 
     IdleSweep.schedule()
     {:ok, %{}}

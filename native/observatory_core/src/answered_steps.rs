@@ -6,16 +6,18 @@
 //! (another fingerprint). Between its claim and its answer a step is *pending*: the
 //! claimant is scoring it, and a retry arriving meanwhile is told so.
 //!
-//! Memory is bounded three ways: per session (`max_steps_per_session`, the session's
-//! oldest go first), in all (`max_steps`, split over the shards, at least one step
-//! each; the shard's oldest go first) and in time (a step older than `window_ms` is never answered from
-//! memory, and [`AnsweredSteps::sweep`] frees it). Each shard keeps its steps in a slab
-//! threaded by two doubly linked lists — the shard's age order and each session's — so
-//! every claim, answer and eviction is O(1): no scan, no compaction, however the caps
-//! are set. A session's steps live in one shard (the shard is picked by the session's
-//! hash), so its own order and count need no cross-shard work.
+//! Memory is bounded four ways: per session (`max_steps_per_session`), per agent
+//! (`max_steps_per_agent`: an agent's new steps push out only its own old ones, so no
+//! agent can flush another's), in all (`max_steps`), each time the oldest first; and
+//! in time (a step older than `window_ms` is never answered from memory, and
+//! [`AnsweredSteps::sweep`] frees it). The steps live in a slab threaded by three
+//! doubly linked lists — every step's age order, its session's and its agent's — so
+//! a claim, an answer and each eviction are O(1): no scan, no compaction, however the
+//! caps are set. The slab grows by fixed chunks, never by copying what it holds.
 //!
-//! The pending claimant is generic (`P`): the NIF stores the caller's pid and decides
+//! One lock guards the store: a claim holds it for well under a microsecond, and the
+//! three orders cross any sharding (an agent's sessions, a session's steps). The
+//! pending claimant is generic (`P`): the NIF stores the caller's pid and decides
 //! through a callback whether it is still alive. Keys come from clients: they are
 //! hashed with keyed SipHash.
 
@@ -23,6 +25,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use hashbrown::hash_table::{AbsentEntry, OccupiedEntry};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
@@ -34,6 +37,7 @@ pub type Fingerprint = [u8; 16];
 pub struct Limits {
     pub window_ms: i64,
     pub max_steps_per_session: usize,
+    pub max_steps_per_agent: usize,
     pub max_steps: usize,
 }
 
@@ -55,11 +59,21 @@ pub enum Claim {
 pub struct Stats {
     pub steps: usize,
     pub sessions: usize,
-    /// The slabs' capacity plus the ids and answers they point to, in bytes.
+    pub agents: usize,
+    /// The slab and tables' capacity plus the ids and answers they point to, in bytes.
     pub bytes: usize,
 }
 
+/// Which step `(session, step)` of an agent is being claimed.
+#[derive(Clone, Copy, Debug)]
+pub struct StepId<'a> {
+    pub session: &'a str,
+    pub step: &'a str,
+    pub agent: &'a str,
+}
+
 const NIL: u32 = u32::MAX;
+const CHUNK: usize = 1024;
 
 /// At most this many steps go in one claim (per cap): a cap lowered at run time is
 /// reached over the next claims, never in one long call.
@@ -70,40 +84,210 @@ enum State<P> {
     Answered(Box<[u8]>),
 }
 
+#[derive(Clone, Copy)]
+struct Links {
+    older: u32,
+    newer: u32,
+}
+
+const UNLINKED: Links = Links {
+    older: NIL,
+    newer: NIL,
+};
+
+/// The three orders a step is in.
+#[derive(Clone, Copy)]
+enum Order {
+    All,
+    Session,
+    Agent,
+}
+
 struct Node<P> {
     session: Arc<str>,
     session_hash: u64,
+    agent: Arc<str>,
+    agent_hash: u64,
     step: Box<str>,
     hash: u64,
     fingerprint: Fingerprint,
     seq: u64,
     at_ms: i64,
     state: State<P>,
-    /// The shard's age order.
-    older: u32,
-    newer: u32,
-    /// The session's order.
-    session_older: u32,
-    session_newer: u32,
+    links: [Links; 3],
 }
 
-struct SessionList {
+impl<P> Node<P> {
+    fn links(&mut self, order: Order) -> &mut Links {
+        &mut self.links[order as usize]
+    }
+}
+
+/// Oldest and newest of an order, and its length.
+#[derive(Clone, Copy)]
+struct List {
+    oldest: u32,
+    newest: u32,
+    len: usize,
+}
+
+const EMPTY: List = List {
+    oldest: NIL,
+    newest: NIL,
+    len: 0,
+};
+
+/// A session's or an agent's own order.
+struct Named {
     name: Arc<str>,
     hash: u64,
-    oldest: u32,
-    newest: u32,
-    len: usize,
+    list: List,
 }
 
-struct Shard<P> {
-    slab: Vec<Option<Node<P>>>,
-    free: Vec<u32>,
-    /// Slab indices, found by the step's hash.
-    index: HashTable<u32>,
-    sessions: HashTable<SessionList>,
-    oldest: u32,
-    newest: u32,
-    len: usize,
+/// A slot holds a step, or the next free slot.
+enum Slot<P> {
+    Used(Node<P>),
+    Free(u32),
+}
+
+/// Fixed-size chunks of slots, free ones chained: growing never moves a step.
+struct Slab<P> {
+    chunks: Vec<Box<[Slot<P>]>>,
+    free: u32,
+}
+
+impl<P> Slab<P> {
+    fn slot(&mut self, at: u32) -> &mut Slot<P> {
+        &mut self.chunks[at as usize / CHUNK][at as usize % CHUNK]
+    }
+
+    fn get(&self, at: u32) -> &Node<P> {
+        match &self.chunks[at as usize / CHUNK][at as usize % CHUNK] {
+            Slot::Used(node) => node,
+            Slot::Free(_) => unreachable!("linked slots are occupied"),
+        }
+    }
+
+    fn get_mut(&mut self, at: u32) -> &mut Node<P> {
+        match self.slot(at) {
+            Slot::Used(node) => node,
+            Slot::Free(_) => unreachable!("linked slots are occupied"),
+        }
+    }
+
+    fn insert(&mut self, node: Node<P>) -> u32 {
+        if self.free == NIL {
+            // A new chunk, its slots chained to the free list in order.
+            let base = u32::try_from(self.chunks.len() * CHUNK).expect("fewer than 2^32 steps");
+            let next = |i: usize| match i + 1 {
+                CHUNK => NIL,
+                n => base + n as u32,
+            };
+            self.chunks
+                .push((0..CHUNK).map(|i| Slot::Free(next(i))).collect());
+            self.free = base;
+        }
+        let at = self.free;
+        match std::mem::replace(self.slot(at), Slot::Used(node)) {
+            Slot::Free(next) => self.free = next,
+            Slot::Used(_) => unreachable!("free slots are free"),
+        }
+        at
+    }
+
+    fn take(&mut self, at: u32) -> Node<P> {
+        let free = self.free;
+        self.free = at;
+        match std::mem::replace(self.slot(at), Slot::Free(free)) {
+            Slot::Used(node) => node,
+            Slot::Free(_) => unreachable!("linked slots are occupied"),
+        }
+    }
+
+    /// Appends `at` as the newest of `list` in `order`.
+    fn link(&mut self, list: &mut List, at: u32, order: Order) {
+        *self.get_mut(at).links(order) = Links {
+            older: list.newest,
+            newer: NIL,
+        };
+        match list.newest {
+            NIL => list.oldest = at,
+            newest => self.get_mut(newest).links(order).newer = at,
+        }
+        list.newest = at;
+        list.len += 1;
+    }
+
+    /// Closes the gap a removed step (its `links` in `order`) leaves in `list`.
+    fn unlink(&mut self, list: &mut List, links: Links, order: Order) {
+        match links.older {
+            NIL => list.oldest = links.newer,
+            older => self.get_mut(older).links(order).newer = links.newer,
+        }
+        match links.newer {
+            NIL => list.newest = links.older,
+            newer => self.get_mut(newer).links(order).older = links.older,
+        }
+        list.len -= 1;
+    }
+}
+
+/// A hash table in parts, picked by bits of the hash that the table itself does not
+/// use much: a part that grows rehashes its share only, so no call waits for a
+/// million entries to move.
+struct Tables<T>(Box<[HashTable<T>]>);
+
+const PARTS: usize = 64;
+
+impl<T> Tables<T> {
+    fn new() -> Self {
+        Self((0..PARTS).map(|_| HashTable::new()).collect())
+    }
+
+    fn part(&self, hash: u64) -> &HashTable<T> {
+        &self.0[(hash >> 32) as usize % PARTS]
+    }
+
+    fn part_mut(&mut self, hash: u64) -> &mut HashTable<T> {
+        &mut self.0[(hash >> 32) as usize % PARTS]
+    }
+
+    fn find(&self, hash: u64, eq: impl FnMut(&T) -> bool) -> Option<&T> {
+        self.part(hash).find(hash, eq)
+    }
+
+    fn find_mut(&mut self, hash: u64, eq: impl FnMut(&T) -> bool) -> Option<&mut T> {
+        self.part_mut(hash).find_mut(hash, eq)
+    }
+
+    fn find_entry(
+        &mut self,
+        hash: u64,
+        eq: impl FnMut(&T) -> bool,
+    ) -> Result<OccupiedEntry<'_, T>, AbsentEntry<'_, T>> {
+        self.part_mut(hash).find_entry(hash, eq)
+    }
+
+    fn insert_unique(&mut self, hash: u64, value: T, hasher: impl Fn(&T) -> u64) {
+        self.part_mut(hash).insert_unique(hash, value, hasher);
+    }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(HashTable::len).sum()
+    }
+
+    fn capacity(&self) -> usize {
+        self.0.iter().map(HashTable::capacity).sum()
+    }
+}
+
+struct Store<P> {
+    slab: Slab<P>,
+    /// `(hash, slot)` of every step, found by the hash of `(session, step)`.
+    index: Tables<(u64, u32)>,
+    sessions: Tables<Named>,
+    agents: Tables<Named>,
+    all: List,
     /// Bytes of ids and answers held.
     heap_bytes: usize,
     next_seq: u64,
@@ -111,40 +295,51 @@ struct Shard<P> {
 
 /// See the module documentation.
 pub struct AnsweredSteps<P> {
-    shards: Box<[Mutex<Shard<P>>]>,
+    store: Mutex<Store<P>>,
     hasher: RandomState,
 }
 
+impl<P> Default for AnsweredSteps<P> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<P> AnsweredSteps<P> {
-    pub fn new(shards: usize) -> Self {
+    pub fn new() -> Self {
         Self {
-            shards: (0..shards.max(1))
-                .map(|_| Mutex::new(Shard::new()))
-                .collect(),
+            store: Mutex::new(Store {
+                slab: Slab {
+                    chunks: Vec::new(),
+                    free: NIL,
+                },
+                index: Tables::new(),
+                sessions: Tables::new(),
+                agents: Tables::new(),
+                all: EMPTY,
+                heap_bytes: 0,
+                next_seq: 0,
+            }),
             hasher: RandomState::new(),
         }
     }
 
-    /// Claims `(session, step)` for scoring, or says why it is not scored again. A
-    /// remembered step older than the window, or whose pending claimant is
-    /// `abandoned`, is forgotten and claimed afresh.
-    #[allow(clippy::too_many_arguments)]
+    /// Claims a step for scoring, or says why it is not scored again. A remembered
+    /// step older than the window, or whose pending claimant is `abandoned`, is
+    /// forgotten and claimed afresh.
     pub fn claim(
         &self,
-        session: &str,
-        step: &str,
+        id: StepId,
         fingerprint: Fingerprint,
         claimant: P,
         now_ms: i64,
         limits: Limits,
         abandoned: impl Fn(&P) -> bool,
     ) -> Claim {
-        let session_hash = self.hasher.hash_one(session);
-        let hash = self.hasher.hash_one((session, step));
-        let index = self.shard_index(session_hash);
-        let mut shard = self.shards[index].lock();
-        if let Some(at) = shard.find(hash, session, step) {
-            let node = shard.node(at);
+        let hash = self.hasher.hash_one((id.session, id.step));
+        let mut store = self.store.lock();
+        if let Some(at) = store.find(hash, id.session, id.step) {
+            let node = store.slab.get(at);
             let stale = node.at_ms < now_ms.saturating_sub(limits.window_ms)
                 || matches!(&node.state, State::Pending(p) if abandoned(p));
             if !stale {
@@ -154,89 +349,105 @@ impl<P> AnsweredSteps<P> {
                     State::Pending(_) => Claim::InProgress,
                 };
             }
-            shard.remove(at);
+            store.remove(at);
         }
-        // The shard's share of `max_steps`: the shares add up to it exactly (but each
-        // shard holds at least the step just claimed).
-        let n = self.shards.len();
-        let max_in_shard =
-            (limits.max_steps / n + usize::from(index < limits.max_steps % n)).max(1);
-        let seq = shard.insert(
-            session,
+        store.next_seq += 1;
+        let seq = store.next_seq;
+        let session_hash = self.hasher.hash_one(id.session);
+        let agent_hash = self.hasher.hash_one(id.agent);
+        let node = Node {
+            session: Store::<P>::named(&mut store.sessions, id.session, session_hash),
             session_hash,
-            step,
+            agent: Store::<P>::named(&mut store.agents, id.agent, agent_hash),
+            agent_hash,
+            step: id.step.into(),
             hash,
             fingerprint,
-            claimant,
-            now_ms,
+            seq,
+            at_ms: now_ms,
+            state: State::Pending(claimant),
+            links: [UNLINKED; 3],
+        };
+        store.insert(node);
+        store.trim(
+            Order::Session,
+            session_hash,
+            id.session,
+            limits.max_steps_per_session,
         );
-        shard.trim_session(session, session_hash, limits.max_steps_per_session.max(1));
-        for _ in 0..MAX_EVICTIONS_PER_CLAIM {
-            if shard.len <= max_in_shard {
-                break;
-            }
-            let oldest = shard.oldest;
-            shard.remove(oldest);
-        }
+        store.trim(
+            Order::Agent,
+            agent_hash,
+            id.agent,
+            limits.max_steps_per_agent,
+        );
+        store.trim(Order::All, 0, "", limits.max_steps);
         Claim::New(seq)
     }
 
     /// Stores the answer of claim `seq`; false if that claim is no longer held.
     pub fn complete(&self, session: &str, step: &str, seq: u64, answer: &[u8]) -> bool {
-        self.with_claim(session, step, seq, |shard, at| {
-            let node = shard.node_mut(at);
+        self.with_claim(session, step, seq, |store, at| {
+            let node = store.slab.get_mut(at);
             let replaced = match &node.state {
                 State::Answered(old) => old.len(),
                 State::Pending(_) => 0,
             };
             node.state = State::Answered(answer.into());
-            shard.heap_bytes = shard.heap_bytes + answer.len() - replaced;
+            store.heap_bytes = store.heap_bytes + answer.len() - replaced;
         })
     }
 
     /// Forgets claim `seq` (its step was not scored); false if it is no longer held.
     pub fn release(&self, session: &str, step: &str, seq: u64) -> bool {
-        self.with_claim(session, step, seq, |shard, at| shard.remove(at))
+        self.with_claim(session, step, seq, |store, at| store.remove(at))
     }
 
     /// Forgets every step older than `window_ms`; returns how many.
     pub fn sweep(&self, now_ms: i64, window_ms: i64) -> usize {
         let cutoff = now_ms.saturating_sub(window_ms);
+        let mut store = self.store.lock();
         let mut swept = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            while shard.oldest != NIL && shard.node(shard.oldest).at_ms < cutoff {
-                let oldest = shard.oldest;
-                shard.remove(oldest);
-                swept += 1;
-            }
+        while store.all.oldest != NIL && store.slab.get(store.all.oldest).at_ms < cutoff {
+            let oldest = store.all.oldest;
+            store.remove(oldest);
+            swept += 1;
         }
         swept
     }
 
-    /// Steps remembered for `session`.
+    /// Steps remembered for a session.
     pub fn session_len(&self, session: &str) -> usize {
-        let session_hash = self.hasher.hash_one(session);
-        let shard = self.shard(session_hash).lock();
-        shard
+        let hash = self.hasher.hash_one(session);
+        let store = self.store.lock();
+        store
             .sessions
-            .find(session_hash, |s| &*s.name == session)
-            .map_or(0, |s| s.len)
+            .find(hash, |s| &*s.name == session)
+            .map_or(0, |s| s.list.len)
+    }
+
+    /// Steps remembered for an agent.
+    pub fn agent_len(&self, agent: &str) -> usize {
+        let hash = self.hasher.hash_one(agent);
+        let store = self.store.lock();
+        store
+            .agents
+            .find(hash, |a| &*a.name == agent)
+            .map_or(0, |a| a.list.len)
     }
 
     pub fn stats(&self) -> Stats {
-        self.shards.iter().fold(Stats::default(), |acc, shard| {
-            let shard = shard.lock();
-            Stats {
-                steps: acc.steps + shard.len,
-                sessions: acc.sessions + shard.sessions.len(),
-                bytes: acc.bytes
-                    + shard.heap_bytes
-                    + shard.slab.capacity() * std::mem::size_of::<Option<Node<P>>>()
-                    + shard.index.capacity() * std::mem::size_of::<u32>()
-                    + shard.sessions.capacity() * std::mem::size_of::<SessionList>(),
-            }
-        })
+        let store = self.store.lock();
+        Stats {
+            steps: store.all.len,
+            sessions: store.sessions.len(),
+            agents: store.agents.len(),
+            bytes: store.heap_bytes
+                + store.slab.chunks.len() * CHUNK * std::mem::size_of::<Slot<P>>()
+                + store.index.capacity() * std::mem::size_of::<(u64, u32)>()
+                + (store.sessions.capacity() + store.agents.capacity())
+                    * std::mem::size_of::<Named>(),
+        }
     }
 
     fn with_claim(
@@ -244,207 +455,118 @@ impl<P> AnsweredSteps<P> {
         session: &str,
         step: &str,
         seq: u64,
-        f: impl FnOnce(&mut Shard<P>, u32),
+        f: impl FnOnce(&mut Store<P>, u32),
     ) -> bool {
         let hash = self.hasher.hash_one((session, step));
-        let mut shard = self.shard(self.hasher.hash_one(session)).lock();
-        match shard.find(hash, session, step) {
-            Some(at) if shard.node(at).seq == seq => {
-                f(&mut shard, at);
+        let mut store = self.store.lock();
+        match store.find(hash, session, step) {
+            Some(at) if store.slab.get(at).seq == seq => {
+                f(&mut store, at);
                 true
             }
             _ => false,
         }
     }
-
-    fn shard(&self, session_hash: u64) -> &Mutex<Shard<P>> {
-        &self.shards[self.shard_index(session_hash)]
-    }
-
-    fn shard_index(&self, session_hash: u64) -> usize {
-        (session_hash >> 32) as usize % self.shards.len()
-    }
 }
 
-impl<P> Shard<P> {
-    fn new() -> Self {
-        Self {
-            slab: Vec::new(),
-            free: Vec::new(),
-            index: HashTable::new(),
-            sessions: HashTable::new(),
-            oldest: NIL,
-            newest: NIL,
-            len: 0,
-            heap_bytes: 0,
-            next_seq: 0,
-        }
-    }
-
-    fn node(&self, at: u32) -> &Node<P> {
-        self.slab[at as usize]
-            .as_ref()
-            .expect("linked slots are occupied")
-    }
-
-    fn node_mut(&mut self, at: u32) -> &mut Node<P> {
-        self.slab[at as usize]
-            .as_mut()
-            .expect("linked slots are occupied")
-    }
-
+impl<P> Store<P> {
     fn find(&self, hash: u64, session: &str, step: &str) -> Option<u32> {
         self.index
-            .find(hash, |&at| {
-                let node = self.node(at);
-                &*node.session == session && &*node.step == step
+            .find(hash, |&(h, at)| {
+                let node = self.slab.get(at);
+                h == hash && &*node.session == session && &*node.step == step
             })
-            .copied()
+            .map(|&(_, at)| at)
     }
 
-    /// Adds a step as the newest of the shard and of its session; returns its seq.
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &mut self,
-        session: &str,
-        session_hash: u64,
-        step: &str,
-        hash: u64,
-        fingerprint: Fingerprint,
-        claimant: P,
-        now_ms: i64,
-    ) -> u64 {
-        self.next_seq += 1;
-        let seq = self.next_seq;
-        let (name, session_newest) = self.session_tail(session, session_hash);
-        let node = Node {
-            session: name,
-            session_hash,
-            step: step.into(),
+    /// The shared name of a session or agent, making its (empty) order if new.
+    fn named(table: &mut Tables<Named>, name: &str, hash: u64) -> Arc<str> {
+        if let Some(named) = table.find(hash, |n| &*n.name == name) {
+            return named.name.clone();
+        }
+        let shared: Arc<str> = name.into();
+        table.insert_unique(
             hash,
-            fingerprint,
-            seq,
-            at_ms: now_ms,
-            state: State::Pending(claimant),
-            older: self.newest,
-            newer: NIL,
-            session_older: session_newest,
-            session_newer: NIL,
-        };
-        self.heap_bytes += step.len();
-        let at = match self.free.pop() {
-            Some(at) => {
-                self.slab[at as usize] = Some(node);
-                at
-            }
-            None => {
-                self.slab.push(Some(node));
-                u32::try_from(self.slab.len() - 1).expect("fewer than 2^32 steps per shard")
-            }
-        };
-        match self.newest {
-            NIL => self.oldest = at,
-            newest => self.node_mut(newest).newer = at,
-        }
-        self.newest = at;
-        if session_newest != NIL {
-            self.node_mut(session_newest).session_newer = at;
-        }
-        let list = self
-            .sessions
-            .find_mut(session_hash, |s| &*s.name == session)
-            .expect("session_tail made it");
-        if list.oldest == NIL {
-            list.oldest = at;
-        }
-        list.newest = at;
-        list.len += 1;
-        let slab = &self.slab;
-        self.index.insert_unique(hash, at, |&i| {
-            slab[i as usize]
-                .as_ref()
-                .expect("indexed slots are occupied")
-                .hash
-        });
-        self.len += 1;
-        seq
-    }
-
-    /// The session's shared name and its newest step, making the session if new.
-    fn session_tail(&mut self, session: &str, session_hash: u64) -> (Arc<str>, u32) {
-        if let Some(list) = self.sessions.find(session_hash, |s| &*s.name == session) {
-            return (list.name.clone(), list.newest);
-        }
-        let name: Arc<str> = session.into();
-        self.heap_bytes += session.len();
-        self.sessions.insert_unique(
-            session_hash,
-            SessionList {
-                name: name.clone(),
-                hash: session_hash,
-                oldest: NIL,
-                newest: NIL,
-                len: 0,
+            Named {
+                name: shared.clone(),
+                hash,
+                list: EMPTY,
             },
-            |s| s.hash,
+            |n| n.hash,
         );
-        (name, NIL)
+        shared
     }
 
-    fn trim_session(&mut self, session: &str, session_hash: u64, max: usize) {
+    /// Adds a step as the newest of all, of its session and of its agent.
+    fn insert(&mut self, node: Node<P>) {
+        let (hash, session_hash, agent_hash) = (node.hash, node.session_hash, node.agent_hash);
+        let (session, agent) = (node.session.clone(), node.agent.clone());
+        self.heap_bytes += node.step.len();
+        let at = self.slab.insert(node);
+        self.slab.link(&mut self.all, at, Order::All);
+        for (table, hash, name, order) in [
+            (&mut self.sessions, session_hash, &session, Order::Session),
+            (&mut self.agents, agent_hash, &agent, Order::Agent),
+        ] {
+            let named = table
+                .find_mut(hash, |n| Arc::ptr_eq(&n.name, name))
+                .expect("named() made it");
+            if named.list.len == 0 {
+                self.heap_bytes += name.len();
+            }
+            self.slab.link(&mut named.list, at, order);
+        }
+        self.index.insert_unique(hash, (hash, at), |&(h, _)| h);
+    }
+
+    /// Forgets the oldest steps of an order while it holds more than `max`.
+    fn trim(&mut self, order: Order, hash: u64, name: &str, max: usize) {
         for _ in 0..MAX_EVICTIONS_PER_CLAIM {
-            let oldest = match self.sessions.find(session_hash, |s| &*s.name == session) {
-                Some(list) if list.len > max => list.oldest,
-                _ => return,
+            let list = match order {
+                Order::All => Some(self.all),
+                Order::Session => self
+                    .sessions
+                    .find(hash, |s| &*s.name == name)
+                    .map(|s| s.list),
+                Order::Agent => self.agents.find(hash, |a| &*a.name == name).map(|a| a.list),
             };
-            self.remove(oldest);
+            match list {
+                Some(list) if list.len > max.max(1) => self.remove(list.oldest),
+                _ => return,
+            }
         }
     }
 
-    /// Unlinks a step from both orders and frees its slot (and its session's, if last).
+    /// Unlinks a step from its three orders and frees its slot (and its session's and
+    /// agent's, when it was their last).
     fn remove(&mut self, at: u32) {
-        let node = self.slab[at as usize]
-            .take()
-            .expect("linked slots are occupied");
-        self.free.push(at);
-        self.len -= 1;
+        let node = self.slab.take(at);
         self.heap_bytes -= node.step.len();
         if let State::Answered(answer) = &node.state {
             self.heap_bytes -= answer.len();
         }
-        match node.older {
-            NIL => self.oldest = node.newer,
-            older => self.node_mut(older).newer = node.newer,
+        self.slab
+            .unlink(&mut self.all, node.links[Order::All as usize], Order::All);
+        for (table, hash, name, order) in [
+            (
+                &mut self.sessions,
+                node.session_hash,
+                &node.session,
+                Order::Session,
+            ),
+            (&mut self.agents, node.agent_hash, &node.agent, Order::Agent),
+        ] {
+            if let Ok(mut entry) = table.find_entry(hash, |n| Arc::ptr_eq(&n.name, name)) {
+                self.slab
+                    .unlink(&mut entry.get_mut().list, node.links[order as usize], order);
+                if entry.get().list.len == 0 {
+                    self.heap_bytes -= name.len();
+                    entry.remove();
+                }
+            }
         }
-        match node.newer {
-            NIL => self.newest = node.older,
-            newer => self.node_mut(newer).older = node.older,
-        }
-        if node.session_older != NIL {
-            self.node_mut(node.session_older).session_newer = node.session_newer;
-        }
-        if node.session_newer != NIL {
-            self.node_mut(node.session_newer).session_older = node.session_older;
-        }
-        if let Ok(entry) = self.index.find_entry(node.hash, |&i| i == at) {
+        if let Ok(entry) = self.index.find_entry(node.hash, |&(_, i)| i == at) {
             entry.remove();
-        }
-        if let Ok(mut entry) = self
-            .sessions
-            .find_entry(node.session_hash, |s| Arc::ptr_eq(&s.name, &node.session))
-        {
-            let list = entry.get_mut();
-            list.len -= 1;
-            if list.oldest == at {
-                list.oldest = node.session_newer;
-            }
-            if list.newest == at {
-                list.newest = node.session_older;
-            }
-            if list.len == 0 {
-                self.heap_bytes -= list.name.len();
-                entry.remove();
-            }
         }
     }
 }
@@ -457,12 +579,14 @@ mod tests {
     const WIDE: Limits = Limits {
         window_ms: 1_000,
         max_steps_per_session: 1_000,
+        max_steps_per_agent: 1_000,
         max_steps: 1_000,
     };
 
     const WIDE_OPEN: Limits = Limits {
         window_ms: i64::MAX,
         max_steps_per_session: usize::MAX,
+        max_steps_per_agent: usize::MAX,
         max_steps: usize::MAX,
     };
 
@@ -470,125 +594,165 @@ mod tests {
         [n; 16]
     }
 
-    fn claim(
-        store: &AnsweredSteps<u32>,
-        session: &str,
-        step: &str,
-        f: u8,
-        now: i64,
-        limits: Limits,
-    ) -> Claim {
-        store.claim(session, step, fp(f), 7, now, limits, |_| false)
+    fn id<'a>(session: &'a str, step: &'a str) -> StepId<'a> {
+        StepId {
+            session,
+            step,
+            agent: "agent",
+        }
+    }
+
+    fn claim(store: &AnsweredSteps<u32>, id: StepId, f: u8, now: i64, limits: Limits) -> Claim {
+        store.claim(id, fp(f), 7, now, limits, |_| false)
     }
 
     #[test]
     fn a_step_is_claimed_once_then_replayed_refused_or_in_progress() {
-        let store = AnsweredSteps::new(4);
-        let Claim::New(seq) = claim(&store, "s", "1", 1, 0, WIDE) else {
+        let store = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!("a new step is claimed")
         };
-        assert_eq!(claim(&store, "s", "1", 1, 1, WIDE), Claim::InProgress);
-        assert_eq!(claim(&store, "s", "1", 2, 1, WIDE), Claim::Conflict);
+        assert_eq!(claim(&store, id("s", "1"), 1, 1, WIDE), Claim::InProgress);
+        assert_eq!(claim(&store, id("s", "1"), 2, 1, WIDE), Claim::Conflict);
         assert!(store.complete("s", "1", seq, b"answer"));
         assert_eq!(
-            claim(&store, "s", "1", 1, 2, WIDE),
+            claim(&store, id("s", "1"), 1, 2, WIDE),
             Claim::Replay(b"answer".to_vec())
         );
-        assert_eq!(claim(&store, "s", "1", 2, 2, WIDE), Claim::Conflict);
+        assert_eq!(claim(&store, id("s", "1"), 2, 2, WIDE), Claim::Conflict);
         // Another session, or another step id, is another step.
-        assert!(matches!(claim(&store, "t", "1", 1, 2, WIDE), Claim::New(_)));
-        assert!(matches!(claim(&store, "s", "2", 1, 2, WIDE), Claim::New(_)));
-        assert_eq!(store.stats().steps, 3);
-        assert_eq!(store.stats().sessions, 2);
+        assert!(matches!(
+            claim(&store, id("t", "1"), 1, 2, WIDE),
+            Claim::New(_)
+        ));
+        assert!(matches!(
+            claim(&store, id("s", "2"), 1, 2, WIDE),
+            Claim::New(_)
+        ));
+        let stats = store.stats();
+        assert_eq!((stats.steps, stats.sessions, stats.agents), (3, 2, 1));
     }
 
     #[test]
     fn an_abandoned_claim_is_taken_over() {
-        let store: AnsweredSteps<u32> = AnsweredSteps::new(1);
-        store.claim("s", "1", fp(1), 1, 0, WIDE, |_| false);
-        let taken = store.claim("s", "1", fp(1), 2, 0, WIDE, |&p| p == 1);
+        let store: AnsweredSteps<u32> = AnsweredSteps::new();
+        store.claim(id("s", "1"), fp(1), 1, 0, WIDE, |_| false);
+        let taken = store.claim(id("s", "1"), fp(1), 2, 0, WIDE, |&p| p == 1);
         assert!(matches!(taken, Claim::New(_)));
         assert_eq!(store.stats().steps, 1);
     }
 
     #[test]
     fn release_and_complete_act_only_on_their_own_claim() {
-        let store = AnsweredSteps::new(1);
-        let Claim::New(first) = claim(&store, "s", "1", 1, 0, WIDE) else {
+        let store = AnsweredSteps::new();
+        let Claim::New(first) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
         assert!(store.release("s", "1", first));
         assert!(!store.release("s", "1", first));
-        let Claim::New(second) = claim(&store, "s", "1", 1, 0, WIDE) else {
+        let Claim::New(second) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
         assert!(!store.complete("s", "1", first, b"stale"));
         assert!(store.complete("s", "1", second, b"mine"));
         assert_eq!(
-            claim(&store, "s", "1", 1, 0, WIDE),
+            claim(&store, id("s", "1"), 1, 0, WIDE),
             Claim::Replay(b"mine".to_vec())
         );
     }
 
     #[test]
     fn a_step_older_than_the_window_is_a_new_step_and_the_sweep_frees_it() {
-        let store = AnsweredSteps::new(2);
-        let Claim::New(seq) = claim(&store, "s", "1", 1, 0, WIDE) else {
+        let store = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
         store.complete("s", "1", seq, b"a");
-        claim(&store, "s", "2", 1, 600, WIDE);
+        claim(&store, id("s", "2"), 1, 600, WIDE);
         assert_eq!(
-            claim(&store, "s", "1", 1, 1_000, WIDE),
+            claim(&store, id("s", "1"), 1, 1_000, WIDE),
             Claim::Replay(b"a".to_vec())
         );
         // 1 001 ms later: forgotten, whatever its body.
         assert!(matches!(
-            claim(&store, "s", "1", 9, 1_001, WIDE),
+            claim(&store, id("s", "1"), 9, 1_001, WIDE),
             Claim::New(_)
         ));
         assert_eq!(store.sweep(1_700, 1_000), 1, "step 2 (at 600) is swept");
         assert_eq!(store.session_len("s"), 1);
         assert_eq!(store.sweep(2_002, 1_000), 1);
-        assert_eq!(
-            store.stats(),
-            Stats {
-                steps: 0,
-                sessions: 0,
-                bytes: store.stats().bytes
-            }
-        );
+        let stats = store.stats();
+        assert_eq!((stats.steps, stats.sessions, stats.agents), (0, 0, 0));
     }
 
     #[test]
     fn past_the_session_cap_the_sessions_oldest_go() {
-        let store = AnsweredSteps::new(1);
+        let store = AnsweredSteps::new();
         let limits = Limits {
             max_steps_per_session: 3,
             ..WIDE
         };
         for step in ["1", "2", "3", "4"] {
-            claim(&store, "s", step, 1, 0, limits);
-            claim(&store, "other", step, 1, 0, limits);
+            claim(&store, id("s", step), 1, 0, limits);
+            claim(&store, id("other", step), 1, 0, limits);
         }
         assert_eq!(store.session_len("s"), 3);
         assert_eq!(store.session_len("other"), 3);
         assert!(
-            matches!(claim(&store, "s", "1", 1, 0, limits), Claim::New(_)),
+            matches!(claim(&store, id("s", "1"), 1, 0, limits), Claim::New(_)),
             "1 was forgotten"
         );
-        assert_eq!(claim(&store, "s", "4", 1, 0, limits), Claim::InProgress);
+        assert_eq!(claim(&store, id("s", "4"), 1, 0, limits), Claim::InProgress);
+    }
+
+    #[test]
+    fn past_its_quota_an_agent_forgets_only_its_own_oldest() {
+        let store = AnsweredSteps::new();
+        let limits = Limits {
+            max_steps_per_agent: 50,
+            max_steps: 1_000,
+            ..WIDE
+        };
+        let victim = |step: &'static str| StepId {
+            session: "victim-session",
+            step,
+            agent: "victim",
+        };
+        for step in ["1", "2", "3"] {
+            claim(&store, victim(step), 1, 0, limits);
+        }
+        // Ten times the cap in all, from another agent, over many sessions.
+        for n in 0..10_000 {
+            let (session, step) = (format!("flood-{}", n % 97), n.to_string());
+            store.claim(
+                StepId {
+                    session: &session,
+                    step: &step,
+                    agent: "attacker",
+                },
+                fp(1),
+                7,
+                0,
+                limits,
+                |_| false,
+            );
+        }
+        assert_eq!(store.agent_len("attacker"), 50);
+        assert_eq!(store.agent_len("victim"), 3);
+        for step in ["1", "2", "3"] {
+            assert_eq!(claim(&store, victim(step), 1, 0, limits), Claim::InProgress);
+        }
     }
 
     #[test]
     fn past_the_cap_in_all_the_oldest_go_whatever_their_session() {
-        let store = AnsweredSteps::new(1);
+        let store = AnsweredSteps::new();
         let limits = Limits {
             max_steps: 4,
             ..WIDE
         };
         for n in 0..10 {
-            claim(&store, &format!("s{n}"), "x", 1, n, limits);
+            claim(&store, id(&format!("s{n}"), "x"), 1, n, limits);
         }
         assert_eq!(store.stats().steps, 4);
         assert_eq!(store.stats().sessions, 4);
@@ -598,18 +762,18 @@ mod tests {
 
     #[test]
     fn a_cap_lowered_at_run_time_is_reached_over_the_next_claims() {
-        let store = AnsweredSteps::new(1);
+        let store = AnsweredSteps::new();
         for n in 0..3_000 {
-            claim(&store, "s", &n.to_string(), 1, 0, WIDE_OPEN);
+            claim(&store, id("s", &n.to_string()), 1, 0, WIDE_OPEN);
         }
         let low = Limits {
             max_steps: 10,
             ..WIDE_OPEN
         };
-        claim(&store, "t", "a", 1, 0, low);
+        claim(&store, id("t", "a"), 1, 0, low);
         assert_eq!(store.stats().steps, 3_001 - MAX_EVICTIONS_PER_CLAIM);
         for step in ["b", "c", "d"] {
-            claim(&store, "t", step, 1, 0, low);
+            claim(&store, id("t", step), 1, 0, low);
         }
         assert_eq!(store.stats().steps, 10);
     }
@@ -618,47 +782,54 @@ mod tests {
     fn many_distinct_steps_stay_within_the_caps_and_the_bytes_stay_flat() {
         // 200 000 here (debug builds are slow); the Elixir suite runs a million through
         // the NIF.
-        let store = AnsweredSteps::new(16);
+        let store = AnsweredSteps::new();
         let limits = Limits {
             window_ms: i64::MAX,
             max_steps_per_session: 100,
+            max_steps_per_agent: 5_000,
             max_steps: 10_000,
         };
         let mut peak = 0;
         let mut at_cap = None;
         for n in 0..200_000u32 {
-            let session = if n % 2 == 0 {
-                "hot".to_string()
+            let (session, step) = if n % 2 == 0 {
+                ("hot".to_string(), n.to_string())
             } else {
-                format!("cold-{n}")
+                (format!("cold-{n}"), n.to_string())
             };
-            let Claim::New(seq) = claim(&store, &session, &n.to_string(), 1, 0, limits) else {
+            let agent = format!("agent-{}", n % 7);
+            let id = StepId {
+                session: &session,
+                step: &step,
+                agent: &agent,
+            };
+            let Claim::New(seq) = store.claim(id, fp(1), 7, 0, limits, |_| false) else {
                 panic!("every step is new")
             };
-            store.complete(&session, &n.to_string(), seq, &[0; 200]);
+            store.complete(&session, &step, seq, &[0; 200]);
             if n % 20_000 == 19_999 {
                 let stats = store.stats();
-                assert!(
-                    stats.steps <= 10_000 && stats.sessions <= 10_000,
-                    "{stats:?}"
-                );
+                assert!(stats.steps <= 10_000, "{stats:?}");
                 assert_eq!(store.session_len("hot"), 100);
+                for a in 0..7 {
+                    assert!(store.agent_len(&format!("agent-{a}")) <= 5_000);
+                }
                 peak = peak.max(stats.bytes);
                 at_cap.get_or_insert(stats.bytes);
             }
         }
         // Flat: once at the caps, more steps add nothing but the tables' slack (a hash
-        // table churned by half a million sessions may grow its capacity once).
+        // table churned by 100 000 sessions may grow its capacity once).
         assert!(
             peak as f64 <= at_cap.unwrap() as f64 * 1.5,
             "{peak} vs {at_cap:?}"
         );
     }
 
-    // Against a plain model: a list of (session, step, seq) in claim order.
+    // Against a plain model: a list of steps in claim order.
     #[derive(Clone, Debug)]
     enum Op {
-        Claim(u8, u8, u8),
+        Claim(u8, u8, u8, u8),
         Complete(u8, u8),
         Release(u8, u8),
         Sweep,
@@ -666,67 +837,92 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            6 => (0..4u8, 0..6u8, 0..2u8).prop_map(|(s, t, f)| Op::Claim(s, t, f)),
+            6 => (0..4u8, 0..6u8, 0..2u8, 0..3u8).prop_map(|(s, t, f, a)| Op::Claim(s, t, f, a)),
             2 => (0..4u8, 0..6u8).prop_map(|(s, t)| Op::Complete(s, t)),
             1 => (0..4u8, 0..6u8).prop_map(|(s, t)| Op::Release(s, t)),
             1 => Just(Op::Sweep),
         ]
     }
 
+    #[derive(Clone, Copy, Debug)]
+    struct Held {
+        session: u8,
+        step: u8,
+        fingerprint: u8,
+        agent: u8,
+        seq: u64,
+        at: i64,
+        answered: bool,
+    }
+
     proptest! {
         #[test]
         fn behaves_like_a_plain_list(ops in proptest::collection::vec(op(), 1..200)) {
-            let limits = Limits { window_ms: 5, max_steps_per_session: 3, max_steps: 7 };
-            let store: AnsweredSteps<u32> = AnsweredSteps::new(1);
-            // (session, step, fingerprint, seq, at, answered)
-            let mut model: Vec<(u8, u8, u8, u64, i64, bool)> = Vec::new();
+            let limits = Limits {
+                window_ms: 5,
+                max_steps_per_session: 3,
+                max_steps_per_agent: 5,
+                max_steps: 7,
+            };
+            let store: AnsweredSteps<u32> = AnsweredSteps::new();
+            let mut model: Vec<Held> = Vec::new();
             for (now, op) in ops.into_iter().enumerate() {
                 let now = now as i64;
                 match op {
-                    Op::Claim(s, t, f) => {
-                        let got = claim(&store, &s.to_string(), &t.to_string(), f, now, limits);
-                        let held = model.iter().position(|m| m.0 == s && m.1 == t && m.4 >= now - limits.window_ms);
-                        let expected = match held.map(|i| model[i]) {
-                            Some(m) if m.2 != f => Claim::Conflict,
-                            Some(m) if m.5 => Claim::Replay(vec![m.2]),
+                    Op::Claim(s, t, f, a) => {
+                        let (session, step, agent) = (s.to_string(), t.to_string(), a.to_string());
+                        let id = StepId { session: &session, step: &step, agent: &agent };
+                        let got = store.claim(id, fp(f), 7, now, limits, |_| false);
+                        let held = model
+                            .iter()
+                            .find(|m| m.session == s && m.step == t && m.at >= now - limits.window_ms)
+                            .copied();
+                        let expected = match held {
+                            Some(m) if m.fingerprint != f => Claim::Conflict,
+                            Some(m) if m.answered => Claim::Replay(vec![m.fingerprint]),
                             Some(_) => Claim::InProgress,
                             None => {
-                                model.retain(|m| !(m.0 == s && m.1 == t));
-                                let Claim::New(seq) = got else { panic!("expected a new claim, got {got:?}") };
-                                model.push((s, t, f, seq, now, false));
-                                while model.iter().filter(|m| m.0 == s).count() > limits.max_steps_per_session {
-                                    let i = model.iter().position(|m| m.0 == s).unwrap();
-                                    model.remove(i);
-                                }
-                                while model.len() > limits.max_steps {
-                                    model.remove(0);
-                                }
+                                model.retain(|m| !(m.session == s && m.step == t));
+                                let Claim::New(seq) = got else {
+                                    panic!("expected a new claim, got {got:?}")
+                                };
+                                model.push(Held { session: s, step: t, fingerprint: f, agent: a, seq, at: now, answered: false });
+                                let trim = |model: &mut Vec<Held>, of: &dyn Fn(&Held) -> bool, max: usize| {
+                                    while model.iter().filter(|m| of(m)).count() > max {
+                                        let i = model.iter().position(of).unwrap();
+                                        model.remove(i);
+                                    }
+                                };
+                                trim(&mut model, &|m| m.session == s, limits.max_steps_per_session);
+                                trim(&mut model, &|m| m.agent == a, limits.max_steps_per_agent);
+                                trim(&mut model, &|_| true, limits.max_steps);
                                 got.clone()
                             }
                         };
                         prop_assert_eq!(got, expected);
                     }
                     Op::Complete(s, t) => {
-                        if let Some(m) = model.iter_mut().find(|m| m.0 == s && m.1 == t) {
-                            prop_assert!(store.complete(&s.to_string(), &t.to_string(), m.3, &[m.2]));
-                            m.5 = true;
+                        if let Some(m) = model.iter_mut().find(|m| m.session == s && m.step == t) {
+                            prop_assert!(store.complete(&s.to_string(), &t.to_string(), m.seq, &[m.fingerprint]));
+                            m.answered = true;
                         }
                     }
                     Op::Release(s, t) => {
-                        if let Some(i) = model.iter().position(|m| m.0 == s && m.1 == t) {
-                            prop_assert!(store.release(&s.to_string(), &t.to_string(), model[i].3));
+                        if let Some(i) = model.iter().position(|m| m.session == s && m.step == t) {
+                            prop_assert!(store.release(&s.to_string(), &t.to_string(), model[i].seq));
                             model.remove(i);
                         }
                     }
                     Op::Sweep => {
                         let before = model.len();
-                        model.retain(|m| m.4 >= now - limits.window_ms);
+                        model.retain(|m| m.at >= now - limits.window_ms);
                         prop_assert_eq!(store.sweep(now, limits.window_ms), before - model.len());
                     }
                 }
                 prop_assert_eq!(store.stats().steps, model.len());
-                for s in 0..4u8 {
-                    prop_assert_eq!(store.session_len(&s.to_string()), model.iter().filter(|m| m.0 == s).count());
+                for n in 0..4u8 {
+                    prop_assert_eq!(store.session_len(&n.to_string()), model.iter().filter(|m| m.session == n).count());
+                    prop_assert_eq!(store.agent_len(&n.to_string()), model.iter().filter(|m| m.agent == n).count());
                 }
             }
         }

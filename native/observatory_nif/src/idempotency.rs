@@ -1,6 +1,6 @@
 //! NIFs behind `Observatory.Gateway.Idempotency`: the steps answered recently.
 
-use observatory_core::answered_steps::{AnsweredSteps, Claim, Fingerprint, Limits};
+use observatory_core::answered_steps::{AnsweredSteps, Claim, Fingerprint, Limits, StepId};
 use rustler::{Binary, Encoder, Env, LocalPid, NifResult, ResourceArc, Term};
 
 use crate::{atoms, json};
@@ -12,21 +12,21 @@ pub struct StepsRef(AnsweredSteps<LocalPid>);
 impl rustler::Resource for StepsRef {}
 
 #[rustler::nif]
-fn answered_new(env: Env<'_>, shards: usize) -> Term<'_> {
-    ResourceArc::new(StepsRef(AnsweredSteps::new(shards))).encode(env)
+fn answered_new(env: Env<'_>) -> Term<'_> {
+    ResourceArc::new(StepsRef(AnsweredSteps::new())).encode(env)
 }
 
-/// `{:new, seq}`, `{:replay, answer}`, `:conflict` or `:in_progress`. The caller is the
-/// claimant; a claim whose claimant has died is taken over.
+/// Claims `{session, step, agent}`: `{:new, seq}`, `{:replay, answer}`, `:conflict` or
+/// `:in_progress`. The caller is the claimant; a claim whose claimant has died is
+/// taken over.
 #[rustler::nif]
 fn answered_claim<'a>(
     env: Env<'a>,
     store: ResourceArc<StepsRef>,
-    session: &str,
-    step: &str,
+    step: (&str, &str, &str),
     fingerprint: Binary<'a>,
     now_ms: i64,
-    limits: (i64, usize, usize),
+    limits: (i64, usize, usize, usize),
 ) -> NifResult<Term<'a>> {
     let fingerprint: Fingerprint = fingerprint
         .as_slice()
@@ -35,11 +35,16 @@ fn answered_claim<'a>(
     let limits = Limits {
         window_ms: limits.0,
         max_steps_per_session: limits.1,
-        max_steps: limits.2,
+        max_steps_per_agent: limits.2,
+        max_steps: limits.3,
     };
+    let (session, step, agent) = step;
     let claim = store.0.claim(
-        session,
-        step,
+        StepId {
+            session,
+            step,
+            agent,
+        },
         fingerprint,
         env.pid(),
         now_ms,
@@ -81,9 +86,14 @@ fn answered_session_len(store: ResourceArc<StepsRef>, session: &str) -> usize {
     store.0.session_len(session)
 }
 
-/// `{steps, sessions, bytes}`.
 #[rustler::nif]
-fn answered_stats(store: ResourceArc<StepsRef>) -> (usize, usize, usize) {
+fn answered_agent_len(store: ResourceArc<StepsRef>, agent: &str) -> usize {
+    store.0.agent_len(agent)
+}
+
+/// `{steps, sessions, agents, bytes}`.
+#[rustler::nif]
+fn answered_stats(store: ResourceArc<StepsRef>) -> (usize, usize, usize, usize) {
     let stats = store.0.stats();
-    (stats.steps, stats.sessions, stats.bytes)
+    (stats.steps, stats.sessions, stats.agents, stats.bytes)
 }

@@ -194,7 +194,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
          %{sid: sid, step: step} do
       {:ok, envelope, fields} = DecisionLog.parse(JSON.encode!(step))
       # This process plays the first delivery, mid-way through scoring.
-      {:new, ticket} = Idempotency.claim(sid, "step-1", Idempotency.fingerprint(envelope, fields))
+      {:new, ticket} = Idempotency.claim(envelope, fields)
 
       assert {:error, {:in_progress, %{path: "meta.step_id", reason: reason}}} =
                SchemaInterceptor.ingest(step)
@@ -211,10 +211,8 @@ defmodule Observatory.Gateway.IdempotencyTest do
     test "a first delivery that died before answering does not block its retry",
          %{sid: sid, step: step} do
       {:ok, envelope, fields} = DecisionLog.parse(JSON.encode!(step))
-      fingerprint = Idempotency.fingerprint(envelope, fields)
 
-      {pid, ref} =
-        spawn_monitor(fn -> {:new, _} = Idempotency.claim(sid, "step-1", fingerprint) end)
+      {pid, ref} = spawn_monitor(fn -> {:new, _} = Idempotency.claim(envelope, fields) end)
 
       assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
@@ -222,57 +220,99 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "a released claim (the step was not scored) is a new step next time", %{sid: sid} do
-      {:new, ticket} = Idempotency.claim(sid, "s", @fingerprint)
+      step = %{session_id: sid, step_id: "s", agent_id: "agent-idem"}
+      {:new, ticket} = Idempotency.claim_fingerprint(step, @fingerprint)
       :ok = Idempotency.release(ticket)
-      assert {:new, _} = Idempotency.claim(sid, "s", @fingerprint)
+      assert {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
     end
   end
 
   describe "bounded memory" do
-    test "1M distinct steps: the memory stays under its bounds, per session and in all" do
+    test "1M distinct steps: the memory stays under its bounds, per session, per agent and in all" do
       Application.put_env(:observatory, :idempotency,
         max_steps: 10_000,
-        max_steps_per_session: 100
+        max_steps_per_session: 100,
+        max_steps_per_agent: 5_000
       )
 
       hot = unique_session("sess-hot")
       prefix = unique_session("sess-cold") <> "-"
+      agents = for a <- 0..6, do: "agent-1m-#{a}"
       fingerprint = :crypto.strong_rand_bytes(16)
 
-      # Half the steps in one session, half each in a session of its own.
+      # Half the steps in one session, half each in a session of its own; seven agents.
+      claim = fn i ->
+        n = Integer.to_string(i)
+        session = if rem(i, 2) == 0, do: hot, else: prefix <> n
+        step = %{session_id: session, step_id: n, agent_id: Enum.at(agents, rem(i, 7))}
+        {:new, _} = Idempotency.claim_fingerprint(step, fingerprint)
+      end
+
       peaks =
         for chunk <- 0..9 do
-          for i <- (chunk * 100_000 + 1)..(chunk * 100_000 + 100_000) do
-            n = Integer.to_string(i)
-            session = if rem(i, 2) == 0, do: hot, else: prefix <> n
-            {:new, _} = Idempotency.claim(session, n, fingerprint)
-          end
-
-          {Idempotency.stats(), Idempotency.count(hot)}
+          for i <- (chunk * 100_000 + 1)..(chunk * 100_000 + 100_000), do: claim.(i)
+          per_agent = for a <- agents, do: Idempotency.count({:agent, a})
+          {Idempotency.stats(), Idempotency.count({:session, hot}), per_agent}
         end
 
-      for {stats, hot_count} <- peaks do
+      for {stats, hot_count, per_agent} <- peaks do
         assert stats.steps <= 10_000
         assert stats.sessions <= 10_000
         assert hot_count == 100
+        assert Enum.all?(per_agent, &(&1 <= 5_000))
       end
 
       # Memory stays flat once the cap is reached: the last tenth holds no more than
       # the first (same steps, same sessions).
-      [{first, _} | _] = peaks
-      {last, _} = List.last(peaks)
+      [{first, _, _} | _] = peaks
+      {last, _, _} = List.last(peaks)
       assert last.bytes <= first.bytes * 1.1
 
       # The newest steps are remembered (claimed, not yet answered: in progress); the
       # oldest are forgotten.
-      assert {:error, {:in_progress, _}} = Idempotency.claim(hot, "1000000", fingerprint)
-      assert {:new, _} = Idempotency.claim(hot, "2", fingerprint)
+      newest = %{
+        session_id: hot,
+        step_id: "1000000",
+        agent_id: Enum.at(agents, rem(1_000_000, 7))
+      }
+
+      assert {:error, {:in_progress, _}} = Idempotency.claim_fingerprint(newest, fingerprint)
+      oldest = %{session_id: hot, step_id: "2", agent_id: Enum.at(agents, 2)}
+      assert {:new, _} = Idempotency.claim_fingerprint(oldest, fingerprint)
+    end
+
+    test "issue 20 finding 7: one agent cannot flush another's remembered steps", %{sid: sid} do
+      Application.put_env(:observatory, :idempotency, max_steps: 1_000, max_steps_per_agent: 50)
+      victim = for n <- 1..20, do: step(sid, "turn-#{n}")
+      for s <- victim, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(s)
+      attacker = "agent-flood-#{System.unique_integer([:positive])}"
+
+      # Twice the cap in all of distinct steps from another agent, over many sessions.
+      for n <- 1..2_000 do
+        flood =
+          HTTP.envelope(%{
+            "meta" => %{
+              "session_id" => "#{sid}-flood-#{rem(n, 97)}",
+              "step_id" => "k#{n}",
+              "agent_id" => attacker
+            }
+          })
+
+        {:ok, _} = SchemaInterceptor.ingest(flood)
+      end
+
+      assert Idempotency.count({:agent, attacker}) == 50
+      assert Idempotency.count({:agent, "agent-http"}) >= 20
+      # Every one of the victim's steps is still remembered: a retry counts nothing again.
+      for s <- victim, do: assert({:ok, %{replayed: true}} = SchemaInterceptor.ingest(s))
+      assert length(EntropyTracker.window(sid)) == 5
+      assert SessionLog.count(sid) == 20
     end
 
     test "past :max_steps_per_session a session's oldest step is forgotten", %{sid: sid} do
       Application.put_env(:observatory, :idempotency, max_steps_per_session: 3)
       for n <- 1..4, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step(sid, "s#{n}"))
-      assert Idempotency.count(sid) == 3
+      assert Idempotency.count({:session, sid}) == 3
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step(sid, "s4"))
       # Forgotten: counted as a new step.
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step(sid, "s1"))
@@ -289,12 +329,13 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "the sweep frees the steps that left the window", %{sid: sid} do
-      {:new, _} = Idempotency.claim(sid, "old", @fingerprint)
-      assert Idempotency.count(sid) == 1
+      step = %{session_id: sid, step_id: "old", agent_id: "agent-idem"}
+      {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
+      assert Idempotency.count({:session, sid}) == 1
       # A window that ended a millisecond from now: every step has left it.
       assert Idempotency.sweep(-1) >= 1
-      assert Idempotency.count(sid) == 0
-      assert {:new, _} = Idempotency.claim(sid, "old", @fingerprint)
+      assert Idempotency.count({:session, sid}) == 0
+      assert {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
     end
 
     test "invalid settings fall back to their defaults" do
@@ -304,6 +345,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
         enabled: true,
         window_ms: 600_000,
         max_steps_per_session: 1_000,
+        max_steps_per_agent: 10_000,
         max_steps: 100_000
       ]
 
