@@ -63,6 +63,25 @@ if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
   config :observatory, anthropic_upstream_api_key: key
 end
 
+# OBSERVATORY_ALERT_SOURCE=entropy|verdict — which signal raises alerts: the FRD-009
+# entropy ratio (the default) or the loop verdict (README "Choosing the alert source").
+if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
+  alert_source =
+    case source |> String.trim() |> String.downcase() do
+      "entropy" ->
+        :entropy
+
+      "verdict" ->
+        :verdict
+
+      _other ->
+        raise "OBSERVATORY_ALERT_SOURCE must be \"entropy\" or \"verdict\", got: " <>
+                inspect(source)
+    end
+
+  config :observatory, alert_source: alert_source
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end
