@@ -425,7 +425,11 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       record_all(sid, List.duplicate(@loop_step, 5))
       assert_receive %{event_type: "alert_raised", session_id: ^sid, rule: :entropy} = raised
       socket = feed(socket, [raised])
-      assert %{source: :entropy} = Alerts.get(socket.assigns.alerts, sid)
+      assert %{source: :entropy, alerts: 0} = Alerts.get(socket.assigns.alerts, sid)
+      # The alert event that follows is the first one counted (not the second).
+      [alert] = collect_alerts(sid)
+      socket = feed(socket, [alert])
+      assert %{alerts: 1} = Alerts.get(socket.assigns.alerts, sid)
 
       record_all(sid, distinct_tuples(3))
       assert_receive %{event_type: "alert_cleared", session_id: ^sid} = cleared
@@ -482,6 +486,25 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       page = html(socket)
       assert page =~ ~s(<h2 id="alerts-title">Verdict Alerts</h2>)
       assert page =~ "the <strong>loop verdict</strong> calls a loop now"
+    end
+  end
+
+  describe "issue 18: the alert source is shown" do
+    test "in the standalone header, the LiveView navigation and the panel's title" do
+      saved = Application.get_env(:observatory, :alert_source)
+      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+
+      assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
+               ~s(<span class="scm-source" data-source="entropy">Alerts from <strong>entropy ratio</strong></span>)
+
+      assert html(mount!(connected?: false)) =~ ~s(<h2 id="alerts-title">Entropy Alerts</h2>)
+
+      Application.put_env(:observatory, :alert_source, :verdict)
+
+      assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
+               "Alerts from <strong>loop verdict</strong>"
+
+      assert html(mount!(connected?: false)) =~ ~s(<h2 id="alerts-title">Verdict Alerts</h2>)
     end
   end
 

@@ -98,20 +98,23 @@ defmodule Observatory.Gateway.Alerts do
       )
       |> Map.merge(%{session_id: session_id, agent_id: agent_id, source: source})
 
-    if :ets.insert_new(@table, {session_id, now, now, 1, row}) do
+    # Orders rows alerted in the same millisecond.
+    order = System.unique_integer([:monotonic])
+
+    if :ets.insert_new(@table, {session_id, now, now, 1, row, order, order}) do
       raised(row, now)
     else
       case :ets.lookup(@table, session_id) do
-        [{_, since, _, count, %{source: ^source}}] ->
-          :ets.insert(@table, {session_id, since, now, count + 1, row})
+        [{_, since, _, count, %{source: ^source}, raised_order, _}] ->
+          :ets.insert(@table, {session_id, since, now, count + 1, row, raised_order, order})
 
         # Alerted under the other source (the setting changed): a new alert.
         [_] ->
-          :ets.insert(@table, {session_id, now, now, 1, row})
+          :ets.insert(@table, {session_id, now, now, 1, row, order, order})
           raised(row, now)
 
         [] ->
-          :ets.insert(@table, {session_id, now, now, 1, row})
+          :ets.insert(@table, {session_id, now, now, 1, row, order, order})
       end
     end
 
@@ -125,7 +128,7 @@ defmodule Observatory.Gateway.Alerts do
   @spec clear(String.t(), AlertSource.t(), String.t()) :: :ok
   def clear(session_id, source, why \\ "recovered") do
     case :ets.lookup(@table, session_id) do
-      [{_, _, _, _, %{source: ^source} = row}] ->
+      [{_, _, _, _, %{source: ^source} = row, _, _}] ->
         :ets.delete(@table, session_id)
         cleared(row, why)
 
@@ -150,10 +153,10 @@ defmodule Observatory.Gateway.Alerts do
     me = node()
 
     :ets.tab2list(@table)
-    |> Enum.filter(fn {id, _, _, _, row} ->
+    |> Enum.filter(fn {id, _, _, _, row, _, _} ->
       row.source == source and Observatory.Cluster.owner(id) == me
     end)
-    |> Enum.sort_by(fn {_, since, _, _, _} -> since end, :desc)
+    |> Enum.sort_by(fn {_, _, _, _, _, raised_order, _} -> raised_order end, :desc)
     |> Enum.take(Keyword.get(opts, :limit, 500))
     |> Enum.map(&to_row/1)
   rescue
@@ -166,7 +169,7 @@ defmodule Observatory.Gateway.Alerts do
     source = AlertSource.current()
 
     case :ets.lookup(@table, session_id) do
-      [{_, _, _, _, %{source: ^source}} = entry] -> to_row(entry)
+      [{_, _, _, _, %{source: ^source}, _, _} = entry] -> to_row(entry)
       _ -> nil
     end
   rescue
@@ -194,7 +197,7 @@ defmodule Observatory.Gateway.Alerts do
     |> Enum.sort_by(&DateTime.to_unix(&1.since, :millisecond), :desc)
   end
 
-  defp to_row({_id, since, last_at, count, row}) do
+  defp to_row({_id, since, last_at, count, row, _raised_order, _last_order}) do
     Map.merge(row, %{
       since: DateTime.from_unix!(since, :millisecond),
       last_at: DateTime.from_unix!(last_at, :millisecond),
@@ -288,10 +291,10 @@ defmodule Observatory.Gateway.Alerts do
 
       victims =
         :ets.tab2list(@table)
-        |> Enum.sort_by(fn {_, _, last_at, _, _} -> last_at end)
+        |> Enum.sort_by(fn {_, _, _, _, _, _, last_order} -> last_order end)
         |> Enum.take(size - keep)
 
-      for {id, _, _, _, row} <- victims do
+      for {id, _, _, _, row, _, _} <- victims do
         :ets.delete(@table, id)
         cleared(row, "too many alerted sessions: the least recently alerted go")
       end
@@ -315,7 +318,7 @@ defmodule Observatory.Gateway.Alerts do
   def sweep do
     cutoff = System.system_time(:millisecond) - IdleSweep.ttl_ms()
 
-    for {id, _, last_at, _, row} <- :ets.tab2list(@table),
+    for {id, _, last_at, _, row, _, _} <- :ets.tab2list(@table),
         last_at < cutoff or not held?(id, row.source) do
       :ets.delete(@table, id)
       cleared(row, "the session was evicted")

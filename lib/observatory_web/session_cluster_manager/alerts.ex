@@ -29,7 +29,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
           window_size: pos_integer() | nil,
           pattern: %{intent: String.t(), tool_call: String.t(), action_status: String.t()} | nil,
           occurrence_count: pos_integer() | nil,
-          alerts: pos_integer(),
+          alerts: non_neg_integer(),
           since: DateTime.t(),
           at: DateTime.t(),
           node: node() | nil,
@@ -48,7 +48,9 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
   @doc "The rows of the gateway's alert list (`Observatory.Gateway.Alerts.gather/1`), replacing these."
   @spec replace(t(), [map()]) :: t()
   def replace(%__MODULE__{} = alerts, gathered) do
+    # Gathered newest first: reversed, a stable sort keeps ties in order.
     gathered
+    |> Enum.reverse()
     |> Enum.sort_by(&DateTime.to_unix(&1.since, :microsecond))
     |> Enum.reduce(%{alerts | rows: %{}}, fn alert, acc ->
       seq = acc.seq + 1
@@ -104,13 +106,15 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
     if Map.has_key?(rows, id) do
       alerts
     else
+      # Its alert event follows (or was not sent): that one is counted.
       row =
         blank(id, event.since, alerts.seq + 1)
         |> Map.merge(%{
           agent_id: event.agent_id,
           source: event.source,
           rule: event.rule,
-          reason: event.reason
+          reason: event.reason,
+          alerts: 0
         })
 
       %{alerts | rows: Map.put(rows, id, row), seq: row.seq} |> trim()

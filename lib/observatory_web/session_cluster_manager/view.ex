@@ -41,17 +41,11 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   def parts(assigns) do
     fleet = assigns.fleet
     source = Map.get(assigns, :alert_source, :entropy)
-    inspecting? = assigns.inspect != nil
 
     [
       html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
       html_summary: summary(fleet, source),
-      html_alerts: [
-        ~s(<div class="scm-grid),
-        if(inspecting?, do: " inspecting", else: ""),
-        ~s(">),
-        alerts_panel(assigns.alerts, fleet, source)
-      ],
+      html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet, source)],
       html_inspect: [
         inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, [])),
         "</div>"
@@ -252,7 +246,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     ]
   end
 
-  defp alert_times(1), do: ""
+  defp alert_times(n) when n <= 1, do: ""
 
   defp alert_times(n),
     do: [~s(<span class="muted" title="alerts received"> ×), escape(n), "</span>"]
@@ -800,9 +794,9 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
           to_string(step.blocked),
           ~s("><td class="mono">),
           sid,
-          "</td><td>",
+          ~s(</td><td><span class="cell-label">Stagnation </span>),
           escape(step.stagnation_streak),
-          "</td><td>",
+          ~s(</td><td><span class="cell-label">Stuck </span>),
           escape(step.stuck_streak),
           "</td><td>",
           if(step.blocked,
