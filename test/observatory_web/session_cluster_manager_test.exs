@@ -508,6 +508,44 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
     end
   end
 
+  describe "issue 18: a loop the entropy ratio does not see is pointed out" do
+    test "free-text intents: the verdict's loop, not alerted under :entropy, is named with the fix" do
+      sid = unique_session("sess-free-text")
+
+      for i <- 1..4 do
+        step = pytest_step(sid)
+        intent = Enum.at(["Let me re-run the tests", "Running pytest again to check"], rem(i, 2))
+
+        {:ok, %{severity: severity}} =
+          SchemaInterceptor.ingest(put_in(step, ["cognition", "intent"], intent))
+
+        refute severity == :loop
+      end
+
+      socket = mount!()
+      assert Alerts.get(socket.assigns.alerts, sid) == nil
+      page = html(socket)
+      # Every such session is counted (other tests' too); the first three are named.
+      missed =
+        for node <- Fleet.nodes(socket.assigns.fleet),
+            node.verdict == :loop,
+            Alerts.get(socket.assigns.alerts, node.session_id) == nil,
+            do: node.session_id
+
+      assert sid in missed
+      [hint] = Regex.run(~r{<p class="panel-note source-hint".*?</p>}s, page)
+      assert hint =~ ~s(data-count="#{length(missed)}")
+
+      for id <- Enum.take(missed, 3),
+          do: assert(hint =~ ~s(<span class="mono">#{id}</span>))
+
+      assert hint =~ "<code>OBSERVATORY_ALERT_SOURCE=verdict</code>"
+
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      assert html(socket) =~ "Not alerted: the alert source is the entropy ratio"
+    end
+  end
+
   describe "issue 18: Inspect shows the evidence" do
     test "any fleet node opens Inspect, without pausing" do
       sid = unique_session("sess-node")

@@ -33,8 +33,9 @@ defmodule Observatory.Gateway.Alerts do
   (`Observatory.Cluster`), where its steps are scored; `list/1` is per node and the
   dashboard and the API gather every member's.
 
-  Writers are the callers' own processes (one ETS insert per alerted step, a lookup
-  for other steps); this process owns the table and sweeps it.
+  Writers are the callers' own processes: one ETS write per alerted step, one lookup
+  when a session leaves LOOP, nothing for the other steps. This process owns the
+  table and sweeps it.
   """
 
   use GenServer
@@ -314,14 +315,25 @@ defmodule Observatory.Gateway.Alerts do
   end
 
   @doc false
-  # Drops the rows of sessions their source no longer holds, or idle past the TTL.
+  # Drops the rows of sessions their source no longer holds or idle past the TTL, and
+  # those of a source no longer in force (nothing clears them any more).
   def sweep do
     cutoff = System.system_time(:millisecond) - IdleSweep.ttl_ms()
+    source = AlertSource.current()
 
-    for {id, _, last_at, _, row, _, _} <- :ets.tab2list(@table),
-        last_at < cutoff or not held?(id, row.source) do
-      :ets.delete(@table, id)
-      cleared(row, "the session was evicted")
+    for {id, _, last_at, _, row, _, _} <- :ets.tab2list(@table) do
+      cond do
+        row.source != source ->
+          :ets.delete(@table, id)
+          cleared(row, "the alert source is now #{source}")
+
+        last_at < cutoff or not held?(id, row.source) ->
+          :ets.delete(@table, id)
+          cleared(row, "the session was evicted")
+
+        true ->
+          :ok
+      end
     end
 
     :ok

@@ -47,7 +47,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       html_summary: summary(fleet, source),
       html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet, source)],
       html_inspect: [
-        inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, [])),
+        inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, []), source),
         "</div>"
       ],
       html_steps: [steps_panel(Map.get(assigns, :steps, [])), "</div>"]
@@ -125,6 +125,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(<p class="panel-note">),
       source_note(source),
       "</p>",
+      unalerted_loops(alerts, fleet, source),
       alerts_body(rows, fleet, source),
       "</section>"
     ]
@@ -139,6 +140,41 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     "Sessions the <strong>loop verdict</strong> calls a loop now (verdict <code>loop</code>), " <>
       "newest first, once each."
   end
+
+  # Under the entropy ratio, the sessions the loop verdict calls a loop that are not
+  # alerted (free-text intents keep the ratio high): said, so the operator knows.
+  defp unalerted_loops(alerts, fleet, :entropy) do
+    missed =
+      for node <- Fleet.nodes(fleet),
+          node.verdict == :loop,
+          Alerts.get(alerts, node.session_id) == nil,
+          do: node.session_id
+
+    case missed do
+      [] ->
+        ""
+
+      ids ->
+        [
+          ~s(<p class="panel-note source-hint" data-count="),
+          escape(length(ids)),
+          ~s(">The loop verdict calls ),
+          escape(length(ids)),
+          if(length(ids) == 1, do: " more session", else: " more sessions"),
+          " a loop (",
+          ids
+          |> Enum.take(3)
+          |> Enum.map(&[~s(<span class="mono">), escape(&1), "</span>"])
+          |> Enum.intersperse(", "),
+          if(length(ids) > 3, do: ", …", else: ""),
+          "); the entropy ratio does not. <code>OBSERVATORY_ALERT_SOURCE=verdict</code> ",
+          if(length(ids) == 1, do: "would alert on it.", else: "would alert on them."),
+          "</p>"
+        ]
+    end
+  end
+
+  defp unalerted_loops(_alerts, _fleet, :verdict), do: ""
 
   defp alerts_body([], _fleet, source) do
     [
@@ -269,7 +305,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Inspect
 
-  defp inspector(nil, _fleet, _expanded) do
+  defp inspector(nil, _fleet, _expanded, _source) do
     [
       ~s(<aside id="inspector" class="panel inspector" aria-labelledby="inspector-title">),
       ~s(<header class="panel-head"><h2 id="inspector-title">Inspect</h2></header>),
@@ -280,7 +316,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     ]
   end
 
-  defp inspector(info, fleet, expanded) do
+  defp inspector(info, fleet, expanded, source) do
     sid = escape(info.session_id)
     paused? = info.pause != nil
 
@@ -304,7 +340,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       fact("Steps received", escape(info.messages)),
       "</dl>",
       pause_box(info),
-      why_section(info),
+      why_section(info, source),
       steps_list(info, expanded),
       "</aside>"
     ]
@@ -390,18 +426,28 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Why: the verdict's and the window's explanations (Observatory.Gateway.Evidence)
 
-  defp why_section(info) do
+  defp why_section(info, source) do
     explained = Map.get(info, :explained, %{verdict: nil, window: nil})
     verdict = Map.get(info, :verdict)
 
     [
       ~s(<section class="why" aria-label="Why">),
       ~s(<h3>Why</h3>),
+      source_hint(info, verdict, source),
       verdict_why(verdict, explained.verdict),
       window_why(info, explained.window),
       "</section>"
     ]
   end
+
+  # A loop the alert source does not alert on.
+  defp source_hint(%{alert: nil}, %{verdict: :loop}, :entropy) do
+    ~s(<p class="source-hint">Not alerted: the alert source is the entropy ratio, and this ) <>
+      ~s(session's score is not below the LOOP threshold. ) <>
+      ~s(With <code>OBSERVATORY_ALERT_SOURCE=verdict</code> it would be alerted.</p>)
+  end
+
+  defp source_hint(_info, _verdict, _source), do: ""
 
   defp verdict_why(nil, _explained),
     do: ~s(<p class="muted">The loop verdict has not judged this session.</p>)

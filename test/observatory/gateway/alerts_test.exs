@@ -148,7 +148,7 @@ defmodule Observatory.Gateway.AlertsTest do
       assert_receive %{event_type: "alert_cleared", session_id: ^sid, source: :verdict}
     end
 
-    test "alerts of the other source are not listed" do
+    test "alerts of the other source are not listed, and the sweep drops them" do
       sid = unique_session("al-other-source")
       loop!(sid)
       assert Alerts.get(sid)
@@ -156,6 +156,15 @@ defmodule Observatory.Gateway.AlertsTest do
       assert Alerts.get(sid) == nil
       refute Enum.any?(Alerts.list(), &(&1.session_id == sid))
       assert Enum.any?(Alerts.list(source: :entropy), &(&1.session_id == sid))
+
+      Alerts.sweep()
+      refute Enum.any?(Alerts.list(source: :entropy), &(&1.session_id == sid))
+
+      assert_receive %{
+        event_type: "alert_cleared",
+        session_id: ^sid,
+        why: "the alert source is now verdict"
+      }
     end
   end
 
