@@ -30,13 +30,13 @@ defmodule Observatory.Gateway.Evidence do
 
   alias Observatory.JSON
 
-  @call_chars 160
-  @arguments_chars 400
-  @result_chars 600
+  @call_bytes 160
+  @arguments_bytes 400
+  @result_bytes 600
   @result_lines 8
   @compare_bytes 8_192
   @max_changes 5
-  @max_line_chars 200
+  @max_line_bytes 200
   # A number as the comparisons see it: digits, with a decimal part if any.
   @number ~r/\d+(?:\.\d+)*/
 
@@ -63,7 +63,10 @@ defmodule Observatory.Gateway.Evidence do
           window: map() | nil
         }
   def for_session(session_id, opts \\ []) do
-    stored = Observatory.Gateway.SessionLog.steps(session_id)
+    # Each step read as text once, for the list and both explanations.
+    stored =
+      for step <- Observatory.Gateway.SessionLog.steps(session_id),
+          do: Map.put(step, :texts, texts(step.envelope))
 
     window =
       Keyword.get_lazy(opts, :window, fn ->
@@ -90,17 +93,18 @@ defmodule Observatory.Gateway.Evidence do
 
   ## Options
     * `:full` — step numbers whose arguments and result are given whole.
-    * `:result_chars`, `:arguments_chars` — the caps (defaults #{@result_chars} and #{@arguments_chars}).
+    * `:result_bytes`, `:arguments_bytes` — the caps (defaults #{@result_bytes} and
+      #{@arguments_bytes} bytes, cut on a character boundary).
   """
   @spec steps([map()], keyword()) :: [map()]
   def steps(stored, opts \\ []) do
     full = MapSet.new(Keyword.get(opts, :full, []))
-    result_cap = Keyword.get(opts, :result_chars, @result_chars)
-    arguments_cap = Keyword.get(opts, :arguments_chars, @arguments_chars)
+    result_cap = Keyword.get(opts, :result_bytes, @result_bytes)
+    arguments_cap = Keyword.get(opts, :arguments_bytes, @arguments_bytes)
 
-    for %{number: number, at: at, envelope: envelope} <- stored do
+    for %{number: number, at: at, envelope: envelope} = step <- stored do
       whole? = MapSet.member?(full, number)
-      text = texts(envelope)
+      text = text_of(step)
 
       {arguments, cut_a} =
         if whole?, do: {text.arguments, false}, else: cap(text.arguments, arguments_cap, 4)
@@ -116,7 +120,7 @@ defmodule Observatory.Gateway.Evidence do
         intent: text.intent,
         tool_call: text.tool,
         status: text.status,
-        call: one_line(text.call, @call_chars),
+        call: one_line(text.call, @call_bytes),
         arguments: arguments,
         result: result,
         truncated: cut_a or cut_r,
@@ -124,6 +128,10 @@ defmodule Observatory.Gateway.Evidence do
       }
     end
   end
+
+  # A stored step's texts, read once by `for_session/2`.
+  defp text_of(%{texts: texts}), do: texts
+  defp text_of(%{envelope: envelope}), do: texts(envelope)
 
   @doc """
   A step's texts: `tool`, `call` (the command, query or path the call is about: the
@@ -200,10 +208,12 @@ defmodule Observatory.Gateway.Evidence do
   defp string(nil), do: ""
   defp string(value), do: json(value)
 
-  # At most `chars` characters and `lines` lines, and whether anything was cut. A long
-  # output keeps its first two lines and its last ones: commands, tests and compilers
-  # end with their verdict (`1 failed`, `error TS2307`, the exception).
-  defp cap(text, chars, lines) do
+  # At most `max_bytes` bytes (cut on a character boundary) and `lines` lines, and
+  # whether anything was cut. A long output keeps its first two lines and its last
+  # ones: commands, tests and compilers end with their verdict (`1 failed`, `error
+  # TS2307`, the exception). Sizes in bytes: counting characters (graphemes) of every
+  # result cost more than all the rest of an Inspect load.
+  defp cap(text, max_bytes, lines) do
     all = String.split(text, "\n")
 
     # The "…" marks the cut: between head and tail, or at the end.
@@ -213,15 +223,23 @@ defmodule Observatory.Gateway.Evidence do
         else: {all |> Enum.take(lines) |> Enum.join("\n"), "…"}
 
     cond do
+      byte_size(kept) > max_bytes -> {prefix(kept, max_bytes) <> "…", true}
       kept == text -> {text, false}
-      String.length(kept) > chars -> {String.slice(kept, 0, chars) <> "…", true}
       true -> {kept <> tail_marker, true}
     end
   end
 
-  defp one_line(text, chars) do
+  # The longest prefix of at most `max_bytes` bytes that ends on a character boundary.
+  defp prefix(text, max_bytes) when byte_size(text) <= max_bytes, do: text
+
+  defp prefix(text, max_bytes) do
+    cut = binary_part(text, 0, max_bytes)
+    if String.valid?(cut), do: cut, else: prefix(text, max_bytes - 1)
+  end
+
+  defp one_line(text, max_bytes) do
     line = text |> String.split("\n", parts: 2) |> hd()
-    {kept, cut} = cap(line, chars, 1)
+    {kept, cut} = cap(line, max_bytes, 1)
     if cut or line != text, do: String.trim_trailing(kept, "…") <> "…", else: kept
   end
 
@@ -238,8 +256,8 @@ defmodule Observatory.Gateway.Evidence do
   def explain_verdict(%{rule: :none}, _stored), do: nil
 
   def explain_verdict(%{rule: rule, evidence: numbers}, stored) when is_list(numbers) do
-    by_number = Map.new(stored, &{&1.number, texts(&1.envelope)})
-    found = for n <- numbers, t = by_number[n], do: {n, t}
+    by_number = Map.new(stored, &{&1.number, &1})
+    found = for n <- numbers, step = by_number[n], do: {n, text_of(step)}
     missing = for n <- numbers, not Map.has_key?(by_number, n), do: n
 
     if found == [] do
@@ -265,13 +283,13 @@ defmodule Observatory.Gateway.Evidence do
   def explain_window(window, stored) do
     # The window is the session's newest steps: number them like the stored steps.
     numbered = window_numbers(window, stored)
-    by_number = Map.new(stored, &{&1.number, texts(&1.envelope)})
+    by_number = Map.new(stored, &{&1.number, &1})
     counts = Enum.frequencies(window)
     last_seen = window |> Enum.with_index() |> Map.new()
     {tuple, count} = Enum.max_by(counts, fn {t, c} -> {c, last_seen[t]} end)
     {intent, tool, status} = tuple
     steps = for {n, t} <- numbered, t == tuple, do: n
-    found = for n <- steps, t = by_number[n], do: t
+    found = for n <- steps, step = by_number[n], do: text_of(step)
 
     %{
       pattern: %{intent: intent, tool_call: tool, action_status: to_string(status)},
@@ -310,7 +328,7 @@ defmodule Observatory.Gateway.Evidence do
     result = compare(Enum.map(texts, & &1.result), numbers)
 
     %{
-      calls: [%{tool: first.tool, call: one_line(first.call, @call_chars)}],
+      calls: [%{tool: first.tool, call: one_line(first.call, @call_bytes)}],
       times: length(found),
       status: first.status,
       outcome: outcome(result, texts),
@@ -340,7 +358,7 @@ defmodule Observatory.Gateway.Evidence do
     %{
       calls:
         Enum.map(Enum.take(found, period), fn {_, t} ->
-          %{tool: t.tool, call: one_line(t.call, @call_chars), status: t.status}
+          %{tool: t.tool, call: one_line(t.call, @call_bytes), status: t.status}
         end),
       times: div(length(found), period),
       period: period,
@@ -366,7 +384,7 @@ defmodule Observatory.Gateway.Evidence do
     %{
       calls:
         texts
-        |> Enum.map(&%{tool: &1.tool, call: one_line(&1.call, @call_chars)})
+        |> Enum.map(&%{tool: &1.tool, call: one_line(&1.call, @call_bytes)})
         |> Enum.uniq(),
       times: length(found),
       status: hd(texts).status,
@@ -386,7 +404,7 @@ defmodule Observatory.Gateway.Evidence do
     %{
       calls:
         texts
-        |> Enum.map(&%{tool: &1.tool, call: one_line(&1.call, @call_chars)})
+        |> Enum.map(&%{tool: &1.tool, call: one_line(&1.call, @call_bytes)})
         |> Enum.uniq()
         |> Enum.take(@max_changes),
       times: length(found),
@@ -413,7 +431,7 @@ defmodule Observatory.Gateway.Evidence do
   end
 
   defp excerpt(""), do: ""
-  defp excerpt(text), do: text |> cap(@result_chars, @result_lines) |> elem(0)
+  defp excerpt(text), do: text |> cap(@result_bytes, @result_lines) |> elem(0)
 
   # The smallest block of calls that repeats (tool and arguments, digits masked).
   defp period(texts) do
@@ -455,7 +473,7 @@ defmodule Observatory.Gateway.Evidence do
     * `%{kind: :lines, changes: [%{step, added, removed}]}` — lines a repeat has that
       the first had not (`added`) and the other way round.
 
-  At most #{@max_changes} changes, each line at most #{@max_line_chars} characters.
+  At most #{@max_changes} changes, each line at most #{@max_line_bytes} bytes.
   """
   @spec compare([String.t()], [pos_integer()]) :: change()
   def compare(texts, numbers) do
@@ -509,7 +527,7 @@ defmodule Observatory.Gateway.Evidence do
     |> Enum.take(@max_changes)
     |> Enum.map(fn [[{start, len}] | _] = spans ->
       %{
-        line: first |> marked_line(start, len) |> String.slice(0, @max_line_chars),
+        line: first |> marked_line(start, len) |> prefix(@max_line_bytes),
         values: spans |> Enum.zip(texts) |> Enum.map(&slice/1)
       }
     end)
@@ -554,6 +572,6 @@ defmodule Observatory.Gateway.Evidence do
     set
     |> Enum.reject(&(String.trim(&1) == ""))
     |> Enum.take(3)
-    |> Enum.map(&String.slice(&1, 0, @max_line_chars))
+    |> Enum.map(&prefix(&1, @max_line_bytes))
   end
 end

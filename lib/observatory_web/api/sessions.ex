@@ -176,13 +176,12 @@ defmodule ObservatoryWeb.API.Sessions do
       step_detector: StepDetector.state(id),
       messages: SessionLog.count(id),
       steps:
-        for step <- Evidence.steps(stored, result_chars: 2_000, arguments_chars: 1_000) do
+        for step <- Evidence.steps(stored, result_bytes: 2_000, arguments_bytes: 1_000) do
           step
-          |> Map.drop([:number, :at, :stored_whole])
+          |> Map.drop([:number, :at])
           |> Map.merge(%{
             step: step.number,
             received_at: DateTime.to_iso8601(step.at),
-            stored_whole: step.stored_whole,
             evidence: MapSet.member?(evidence, step.number),
             in_entropy_window: MapSet.member?(in_window, step.number)
           })

@@ -74,6 +74,15 @@ defmodule Observatory.Gateway.EvidenceTest do
       assert whole.result == long
     end
 
+    test "one long line is cut too, on a character boundary" do
+      long = String.duplicate("é", 1_000)
+      [cut] = Evidence.steps([stored(1, "bash", "x", "failure", long)])
+      assert cut.truncated
+      assert String.valid?(cut.result)
+      assert byte_size(cut.result) <= 600 + byte_size("…")
+      assert String.ends_with?(cut.result, "…")
+    end
+
     test "an envelope kept as a stub (too large) says so" do
       [step] =
         Evidence.steps([
