@@ -63,9 +63,15 @@ config :observatory,
   # Step keys the proxy remembers so that a re-sent conversation counts each step once.
   proxy_step_memory: 100_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
+  # threshold = (window_size - 1) × 1.0 + 1.5: similar prompts in the whole window and
+  # one repeated call can never exceed it; the same call answered alike (2.5 each)
+  # does on its fourth repeat.
   kill_switch: [
-    window_size: 10,
-    threshold: 10.0,
+    window_size: 5,
+    threshold: 5.5,
+    # A request's prompt: :newest_input (the tool results of a tool turn, else the last
+    # user text) or :last_user_message (the spec's letter: the task, in a tool loop).
+    prompt: :newest_input,
     max_agents: 10_000,
     notification_webhook: nil,
     # Webhooks may not point at loopback/private/link-local addresses unless true.

@@ -64,7 +64,8 @@ if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
 end
 
 # OBSERVATORY_ALERT_SOURCE=entropy|verdict — which signal raises alerts: the FRD-009
-# entropy ratio (the default) or the loop verdict (README "Choosing the alert source").
+# entropy ratio (the default) or the loop verdict (docs/dashboard.md, "Choose what raises
+# the alerts").
 if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
   alert_source =
     case source |> String.trim() |> String.downcase() do
@@ -80,6 +81,24 @@ if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
     end
 
   config :observatory, alert_source: alert_source
+end
+
+#   OBSERVATORY_KILL_SWITCH_PROMPT=newest_input|last_user_message  what a request's prompt
+#     is for the kill switch (README "Kill switch — How it scores")
+if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
+  source =
+    case prompt do
+      "newest_input" ->
+        :newest_input
+
+      "last_user_message" ->
+        :last_user_message
+
+      other ->
+        raise "OBSERVATORY_KILL_SWITCH_PROMPT must be newest_input or last_user_message, got: #{inspect(other)}"
+    end
+
+  config :observatory, :kill_switch, prompt: source
 end
 
 if demo = System.get_env("OBSERVATORY_DEMO") do

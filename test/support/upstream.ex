@@ -52,17 +52,19 @@ defmodule Observatory.Test.Upstream do
         do: {name |> to_string() |> String.downcase(), to_string(value)}
   end
 
-  @doc "An Anthropic message answering with `text` (and `tool_use` blocks `{name, input}`)."
+  @doc "An Anthropic message answering with `text` (and `tool_use` blocks `{name, input}` or `{id, name, input}`)."
   def message(text, tool_uses \\ []) do
     blocks =
       if(text == "", do: [], else: [%{type: "text", text: text}]) ++
-        for {name, input} <- tool_uses,
-            do: %{
-              type: "tool_use",
-              id: "toolu_#{System.unique_integer([:positive])}",
-              name: name,
-              input: input
-            }
+        for tool_use <- tool_uses do
+          {id, name, input} =
+            case tool_use do
+              {name, input} -> {"toolu_#{System.unique_integer([:positive])}", name, input}
+              {id, name, input} -> {id, name, input}
+            end
+
+          %{type: "tool_use", id: id, name: name, input: input}
+        end
 
     JSON.encode!(%{
       id: "msg_test",
@@ -77,37 +79,130 @@ defmodule Observatory.Test.Upstream do
 
   @doc "The server-sent events of a streamed Anthropic message whose text is `pieces`."
   def message_events(pieces) do
-    event = fn name, data ->
-      "event: #{name}\ndata: #{JSON.encode!(Map.put(data, :type, name))}\n\n"
-    end
-
     start = [
-      event.("message_start", %{
-        message: %{
-          id: "msg_test",
-          type: "message",
-          role: "assistant",
-          model: "test-model",
-          content: [],
-          stop_reason: nil,
-          usage: %{input_tokens: 1, output_tokens: 0}
-        }
-      }),
-      event.("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
+      message_start(),
+      event("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}})
     ]
 
     deltas =
       for piece <- pieces,
-          do:
-            event.("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
+          do: event("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: piece}})
 
     stop = [
-      event.("content_block_stop", %{index: 0}),
-      event.("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
-      event.("message_stop", %{})
+      event("content_block_stop", %{index: 0}),
+      event("message_delta", %{delta: %{stop_reason: "end_turn"}, usage: %{output_tokens: 2}}),
+      event("message_stop", %{})
     ]
 
     {start, deltas, stop}
+  end
+
+  # One server-sent event of the Messages API.
+  defp event(type, data),
+    do: "event: #{type}\ndata: #{JSON.encode!(Map.put(data, :type, type))}\n\n"
+
+  defp message_start do
+    event("message_start", %{
+      message: %{
+        id: "msg_test",
+        type: "message",
+        role: "assistant",
+        model: "test-model",
+        content: [],
+        stop_reason: nil,
+        usage: %{input_tokens: 1, output_tokens: 0}
+      }
+    })
+  end
+
+  @doc """
+  A chat completion whose answer is one tool call, `name(args)`, with the call `id`.
+  """
+  def tool_call_completion(id, name, args) do
+    JSON.encode!(%{
+      id: "chatcmpl-test",
+      object: "chat.completion",
+      created: 1_700_000_000,
+      model: "test-model",
+      choices: [
+        %{
+          index: 0,
+          finish_reason: "tool_calls",
+          message: %{
+            role: "assistant",
+            content: nil,
+            tool_calls: [
+              %{id: id, type: "function", function: %{name: name, arguments: JSON.encode!(args)}}
+            ]
+          }
+        }
+      ]
+    })
+  end
+
+  @doc """
+  The server-sent events of the same answer streamed, as the API sends it: the call's
+  id and name first, its arguments in two pieces, then `finish_reason` and `[DONE]`.
+  """
+  def tool_call_chunks(id, name, args) do
+    arguments = JSON.encode!(args)
+    half = div(byte_size(arguments), 2)
+
+    chunk = fn delta, finish ->
+      "data: " <>
+        JSON.encode!(%{
+          id: "chatcmpl-test",
+          object: "chat.completion.chunk",
+          created: 1_700_000_000,
+          model: "test-model",
+          choices: [%{index: 0, delta: delta, finish_reason: finish}]
+        }) <> "\n\n"
+    end
+
+    call = fn function -> %{tool_calls: [Map.merge(%{index: 0}, function)]} end
+
+    [
+      chunk.(
+        Map.merge(
+          %{role: "assistant", content: nil},
+          call.(%{id: id, type: "function", function: %{name: name, arguments: ""}})
+        ),
+        nil
+      ),
+      chunk.(call.(%{function: %{arguments: binary_part(arguments, 0, half)}}), nil),
+      chunk.(
+        call.(%{function: %{arguments: binary_part(arguments, half, byte_size(arguments) - half)}}),
+        nil
+      ),
+      chunk.(%{}, "tool_calls"),
+      "data: [DONE]\n\n"
+    ]
+  end
+
+  @doc """
+  The server-sent events of a streamed Anthropic message that says `text` and then
+  calls `name(input)` with the block id `id`: the input arrives as two pieces of JSON.
+  """
+  def tool_use_events(text, id, name, input) do
+    json = JSON.encode!(input)
+    half = div(byte_size(json), 2)
+    piece = fn json -> %{index: 1, delta: %{type: "input_json_delta", partial_json: json}} end
+
+    [
+      message_start(),
+      event("content_block_start", %{index: 0, content_block: %{type: "text", text: ""}}),
+      event("content_block_delta", %{index: 0, delta: %{type: "text_delta", text: text}}),
+      event("content_block_stop", %{index: 0}),
+      event("content_block_start", %{
+        index: 1,
+        content_block: %{type: "tool_use", id: id, name: name, input: %{}}
+      }),
+      event("content_block_delta", piece.(binary_part(json, 0, half))),
+      event("content_block_delta", piece.(binary_part(json, half, byte_size(json) - half))),
+      event("content_block_stop", %{index: 1}),
+      event("message_delta", %{delta: %{stop_reason: "tool_use"}, usage: %{output_tokens: 9}}),
+      event("message_stop", %{})
+    ]
   end
 
   @doc "Writes one piece of a chunked answer; `:closed` when the proxy hung up."

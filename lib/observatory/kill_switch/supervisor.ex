@@ -12,6 +12,7 @@ defmodule Observatory.KillSwitch.Supervisor do
 
   @impl true
   def init(_opts) do
+    Observatory.KillSwitch.check_config!()
     # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 

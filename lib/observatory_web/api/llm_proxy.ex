@@ -364,13 +364,15 @@ defmodule ObservatoryWeb.API.LLMProxy do
     case relay(upstream, state) do
       {:ok, state} ->
         unwatch_client(watch)
-        write(resp, "")
 
+        # Into the window before the stream's last chunk: an agent that has read its
+        # answer to the end has its next request scored against it.
         if verdict do
           text = IO.iodata_to_binary(state.text)
           KillSwitch.observe_response(agent_id, if(text != "", do: KillSwitch.fingerprint(text)))
         end
 
+        write(resp, "")
         :ok
 
       {:error, :client_closed} ->

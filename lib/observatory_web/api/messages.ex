@@ -11,9 +11,9 @@ defmodule ObservatoryWeb.API.Messages do
   own key as `X-Api-Key` (the Anthropic SDK's `api_key`), `Authorization: Bearer`
   (its `auth_token`) or `X-Agent-Key`; `X-Agent-Id` is optional and must name the
   key's agent. The agent's key is never sent upstream. What the kill switch reads: the
-  last user text (a user message holding only `tool_result` blocks is not a prompt),
-  the `tool_use` blocks of the assistant's current turn, and the answer's text blocks
-  (`Observatory.KillSwitch.fingerprint_request/2`). `"stream": true` streams the
+  newest user message's `tool_result` blocks (else its text), the `tool_use` blocks
+  they answer, and the answer's text blocks
+  (`Observatory.KillSwitch.fingerprint_request/3`). `"stream": true` streams the
   upstream's events as they arrive.
 
   Errors are in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`,

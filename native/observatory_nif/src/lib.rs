@@ -58,6 +58,8 @@ mod atoms {
         invalid_json,
         // data directory lock
         locked,
+        // kill switch: how a request's prompt is read
+        last_user_message,
     }
 }
 

@@ -38,7 +38,7 @@ defmodule Observatory.Proxy.ConversationTest do
         ]
       }
 
-      assert %{position: 1, intent: "Looking at both.", calls: [a, b, c]} =
+      assert %{position: 1, text: "Looking at both.", calls: [a, b, c]} =
                Conversation.last_turn(:openai, body)
 
       assert a == %{
@@ -89,7 +89,7 @@ defmodule Observatory.Proxy.ConversationTest do
         ]
       }
 
-      assert %{position: 1, intent: "fix it", calls: [make, ls]} =
+      assert %{position: 1, text: nil, calls: [make, ls]} =
                Conversation.last_turn(:anthropic, body)
 
       assert make == %{
