@@ -251,6 +251,43 @@ describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
     assert.equal(await page.evaluate(() => window.__notReloaded), true, "no reload happened");
   });
 
+  test("at laptop width the fleet and the Inspect view read at a glance (README screenshot)", async () => {
+    const fleet = [
+      ["sess-crawler-2", "agent-crawler", loop(5)],
+      ["sess-deploy-3", "agent-deploy", pingPong(5)],
+      ["sess-research-1", "agent-research", healthy(5)],
+      ["sess-research-4", "agent-research", healthy(3)],
+      ["sess-support-9", "agent-support", healthy(4)],
+    ];
+    for (const [sid, agent, steps] of fleet) await gateway.steps(sid, agent, steps);
+    await gateway.call("sess-billing-7", "agent-billing", {
+      intent: "Read the failing test",
+      tool: "read_file",
+      input: { path: "tests/test_auth.py" },
+      status: "success",
+      result: "def test_login_returns_token(client):\n    ...",
+    });
+    await gateway.calls("sess-billing-7", "agent-billing", pytestLoop(5, ["Run the auth tests"]));
+    await page.waitForSelector(alertRow("sess-billing-7"));
+    await page.locator(alertRow("sess-billing-7")).getByRole("button", { name: "Pause and Inspect" }).click();
+    await page.waitForSelector(`${fleetNode("sess-billing-7")}[data-state="paused"]`);
+    await page.waitForSelector(`${fleetNode("sess-deploy-3")}[data-state="blocked"]`);
+    await page.waitForSelector(`${fleetNode("sess-support-9")}[data-state="active"]`);
+    await page.waitForSelector('#inspector[data-session-id="sess-billing-7"] .why-verdict');
+
+    await page.setViewportSize({ width: 1440, height: 900 });
+    await page.mouse.move(0, 0);
+    await page.emulateMedia({ reducedMotion: "reduce" });
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 1440, `no horizontal scroll at 1440 px (page is ${width} px wide)`);
+    const table = await page.$eval(".table-wrap", (el) => [el.scrollWidth, el.clientWidth]);
+    assert.ok(table[0] <= table[1], `the alerts table fits its panel (${table[0]} > ${table[1]})`);
+    await shot(page, "dashboard.png", { fullPage: true });
+    if (process.env.UPDATE_README_SCREENSHOT === "1") {
+      await page.screenshot({ path: path.join(ROOT, "docs/dashboard.png"), fullPage: true });
+    }
+  });
+
   test("at 390×844 nothing scrolls sideways and each row's actions are in its card", async () => {
     for (const [sid, agent, steps] of [
       ["sess-phone-loop", "agent-with-a-rather-long-name-for-a-phone", loop(5)],
@@ -290,42 +327,5 @@ describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
     assert.ok((await overflow()) <= 390, `no sideways scroll with Inspect open (${await overflow()} px)`);
     await shot(p, "phone-inspect.png");
     await phone.close();
-  });
-
-  test("at laptop width the fleet and the Inspect view read at a glance (README screenshot)", async () => {
-    const fleet = [
-      ["sess-crawler-2", "agent-crawler", loop(5)],
-      ["sess-deploy-3", "agent-deploy", pingPong(5)],
-      ["sess-research-1", "agent-research", healthy(5)],
-      ["sess-research-4", "agent-research", healthy(3)],
-      ["sess-support-9", "agent-support", healthy(4)],
-    ];
-    for (const [sid, agent, steps] of fleet) await gateway.steps(sid, agent, steps);
-    await gateway.call("sess-billing-7", "agent-billing", {
-      intent: "Read the failing test",
-      tool: "read_file",
-      input: { path: "tests/test_auth.py" },
-      status: "success",
-      result: "def test_login_returns_token(client):\n    ...",
-    });
-    await gateway.calls("sess-billing-7", "agent-billing", pytestLoop(5, ["Run the auth tests"]));
-    await page.waitForSelector(alertRow("sess-billing-7"));
-    await page.locator(alertRow("sess-billing-7")).getByRole("button", { name: "Pause and Inspect" }).click();
-    await page.waitForSelector(`${fleetNode("sess-billing-7")}[data-state="paused"]`);
-    await page.waitForSelector(`${fleetNode("sess-deploy-3")}[data-state="blocked"]`);
-    await page.waitForSelector(`${fleetNode("sess-support-9")}[data-state="active"]`);
-    await page.waitForSelector('#inspector[data-session-id="sess-billing-7"] .why-verdict');
-
-    await page.setViewportSize({ width: 1440, height: 900 });
-    await page.mouse.move(0, 0);
-    await page.emulateMedia({ reducedMotion: "reduce" });
-    const width = await page.evaluate(() => document.documentElement.scrollWidth);
-    assert.ok(width <= 1440, `no horizontal scroll at 1440 px (page is ${width} px wide)`);
-    const table = await page.$eval(".table-wrap", (el) => [el.scrollWidth, el.clientWidth]);
-    assert.ok(table[0] <= table[1], `the alerts table fits its panel (${table[0]} > ${table[1]})`);
-    await shot(page, "dashboard.png", { fullPage: true });
-    if (process.env.UPDATE_README_SCREENSHOT === "1") {
-      await page.screenshot({ path: path.join(ROOT, "docs/dashboard.png"), fullPage: true });
-    }
   });
 });
