@@ -29,10 +29,15 @@ defmodule ObservatoryWeb.ProxyStepsTest do
 
   # The conversation an OpenAI-style agent re-sends after `turns` turns, each one
   # assistant tool call and its result.
+  # `call` gives each turn's call, and its result (the same error by default).
   defp conversation(task, turns, call \\ fn k -> {"read_file", %{path: "build-#{k}.log"}} end) do
     history =
       Enum.flat_map(1..turns//1, fn k ->
-        {name, args} = call.(k)
+        {name, args, result} =
+          case call.(k) do
+            {name, args} -> {name, args, "error: file not found"}
+            {_name, _args, _result} = given -> given
+          end
 
         [
           %{
@@ -46,7 +51,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
               }
             ]
           },
-          %{role: "tool", tool_call_id: "call_#{k}", content: "error: file not found"}
+          %{role: "tool", tool_call_id: "call_#{k}", content: result}
         ]
       end)
 
@@ -150,7 +155,14 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       refute_received {:upstream_request, _, _}
 
       {:ok, _} = HITL.resume(session, operator: "alice")
-      assert chat(agent, conversation("Loop #{n}", 8, same)).status == 200
+
+      # Seven identical calls with the same result: the step detector has blocked the
+      # session too, and its block refuses the next request the way a pause does.
+      blocked = chat(agent, conversation("Loop #{n}", 8, same))
+      assert blocked.status == 403
+      assert blocked.body["error"]["code"] == "session_blocked"
+      :ok = Observatory.Gateway.StepDetector.reset(session, operator: "alice")
+      assert chat(agent, conversation("Loop #{n}", 9, same)).status == 200
     end
   end
 
@@ -160,7 +172,11 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       assert Application.get_env(:observatory, :alert_source) == :entropy
       Events.subscribe(Events.entropy_alerts())
       session = "sess-healthy-#{n}"
-      files = fn k -> {"read_file", %{path: "src/handlers/h_#{k}.py"}} end
+      # Each file its own text (the same error twelve times would be "stuck": the step
+      # detector blocks new approaches that keep getting one result).
+      files = fn k ->
+        {"read_file", %{path: "src/handlers/h_#{k}.py"}, "def handler_#{k}(request): ..."}
+      end
 
       for turns <- 1..12 do
         assert chat(agent, conversation("Read the handlers #{n}", turns, files), [
@@ -267,7 +283,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
       [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      assert Observatory.Proxy.StepMemory.claim(session, key)
+      assert Observatory.Proxy.StepMemory.claim("#{victim}-other", session, key)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1

@@ -135,8 +135,10 @@ defmodule ObservatoryWeb.PythonSDKTest do
                "loop" => %{"session" => anthropic_session, "statuses" => anthropic_statuses}
              } = seen["anthropic"]
 
-      assert openai_statuses == List.duplicate(200, 7)
-      assert anthropic_statuses == List.duplicate(200, 7)
+      # The seventh turn carries the sixth identical step: the step detector blocks the
+      # session, and its block refuses that request (the way a pause does).
+      assert openai_statuses == List.duplicate(200, 6) ++ [403]
+      assert anthropic_statuses == List.duplicate(200, 6) ++ [403]
 
       # Seven turns re-sending a growing conversation: six tool calls answered, six steps.
       openai_steps = for e <- SessionLog.recent(openai_session), do: e["action"]
@@ -314,7 +316,13 @@ defmodule ObservatoryWeb.PythonSDKTest do
       # The verdict saw the loop before the switch stopped it (three repeats).
       assert %{verdict: :loop} = LoopVerdict.session(session)
     else
-      assert seen["statuses"] == List.duplicate(200, 8), "#{source}"
+      # The seventh request carries the sixth identical step: the step detector blocks
+      # the session, and its block refuses that request like a pause.
+      assert seen["statuses"] == List.duplicate(200, 6) ++ [403], inspect({source, seen})
+      # OpenAI's error code, or Anthropic's message.
+      assert seen["error"] == "session_blocked" or
+               seen["error"] =~ "is blocked by the step detector"
+
       assert %{active: true} = Agents.get(agent)
       assert_received %{event_type: "entropy_alert", session_id: ^session, agent_id: ^agent}
     end

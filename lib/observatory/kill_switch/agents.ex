@@ -163,6 +163,10 @@ defmodule Observatory.KillSwitch.Agents do
   # disc_copies on every node of the cluster (one node when clustering is off).
   defp create_table(name, opts), do: Observatory.Cluster.Store.ensure_table(name, opts)
 
+  @doc false
+  # The agents table (the proxy follows deactivations in it: Observatory.Proxy.OpenRequests).
+  def table, do: @agents
+
   ## Reads (local, no transaction)
 
   @doc "The agent, or nil."

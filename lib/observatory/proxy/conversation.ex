@@ -2,8 +2,8 @@ defmodule Observatory.Proxy.Conversation do
   @moduledoc """
   What the proxy reads from the conversation an agent sends on every turn: the tool
   calls of its previous assistant turn with the results that answer them (the agent's
-  latest steps) and the text that turn said beside them, and where the conversation
-  starts (to name a session the agent did not name).
+  latest steps) and the text that turn said beside them. Where a conversation starts,
+  which names its session, is `Observatory.Proxy.SessionId`'s.
 
   Both request shapes are read: OpenAI Chat Completions (`tool_calls` on the assistant
   message, `role: "tool"` messages with `tool_call_id`) and Anthropic Messages
@@ -62,17 +62,6 @@ defmodule Observatory.Proxy.Conversation do
     else
       _ -> nil
     end
-  end
-
-  @doc """
-  The start of the conversation — the system prompt and the messages up to the first
-  user message — which stays the same on every turn of one conversation.
-  """
-  @spec start(map()) :: term()
-  def start(body) do
-    messages = messages(body)
-    first_user = Enum.find_index(messages, &(is_map(&1) and &1["role"] == "user")) || 0
-    {Map.get(body, "system"), Enum.take(messages, first_user + 1)}
   end
 
   @doc "The messages up to and including `position`: the same on a retry of one turn."

@@ -10,14 +10,14 @@ defmodule Observatory.Proxy.Steps do
 
   | DecisionLog field | from |
   |---|---|
-  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a hash of the agent id and the conversation's start (`session_id/2`) |
+  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a keyed hash of the agent id and the conversation's start (`session_id/2`) |
   | `meta.agent_id` | the proxy's agent id |
   | `meta.step_id` | `"proxy-"` + the step's key (below) |
   | `cognition.intent` | the call itself: `"<tool> <arguments as JSON>"` (`intent/2`) |
   | `cognition.reasoning_chain` | the assistant turn's text, when it has any (at most 8 KiB) |
   | `action.tool_call`, `action.tool_input` | the call's name and arguments (parsed when they are JSON) |
   | `action.status`, `action.result` | `success` with the tool result; `failure` for an Anthropic `is_error` result; `pending` while unanswered |
-  | `proxy` | `{"api", "tool_call_id"}`, kept as an unknown field |
+  | `proxy` | `{"api", "tool_call_id"}` (`api`: `chat_completions`, `messages` or `responses`), kept as an unknown field |
 
   **What the entropy ratio compares.** FRD-009 scores the `{intent, tool_call,
   status}` tuples of a session's window. In a hand-written DecisionLog the intent says
@@ -33,14 +33,18 @@ defmodule Observatory.Proxy.Steps do
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
   for the next turn even when the model repeats the same call with the same id.
-  `Observatory.Proxy.StepMemory` remembers the keys ingested per session.
+  `Observatory.Proxy.StepMemory` remembers the keys ingested per agent and session.
+
+  The Responses API's `function_call` and `function_call_output` items are read as
+  the Chat Completions tool calls and `role: "tool"` messages they are
+  (`Observatory.Proxy.Responses.chat_body/1`).
   """
 
   require Logger
 
   alias Observatory.Gateway.SchemaInterceptor
   alias Observatory.Metrics
-  alias Observatory.Proxy.{Conversation, StepMemory}
+  alias Observatory.Proxy.{Conversation, Responses, SessionId, StepMemory}
 
   @max_field_bytes 1024
   @max_reasoning_bytes 8 * 1024
@@ -49,24 +53,24 @@ defmodule Observatory.Proxy.Steps do
 
   @doc """
   The session of a request that names none: a stable id derived from the agent and
-  the start of the conversation, the same on every turn.
+  the start of the conversation, the same on every turn, keyed with a server secret
+  (`Observatory.Proxy.SessionId`).
   """
   @spec session_id(String.t(), map()) :: String.t()
-  def session_id(agent_id, body) do
-    "proxy-" <> hash({agent_id, Conversation.start(body)}, 12)
-  end
+  defdelegate session_id(agent_id, body), to: SessionId, as: :derive
 
   @doc """
   Ingests the steps of the request's previous assistant turn that were not ingested
   before. Returns how many were.
   """
-  @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
+  @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          non_neg_integer()
   def record(format, agent_id, session_id, body) do
     format
     |> envelopes(agent_id, session_id, body)
     |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(session_id, key))
+      StepMemory.claim(agent_id, session_id, key) and
+        (ingest(envelope, agent_id, session_id) or release(agent_id, session_id, key))
     end)
   end
 
@@ -75,7 +79,14 @@ defmodule Observatory.Proxy.Steps do
   with its key (see the module doc: the same on every later turn that carries it).
   Nothing is ingested; `mix observatory.replay` reads recorded requests with it.
   """
-  @spec envelopes(Conversation.format(), String.t(), String.t(), map()) :: [{String.t(), map()}]
+  @spec envelopes(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          [{String.t(), map()}]
+  # The Responses API's items, read as the Chat Completions conversation they are.
+  def envelopes(:responses, agent_id, session_id, body) do
+    for {key, envelope} <- envelopes(:openai, agent_id, session_id, Responses.chat_body(body)),
+        do: {key, put_in(envelope, ["proxy", "api"], "responses")}
+  end
+
   def envelopes(format, agent_id, session_id, body) do
     case Conversation.last_turn(format, body) do
       nil ->
@@ -177,8 +188,8 @@ defmodule Observatory.Proxy.Steps do
   end
 
   # A step that was not ingested is not remembered: the next turn carries it again.
-  defp release(session_id, key) do
-    StepMemory.release(session_id, key)
+  defp release(agent_id, session_id, key) do
+    StepMemory.release(agent_id, session_id, key)
     false
   end
 

@@ -270,7 +270,7 @@ fn anthropic_response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
     read_response(env, body, anthropic_messages::response_fingerprint)
 }
 
-fn read_request<'a>(
+pub(crate) fn read_request<'a>(
     env: Env<'a>,
     body: Binary<'a>,
     source: Atom,
@@ -291,7 +291,7 @@ fn read_request<'a>(
     }
 }
 
-fn read_response<'a>(
+pub(crate) fn read_response<'a>(
     env: Env<'a>,
     body: Binary<'a>,
     read: fn(&Value) -> Result<Option<u64>, Error>,

@@ -9,6 +9,7 @@ mod json;
 mod kill_switch;
 mod loop_verdict;
 mod replay;
+mod responses;
 mod step_detector;
 mod test_support;
 
