@@ -14,8 +14,8 @@ defmodule Observatory.Demo.Fleet do
     * `agent-recovers` — a query that times out five times (only its `elapsed_ms`
       changes), then it adds an index and gets on with its work: alerted, then clear.
 
-  The demo agents are registered (`Observatory.KillSwitch.configure/3`, the switch
-  off), so their agent pages work. A paused session sends nothing until an operator
+  The demo agents are registered (`Observatory.KillSwitch.Agents.fetch_or_register/2`,
+  the switch off), so their agent pages work. A paused session sends nothing until an operator
   resumes it. The step detector's `warn` and `block` directives are not obeyed (its
   blocks are durable: an obedient demo would never loop again after its first run),
   so a looping demo agent goes on until it is paused.
@@ -199,15 +199,11 @@ defmodule Observatory.Demo.Fleet do
 
   def handle_info(_other, state), do: {:noreply, state}
 
+  # Registered as an operator would (the switch off, no settings event).
   defp register(agent) do
-    if Observatory.KillSwitch.agent(agent) == nil do
-      case Observatory.KillSwitch.configure(agent, %{}, operator: "demo") do
-        {:ok, _} ->
-          :ok
-
-        {:error, reason} ->
-          Logger.warning("demo: could not register #{agent}: #{inspect(reason)}")
-      end
+    case Observatory.KillSwitch.Agents.fetch_or_register(agent) do
+      {:ok, _} -> :ok
+      {:error, reason} -> Logger.warning("demo: could not register #{agent}: #{inspect(reason)}")
     end
   end
 
