@@ -1,9 +1,9 @@
 defmodule Observatory.Gateway.Supervisor do
   @moduledoc """
   The gateway's detectors and stores: the entropy tracker, HITL, the step detector,
-  the loop verdict, the call breaker, the session log and the memory of answered
-  steps (`Idempotency`), each restarted on its own (`:one_for_one`: none depends on
-  another's process).
+  the loop verdict, the call breaker, the session log, the alerted sessions and the
+  memory of answered steps (`Idempotency`), each restarted on its own
+  (`:one_for_one`: none depends on another's process).
 
   A restart is cheap and safe here: the safety state a crash could lose (pauses, the
   audit log, step detector blocks) is durable in Mnesia and read back, and the rest
@@ -26,6 +26,7 @@ defmodule Observatory.Gateway.Supervisor do
       Observatory.Gateway.LoopVerdict,
       Observatory.Gateway.CallBreaker,
       Observatory.Gateway.SessionLog,
+      Observatory.Gateway.Alerts,
       Observatory.Gateway.Idempotency
     ]
 
