@@ -285,10 +285,11 @@ defmodule Observatory.ClusterDistributedTest do
       assert first["verdict"]["step_number"] == 1
       assert length(window.()) == 1
       assert :erpc.call(b, Observatory.Gateway.SessionLog, :count, [session]) == 1
+      assert :erpc.call(b, Observatory.Gateway.Idempotency, :count, [{:session, session}]) == 1
       # Nothing scored or remembered anywhere else.
       for n <- [a, c] do
         assert :erpc.call(n, Observatory.Gateway.EntropyTracker, :session, [session]) == nil
-        assert :erpc.call(n, Observatory.Gateway.Idempotency, :count, [session]) == 0
+        assert :erpc.call(n, Observatory.Gateway.Idempotency, :count, [{:session, session}]) == 0
       end
     end
   end
