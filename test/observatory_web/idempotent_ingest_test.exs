@@ -68,9 +68,9 @@ defmodule ObservatoryWeb.IdempotentIngestTest do
     test "a retry while the first delivery is being scored: 503 step_in_progress, Retry-After",
          %{sid: sid} do
       envelope = step(sid, 1)
-      {:ok, parsed, fields} = DecisionLog.from_map(envelope)
+      {:ok, _parsed, fields} = DecisionLog.from_map(envelope)
       # This process plays the first delivery, still scoring.
-      {:new, ticket} = Idempotency.claim(parsed, fields)
+      {:new, ticket} = Idempotency.claim(fields)
 
       # Raw bytes: :httpc itself retries a 503 that carries Retry-After, as clients should.
       body = JSON.encode!(envelope)

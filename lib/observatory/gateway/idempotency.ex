@@ -5,7 +5,7 @@ defmodule Observatory.Gateway.Idempotency do
   LLM proxy sees twice, a retry after a cluster owner's `503` — is answered with its
   first answer and never counted twice.
 
-  A step is identified by its session and `meta.step_id`. `claim/2` is the one check,
+  A step is identified by its session and `meta.step_id`. `claim/1` is the one check,
   made on the session's owner before anything is scored:
 
     * `{:new, ticket}` — not seen (or no longer remembered): score it, then
@@ -23,7 +23,8 @@ defmodule Observatory.Gateway.Idempotency do
   key order and whitespace do not count — apart from the two fields that say nothing
   about the step itself: `cognition.entropy_score`, which the gateway overwrites, and
   `meta.timestamp`, which a client may stamp again when it retries (the proxy does).
-  `fingerprint/2` is the SHA-256 of that value (its first 16 bytes).
+  The parse computes that identity with the step's other hashes, in Rust: the
+  `fingerprint` of `Observatory.Gateway.DecisionLog.parse/1`.
 
   ## Bounds
 
@@ -94,54 +95,13 @@ defmodule Observatory.Gateway.Idempotency do
   end
 
   @doc """
-  The body's identity, from a parsed envelope and its fields
-  (`Observatory.Gateway.DecisionLog.parse/1`): SHA-256 (16 bytes) of the envelope
-  without `cognition.entropy_score` and `meta.timestamp`. `action.tool_input` and
-  `action.result`, the parts that can be large, enter through the step's hashes the
-  parse has computed already (`approach`, `outcome`: canonical JSON), so the cost
-  does not grow with them.
+  Claims a step for scoring, or says why it is not scored again (see the module doc).
+  `step` is a parsed step's fields (`Observatory.Gateway.DecisionLog.parse/1`), or any
+  map with its `:session_id`, `:step_id`, `:agent_id` and `:fingerprint` (16 bytes).
   """
-  @spec fingerprint(map(), %{approach: binary(), outcome: binary() | nil}) :: binary()
-  def fingerprint(envelope, %{approach: approach, outcome: outcome}) when is_map(envelope) do
-    rest =
-      envelope
-      |> drop_in("meta", ["timestamp"])
-      |> drop_in("cognition", ["entropy_score"])
-      |> drop_in("action", ["tool_input", "result"])
-
-    {approach, outcome, rest}
-    |> :erlang.term_to_binary([:deterministic])
-    |> then(&:crypto.hash(:sha256, &1))
-    |> binary_part(0, 16)
-  end
-
-  defp drop_in(envelope, outer, keys) do
-    case envelope do
-      %{^outer => %{} = map} -> %{envelope | outer => Map.drop(map, keys)}
-      _ -> envelope
-    end
-  end
-
-  @doc """
-  Claims a parsed step for scoring, or says why it is not scored again (see the module
-  doc). Nothing is computed when the check is off (`enabled: false`).
-  """
-  @spec claim(map(), DecisionLog.fields()) ::
+  @spec claim(DecisionLog.fields() | map()) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
-  def claim(envelope, fields) when is_map(envelope) do
-    case limits() do
-      nil -> {:new, nil}
-      limits -> claim(fields, fingerprint(envelope, fields), limits)
-    end
-  end
-
-  @doc """
-  `claim/2` for a step whose fingerprint (`fingerprint/2`) is known: `step` has its
-  `:session_id`, `:step_id` and `:agent_id`.
-  """
-  @spec claim_fingerprint(map(), binary()) ::
-          {:new, ticket()} | {:replay, term()} | {:error, refusal()}
-  def claim_fingerprint(step, fingerprint) when is_binary(fingerprint) do
+  def claim(%{fingerprint: fingerprint} = step) when byte_size(fingerprint) == 16 do
     case limits() do
       nil -> {:new, nil}
       limits -> claim(step, fingerprint, limits)

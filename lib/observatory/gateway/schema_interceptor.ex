@@ -177,7 +177,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   # A step is scored once; its retries get the first answer (Idempotency).
   defp once(envelope, fields, opts) do
-    case Idempotency.claim(envelope, fields) do
+    case Idempotency.claim(fields) do
       {:new, ticket} ->
         result =
           try do

@@ -192,9 +192,9 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "while the first delivery is being scored a retry is told to retry; after it, replayed",
          %{sid: sid, step: step} do
-      {:ok, envelope, fields} = DecisionLog.parse(JSON.encode!(step))
+      {:ok, _envelope, fields} = DecisionLog.parse(JSON.encode!(step))
       # This process plays the first delivery, mid-way through scoring.
-      {:new, ticket} = Idempotency.claim(envelope, fields)
+      {:new, ticket} = Idempotency.claim(fields)
 
       assert {:error, {:in_progress, %{path: "meta.step_id", reason: reason}}} =
                SchemaInterceptor.ingest(step)
@@ -210,9 +210,9 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "a first delivery that died before answering does not block its retry",
          %{sid: sid, step: step} do
-      {:ok, envelope, fields} = DecisionLog.parse(JSON.encode!(step))
+      {:ok, _envelope, fields} = DecisionLog.parse(JSON.encode!(step))
 
-      {pid, ref} = spawn_monitor(fn -> {:new, _} = Idempotency.claim(envelope, fields) end)
+      {pid, ref} = spawn_monitor(fn -> {:new, _} = Idempotency.claim(fields) end)
 
       assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
@@ -221,9 +221,9 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "a released claim (the step was not scored) is a new step next time", %{sid: sid} do
       step = %{session_id: sid, step_id: "s", agent_id: "agent-idem"}
-      {:new, ticket} = Idempotency.claim_fingerprint(step, @fingerprint)
+      {:new, ticket} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
       :ok = Idempotency.release(ticket)
-      assert {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
+      assert {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
     end
   end
 
@@ -245,7 +245,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
         n = Integer.to_string(i)
         session = if rem(i, 2) == 0, do: hot, else: prefix <> n
         step = %{session_id: session, step_id: n, agent_id: Enum.at(agents, rem(i, 7))}
-        {:new, _} = Idempotency.claim_fingerprint(step, fingerprint)
+        {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, fingerprint))
       end
 
       peaks =
@@ -276,9 +276,11 @@ defmodule Observatory.Gateway.IdempotencyTest do
         agent_id: Enum.at(agents, rem(1_000_000, 7))
       }
 
-      assert {:error, {:in_progress, _}} = Idempotency.claim_fingerprint(newest, fingerprint)
+      assert {:error, {:in_progress, _}} =
+               Idempotency.claim(Map.put(newest, :fingerprint, fingerprint))
+
       oldest = %{session_id: hot, step_id: "2", agent_id: Enum.at(agents, 2)}
-      assert {:new, _} = Idempotency.claim_fingerprint(oldest, fingerprint)
+      assert {:new, _} = Idempotency.claim(Map.put(oldest, :fingerprint, fingerprint))
     end
 
     test "issue 20 finding 7: one agent cannot flush another's remembered steps", %{sid: sid} do
@@ -330,12 +332,12 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "the sweep frees the steps that left the window", %{sid: sid} do
       step = %{session_id: sid, step_id: "old", agent_id: "agent-idem"}
-      {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
+      {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
       assert Idempotency.count({:session, sid}) == 1
       # A window that ended a millisecond from now: every step has left it.
       assert Idempotency.sweep(-1) >= 1
       assert Idempotency.count({:session, sid}) == 0
-      assert {:new, _} = Idempotency.claim_fingerprint(step, @fingerprint)
+      assert {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
     end
 
     test "invalid settings fall back to their defaults" do
