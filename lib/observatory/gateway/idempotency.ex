@@ -61,7 +61,7 @@ defmodule Observatory.Gateway.Idempotency do
     max_steps: 100_000
   ]
 
-  @typedoc "What `claim/3` hands the first delivery, for `complete/2` or `release/1`."
+  @typedoc "What `claim/1` hands the first delivery, for `complete/2` or `release/1`."
   @opaque ticket :: {String.t(), String.t(), non_neg_integer()} | nil
 
   @typedoc "Why a delivery is not scored: its step's violation, path `meta.step_id`."
