@@ -25,8 +25,13 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
 
   @doc "The session's current state."
   @spec load(String.t()) :: t()
-  def load(session_id) when is_binary(session_id),
-    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id])
+  def load(session_id) when is_binary(session_id) do
+    # A read: an owner that does not answer in time leaves what this node knows.
+    case Observatory.Cluster.call_owner(session_id, __MODULE__, :load_here, [session_id]) do
+      {:ok, loaded} -> loaded
+      {:error, :owner_unavailable} -> load_here(session_id)
+    end
+  end
 
   # In a cluster (issue 14) on the session's owner, where its window lives.
   @doc false
