@@ -118,6 +118,8 @@ health = fn n ->
 end
 
 median = fn list -> list |> Enum.sort() |> Enum.at(div(length(list), 2)) end
+# "median (max)"
+spread = fn list -> "#{median.(list)} (#{Enum.max(list)})" end
 
 started = for s <- shorts, do: start.(s)
 [a, b, c] = nodes = for {_, n, _} <- started, do: n
@@ -227,12 +229,12 @@ r = fn x, base -> Float.round(x / base, 2) end
 f = fn x -> :erlang.float_to_binary(x / 1, decimals: 1) end
 
 IO.puts("""
-| case | median | baseline (same run) | ratio |
+| case | median (max), ms | baseline (same run) | median / baseline |
 |---|---:|---:|---:|
-| one-link disconnect, no writes: until one Mnesia again | #{median.(heal_quiet)} ms | poll_ms #{poll} ms | #{r.(median.(heal_quiet), poll)} |
-| partition with writes on both sides: from the links back until every node holds both | #{median.(heal_writes)} ms | poll_ms #{poll} ms | #{r.(median.(heal_writes), poll)} |
-| minority cut off: until its /healthz says 503 degraded (and it refuses) | #{median.(refuse)} ms | heartbeat + member timeout #{bound} ms | #{r.(median.(refuse), bound)} |
-| a deactivation with a member frozen (SIGSTOP) | #{f.(median.(frozen))} ms | the same, all members well: #{f.(median.(well))} ms; bound #{bound} ms | #{r.(median.(frozen), bound)} of the bound |
+| one-link disconnect, no writes: until one Mnesia again | #{spread.(heal_quiet)} | poll_ms #{poll} ms | #{r.(median.(heal_quiet), poll)} |
+| partition with writes on both sides: from the links back until every node holds both | #{spread.(heal_writes)} | poll_ms #{poll} ms | #{r.(median.(heal_writes), poll)} |
+| minority cut off: until its /healthz says 503 degraded (and it refuses) | #{spread.(refuse)} | heartbeat + member timeout #{bound} ms | #{r.(median.(refuse), bound)} |
+| a deactivation with a member frozen (SIGSTOP) | #{f.(median.(frozen))} (#{f.(Enum.max(frozen))}) | the same, all members well: #{f.(median.(well))} ms; bound #{bound} ms | #{r.(median.(frozen), bound)} of the bound |
 
 Restarts (ms until each node served, in start order; then until one Mnesia):
 | | node 1 | node 2 | node 3 | settled after |

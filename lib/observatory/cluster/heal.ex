@@ -75,11 +75,16 @@ defmodule Observatory.Cluster.Heal do
           |> Enum.map(fn view -> Enum.sort(Enum.filter(view.running, &(&1 in members))) end)
           |> Enum.uniq()
 
-        case sides do
-          [^members] ->
+        cond do
+          sides == [members] ->
             :whole
 
-          sides ->
+          # Views taken while Mnesia was still telling its nodes about a join or a
+          # loss: look again at the next poll.
+          Enum.sum(Enum.map(sides, &length/1)) != length(members) ->
+            {:wait, "the members' views of their Mnesia partitions disagree"}
+
+          true ->
             winner = Enum.min_by(sides, &{-length(&1), Enum.min(&1, fn -> nil end)})
             {:split, winner, members -- winner}
         end
@@ -143,7 +148,7 @@ defmodule Observatory.Cluster.Heal do
         end
       end
 
-      :ok = await_whole(members, System.monotonic_time(:millisecond) + hold)
+      :ok = await_whole(members, System.monotonic_time(:millisecond) + min(hold, 5_000))
       report = Reconcile.run(winner)
 
       {:healed,

@@ -39,6 +39,17 @@ defmodule Observatory.Cluster.HealTest do
     assert reason =~ "cannot reach"
   end
 
+  test "views that overlap (Mnesia still telling its nodes about a join): the cluster waits" do
+    views = [
+      view(:a, [:a, :b], [:b, :c]),
+      view(:b, [:a, :b, :c], [:a, :c]),
+      view(:c, [:b, :c], [:a, :b])
+    ]
+
+    assert {:wait, reason} = Heal.decide(views)
+    assert reason =~ "disagree"
+  end
+
   test "a member whose Mnesia does not run: the cluster waits" do
     views = [view(:a, [:a], [:b]), view(:b, [], [:a], :starting)]
     assert {:wait, "Mnesia is starting on b"} = Heal.decide(views)
