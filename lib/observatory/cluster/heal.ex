@@ -6,9 +6,9 @@ defmodule Observatory.Cluster.Heal do
   turns even one broken link into a full partition: every node it isolates is a side
   of its own). When the nodes can reach each other again, Mnesia reports
   `inconsistent_database` and keeps the sides apart: they stay apart until
-  something joins them. `Observatory.Cluster.Monitor` runs `run/1` on the cluster's
-  leader (the member whose name sorts first) whenever a member sees another member
-  outside its Mnesia partition:
+  something joins them. `Observatory.Cluster.Monitor` runs `run/1` on the leader (the
+  node whose name sorts first among the cluster's nodes that reach each other)
+  whenever a node reaches another whose Mnesia runs apart:
 
     1. Every member tells its view (`view/0`): whether its Mnesia runs, which
        nodes it is connected to, which nodes its Mnesia runs with. Nothing happens

@@ -14,8 +14,9 @@ defmodule Observatory.Cluster.Monitor do
       distribution tick's 45–75 s. The member comes back like a partition heals.
     * **Partitions.** When this node reaches a member whose Mnesia runs apart
       (Mnesia's `inconsistent_database`, or a member outside its running set at a
-      poll), it tells the leader — the member whose name sorts first — which runs
-      `Observatory.Cluster.Heal.run/1`, one heal at a time. Every `:verify_ms` the
+      poll), it tells the leader — the node whose name sorts first among the
+      cluster's nodes it reaches — which runs `Observatory.Cluster.Heal.run/1`, one
+      heal at a time. Every `:verify_ms`, and soon after a node joins its Mnesia, the
       leader also compares the replicas (`Observatory.Cluster.Reconcile`) and merges
       any difference.
     * **Reports.** Each heal or reconcile that changed something is logged on every
@@ -79,7 +80,16 @@ defmodule Observatory.Cluster.Monitor do
     :ok = :net_kernel.monitor_nodes(true)
     publish()
 
-    state = %{ref: ref, mnesia: false, pings: %{}, heal: nil, history: [], connector: nil}
+    state = %{
+      ref: ref,
+      mnesia: false,
+      pings: %{},
+      heal: nil,
+      history: [],
+      connector: nil,
+      verify_soon: false
+    }
+
     schedule(:poll, :poll_ms)
     schedule(:heartbeat, :heartbeat_ms)
     schedule(:verify, :verify_ms)
@@ -150,7 +160,18 @@ defmodule Observatory.Cluster.Monitor do
     {:noreply, check_partition(state)}
   end
 
+  # A node joined this node's Mnesia: the leader compares the replicas soon, whoever
+  # joined it (a restarted node merges its own copy; this catches any other way in).
+  def handle_info({:mnesia_system_event, {:mnesia_up, _node}}, state) do
+    unless state.verify_soon, do: Process.send_after(self(), :verify_soon, 1_000)
+    {:noreply, %{state | verify_soon: true}}
+  end
+
   def handle_info({:mnesia_system_event, _}, state), do: {:noreply, state}
+
+  def handle_info(:verify_soon, state) do
+    {:noreply, maybe_heal(%{state | verify_soon: false}, :verify)}
+  end
 
   def handle_info({:heal_done, kind, result}, state) do
     {:noreply, finish(%{state | heal: nil}, kind, result)}
@@ -233,35 +254,37 @@ defmodule Observatory.Cluster.Monitor do
 
   ## Partitions
 
-  # A member this node reaches but whose Mnesia runs apart: tell the leader.
+  # A node of the cluster this node reaches but whose Mnesia runs apart: tell the
+  # leader. The cluster's nodes are Mnesia's (`db_nodes`) that distribution reaches —
+  # known at once after a reconnection, where `:pg` membership catches up later.
   defp check_partition(state) do
-    members = Cluster.members()
+    {peers, running} = reachable()
+    leader = Enum.min(peers)
 
-    running =
-      try do
-        :mnesia.system_info(:running_db_nodes)
-      catch
-        :exit, _ -> members
-      end
-
-    if members -- running != [] and running != [] do
-      leader = Enum.min(members)
-      if leader == node(), do: maybe_heal(state, :check), else: suspect(leader)
+    cond do
+      running == [] or peers -- running == [] -> state
+      leader == node() -> maybe_heal(state, :check)
+      true -> suspect(leader) && state
     end
+  end
 
-    state
+  defp reachable do
+    db_nodes = :mnesia.system_info(:db_nodes)
+    peers = Enum.sort([node() | Enum.filter(Node.list(), &(&1 in db_nodes))])
+    {peers, :mnesia.system_info(:running_db_nodes)}
+  catch
+    :exit, _ -> {[node()], []}
   end
 
   defp maybe_heal(%{heal: nil} = state, kind) do
-    members = Cluster.members()
+    {peers, running} = reachable()
 
-    if members != [] and Enum.min(members) == node() and mnesia_running?() do
+    if running != [] and Enum.min(peers) == node() do
       me = self()
 
       pid =
         spawn_link(fn ->
-          result = :global.trans({Heal, :lock}, fn -> heal(kind, members) end, members, 0)
-
+          result = :global.trans({Heal, :lock}, fn -> heal(kind, peers) end, peers, 0)
           send(me, {:heal_done, kind, result})
         end)
 
@@ -335,10 +358,6 @@ defmodule Observatory.Cluster.Monitor do
     })
   rescue
     ArgumentError -> :ok
-  end
-
-  defp mnesia_running? do
-    :mnesia.system_info(:is_running) == :yes
   end
 
   defp schedule(message, key), do: Process.send_after(self(), message, Cluster.setting(key))
