@@ -20,7 +20,10 @@ defmodule ObservatoryWeb.Router do
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
   | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/responses | agent key | `ObservatoryWeb.API.Responses` |
   | POST | /v1/messages | agent key | `ObservatoryWeb.API.Messages` |
+  | POST | /v1/messages/count_tokens | agent key | `ObservatoryWeb.API.PassThrough` |
+  | GET | /v1/models, /v1/models/:id | agent key | `ObservatoryWeb.API.PassThrough` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
@@ -38,7 +41,17 @@ defmodule ObservatoryWeb.Router do
 
   @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
-  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Messages, Sessions, ToolCalls}
+  alias ObservatoryWeb.API.{
+    Agents,
+    ChatCompletions,
+    DecisionLogs,
+    Messages,
+    PassThrough,
+    Responses,
+    Sessions,
+    ToolCalls
+  }
+
   alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
@@ -142,6 +155,10 @@ defmodule ObservatoryWeb.Router do
 
   defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
   defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
+  defp route(conn, "POST", ["v1", "responses"]), do: Responses.create(conn)
+  defp route(conn, "POST", ["v1", "messages", "count_tokens"]), do: PassThrough.count_tokens(conn)
+  defp route(conn, "GET", ["v1", "models"]), do: PassThrough.models(conn)
+  defp route(conn, "GET", ["v1", "models", id]), do: PassThrough.models(conn, id)
   defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
   defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
 

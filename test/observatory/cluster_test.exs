@@ -385,6 +385,66 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "issue 19 item 6 / issue 20 findings 4 and 9 in a cluster" do
+    test "a deactivation on node A ends the agent's open stream on node C at once",
+         %{nodes: [a, _b, c]} do
+      agent = "agent-stream-#{System.unique_integer([:positive])}"
+      {:ok, %{key: key}} = :erpc.call(a, Observatory.AgentKeys, :issue, [agent])
+      test = self()
+
+      upstream =
+        Observatory.Test.Upstream.start(fn _ ->
+          {:chunked, 200, "text/event-stream",
+           fn resp ->
+             Observatory.Test.Upstream.write_chunk(
+               resp,
+               Observatory.Test.Upstream.chunk_event("Hel")
+             )
+
+             send(test, :streaming)
+
+             receive do
+               :go -> :ok
+             after
+               10_000 -> :ok
+             end
+           end}
+        end)
+
+      :ok = :erpc.call(c, Application, :put_env, [:observatory, :llm_upstream, upstream.url])
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+      body = ~s({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+
+      headers = [
+        {"authorization", "Bearer " <> key},
+        {"content-type", "application/json"}
+      ]
+
+      alias Observatory.Proxy.{HTTPClient, SSE}
+      url = "http://127.0.0.1:#{port}/v1/chat/completions"
+      {:ok, conn} = HTTPClient.request(url, headers, body, timeout: 5_000)
+      {:ok, 200, _, conn} = HTTPClient.read_head(conn)
+      assert_receive :streaming, 5_000
+
+      {:ok, _} = :erpc.call(a, Observatory.KillSwitch, :deactivate, [agent, [operator: "alice"]])
+      {:ok, raw, _} = HTTPClient.read_all(conn)
+      {events, _, _} = SSE.parse(SSE.new(), raw)
+      assert %{data: %{"error" => %{"code" => "agent_inactive"}}} = List.last(events)
+    end
+
+    test "a derived session id is the same on every node (one secret, replicated)",
+         %{nodes: nodes} do
+      body = %{"messages" => [%{"role" => "user", "content" => "fix the build"}]}
+
+      ids =
+        for node <- nodes,
+            do: :erpc.call(node, Observatory.Proxy.SessionId, :derive, ["agent-x", body])
+
+      assert [id] = Enum.uniq(ids)
+      assert "proxy-" <> _ = id
+    end
+  end
+
   defp assert_replicated(node, agent, key, paused) do
     assert %{operator: "alice", reason: "look"} =
              :erpc.call(node, Observatory.Gateway.HITL, :pause_of, [paused])

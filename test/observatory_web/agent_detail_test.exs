@@ -134,9 +134,9 @@ defmodule ObservatoryWeb.AgentDetailTest do
                ~s(<form id="kill-switch-settings" class="ad-form" phx-submit="save_settings" novalidate>)
 
       assert page =~
-               ~r/<input id="ks-window_size" name="window_size" type="number"[^>]* value="10"/
+               ~r/<input id="ks-window_size" name="window_size" type="number"[^>]* value="5"/
 
-      assert page =~ ~r/<input id="ks-threshold" name="threshold" type="number"[^>]* value="10.0"/
+      assert page =~ ~r/<input id="ks-threshold" name="threshold" type="number"[^>]* value="5.5"/
       assert page =~ "Off: nothing is scored or blocked."
     end
 
@@ -377,7 +377,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
 
       assert page =~ ~s(value="&lt;b&gt;8&lt;/b&gt;")
       refute page =~ "<b>8</b>"
-      assert %{kill_switch: %{window_size: 10, threshold: 10.0}} = Agents.get(id)
+      assert %{kill_switch: %{window_size: 5, threshold: 5.5}} = Agents.get(id)
     end
 
     test "a threshold the window can never exceed is pointed out", %{agent: id} do

@@ -58,6 +58,7 @@ defmodule Observatory.Cluster.Store do
     :observatory_hitl_pauses,
     :observatory_hitl_audit,
     :observatory_step_blocks,
+    :observatory_proxy_secrets,
     :observatory_tombstones
   ]
 
