@@ -46,6 +46,7 @@ defmodule Observatory.Cluster.Store do
       true ->
         restart(dir)
     end
+    |> tap(&Process.put({__MODULE__, :started}, &1))
   end
 
   # Observatory's tables, by name, before Mnesia has read its schema: the master
@@ -87,8 +88,12 @@ defmodule Observatory.Cluster.Store do
 
       others = :mnesia.system_info(:running_db_nodes) -- [node()]
 
+      # Only a node that started on its own copy has anything to merge (one that
+      # just joined copied the cluster's). Set by start/1, in this same process.
+      restarted? = Process.delete({__MODULE__, :started}) in [:restarted, nil]
+
       try do
-        if others != [], do: reconcile(others)
+        if others != [] and restarted?, do: reconcile(others)
       catch
         kind, reason ->
           Logger.error(
