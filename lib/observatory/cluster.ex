@@ -125,11 +125,10 @@ defmodule Observatory.Cluster do
   end
 
   @doc """
-  `apply(module, fun, args)` on the owner of `session_id`, for reads that show a
-  session (the dashboard's Inspect, the step detector's state): here when clustering
-  is off, when this node owns the session, or when the owner is gone (it holds
-  nothing then that another node could give). An owner that does not answer in time
-  gives `default`: nothing is run again here.
+  `apply(module, fun, args)` on the owner of `session_id` (as `call_owner/5`: the next
+  owner when it is gone), for reads that show a session (the dashboard's Inspect, the
+  step detector's state). An owner that does not answer in time gives `default`:
+  nothing is run again here.
   """
   @spec on_owner(String.t(), module(), atom(), list(), term()) :: term()
   def on_owner(session_id, module, fun, args, default \\ nil) do
