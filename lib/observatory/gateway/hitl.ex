@@ -175,11 +175,15 @@ defmodule Observatory.Gateway.HITL do
   end
 
   # The change and its audit entry in one transaction, on disk when this returns.
-  # The entry's key is its time, this node and a unique number: nodes of a cluster
-  # never take each other's keys (during a partition either), and the log stays in
-  # time order. Keys of earlier releases (integers) sort before every such key.
+  # The entry's key is an integer made of its time (µs), this node and a counter:
+  # nodes of a cluster never take each other's keys (during a partition either), and
+  # the log stays in time order. Earlier releases numbered entries 1, 2, 3…: theirs
+  # sort first, and one of them still running during a rolling upgrade goes on from
+  # the largest key without meeting ours.
   defp write(state, entry, change) do
-    key = {System.os_time(:microsecond), node(), System.unique_integer([:positive, :monotonic])}
+    key =
+      System.os_time(:microsecond) * 1_000_000 + :erlang.phash2(node(), 1_000) * 1_000 +
+        rem(System.unique_integer([:positive, :monotonic]), 1_000)
 
     Observatory.Storage.transaction("HITL", fn ->
       change.()
