@@ -8,6 +8,7 @@ defmodule Observatory.Application do
     Observatory.Metrics.setup()
     # Before any durable write can run (Observatory.Storage.transaction/2).
     Observatory.Cluster.Gate.setup()
+    Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
     crash_dump_in_data_dir()
 
