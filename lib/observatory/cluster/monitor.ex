@@ -20,8 +20,9 @@ defmodule Observatory.Cluster.Monitor do
       leader also compares the replicas (`Observatory.Cluster.Reconcile`) and merges
       any difference.
     * **Reports.** Each heal or reconcile that changed something is logged on every
-      member (every decision an operator should see, one line each), broadcast on
-      `"gateway:cluster"` (`%{event_type: "cluster_reconciled", report: report}`) and
+      member (every decision an operator should see, one line each), broadcast to
+      the member's own subscribers of `"gateway:cluster"`
+      (`%{event_type: "cluster_reconciled", report: report}`) and
       kept (the last 20) for `Observatory.Cluster.status/0`.
 
   Nothing here blocks: every remote call runs in a process of its own.
@@ -350,12 +351,12 @@ defmodule Observatory.Cluster.Monitor do
   defp describe(%{kind: :verify}), do: "the replicas differed"
   defp describe(_), do: "reconciled"
 
-  # A report recorded while this node starts comes before the event bus runs.
+  # To this node's subscribers only: every node records the report and tells its
+  # own (a cluster-wide broadcast would reach each page once per node). A report
+  # recorded while this node starts comes before the event bus runs.
   defp broadcast(report) do
-    Observatory.Gateway.Events.broadcast(topic(), %{
-      event_type: "cluster_reconciled",
-      report: report
-    })
+    {module, server} = Observatory.Gateway.Events.pubsub()
+    module.local_broadcast(server, topic(), %{event_type: "cluster_reconciled", report: report})
   rescue
     ArgumentError -> :ok
   end
