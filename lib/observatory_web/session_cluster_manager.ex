@@ -174,7 +174,10 @@ defmodule ObservatoryWeb.SessionClusterManager do
   end
 
   # In a cluster: the replicas were merged after a partition or a restart. The
-  # operator is told what was decided (the decisions that changed safety state first).
+  # operator is told what was decided, when anything was (an empty heal says nothing).
+  def handle_info(%{event_type: "cluster_reconciled", report: %{changed: 0}}, socket),
+    do: {:noreply, socket}
+
   def handle_info(%{event_type: "cluster_reconciled", report: report}, socket) do
     notice(socket, {:info, reconciled(report)})
   end

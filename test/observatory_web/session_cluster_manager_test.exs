@@ -855,6 +855,11 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       html = html(socket)
       refute html =~ @hostile
       assert html =~ "&lt;img src=x"
+
+      # A heal that changed nothing leaves the notice as it was.
+      quiet = %{report | changed: 0, notes: []}
+      socket = feed(socket, [%{event_type: "cluster_reconciled", report: quiet}])
+      assert {:info, ^text} = socket.assigns.notice
     end
   end
 end
