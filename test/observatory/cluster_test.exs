@@ -254,17 +254,19 @@ defmodule Observatory.ClusterDistributedTest do
          %{nodes: [a, b, c]} do
       session = owned_by(b, [a, b, c], "sess-retry")
       [step] = steps(session, 1)
-      body = JSON.encode!(put_in(step, ["meta", "agent_id"], "agent-http"))
+      step = put_in(step, ["meta", "agent_id"], "agent-http")
+      body = JSON.encode!(step)
       window = fn -> :erpc.call(b, Observatory.Gateway.EntropyTracker, :window, [session]) end
 
-      # a gives up on b at once: the client gets 503, and b scores the step anyway.
+      # b is slow: it starts scoring the step in time, then takes longer than a waits.
+      previous = :erpc.call(b, Observatory.Test.HeldStep, :hold, [session])
       config = :erpc.call(a, Cluster, :config, [])
 
       :ok =
         :erpc.call(a, Application, :put_env, [
           :observatory,
           :cluster,
-          Keyword.put(config, :rpc_timeout_ms, 0)
+          Keyword.put(config, :rpc_timeout_ms, 300)
         ])
 
       port_a = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
@@ -273,8 +275,15 @@ defmodule Observatory.ClusterDistributedTest do
                http(:post, port_a, "/api/v1/decision_logs", body, "test-agent-key")
 
       assert refused =~ "owner_unavailable"
-      :ok = await(fn -> length(window.()) == 1 end)
       :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+      # b did take the step: its window has it, and it is still scoring it.
+      assert length(window.()) == 1
+
+      # A retry meanwhile, through c: told to retry, not scored a second time.
+      assert {:error, {:in_progress, %{path: "meta.step_id"}}} =
+               :erpc.call(c, SchemaInterceptor, :ingest, [step, [agent: "agent-http"]])
+
+      :erpc.call(b, Observatory.Test.HeldStep, :release, [])
 
       # The client retries, through c, then through a: the owner's first answer twice.
       answers =
@@ -288,6 +297,7 @@ defmodule Observatory.ClusterDistributedTest do
           answer
         end
 
+      :erpc.call(b, Observatory.Telemetry, :put_dispatcher, [previous])
       assert [%{"replayed" => true} = first, %{"replayed" => true} = second] = answers
       assert first == second
       assert first["verdict"]["step_number"] == 1
@@ -552,15 +562,6 @@ defmodule Observatory.ClusterDistributedTest do
     events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
     assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
-  end
-
-  # Until `check` holds (what a step scored on another node does is seen by polling).
-  defp await(check, tries \\ 200) do
-    cond do
-      check.() -> :ok
-      tries == 0 -> flunk("never happened")
-      true -> Process.sleep(10) && await(check, tries - 1)
-    end
   end
 
   defp http(method, port, path, body \\ "", token \\ "test-operator-token") do
