@@ -4,7 +4,9 @@ defmodule Observatory.KillSwitch.Supervisor do
   `init/1` (the agent store — Mnesia and its tables — is set up before, by
   `Observatory.Storage`), then the window store's owner, the task supervisor for
   notifications, the proxy's upstream slots, its memory of ingested steps and its
-  registry of open requests (ended when their agent, key or session stops being valid).
+  registry of open requests (ended when their agent, key or session stops being valid),
+  and the budgets' housekeeping. The kill switch's and the budgets' configuration is
+  checked first: a bad setting stops the start with a message that names it.
   """
 
   use Supervisor
@@ -14,6 +16,8 @@ defmodule Observatory.KillSwitch.Supervisor do
   @impl true
   def init(_opts) do
     Observatory.KillSwitch.check_config!()
+    Observatory.Budget.check_config!()
+    Observatory.Proxy.Guidance.check_config!()
     # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 
@@ -22,7 +26,8 @@ defmodule Observatory.KillSwitch.Supervisor do
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
       Observatory.KillSwitch.Upstream,
       Observatory.Proxy.StepMemory,
-      Observatory.Proxy.OpenRequests
+      Observatory.Proxy.OpenRequests,
+      Observatory.Budget.Server
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)
