@@ -5,6 +5,7 @@ defmodule ObservatoryWeb.ProxyGuidanceTest do
   # kill switch read. Real sockets and a stub upstream that reports what it received.
   # Changes the upstream configuration: not async.
   use ExUnit.Case, async: false
+  @moduletag :capture_log
 
   alias Observatory.{JSON, KillSwitch}
   alias Observatory.Gateway.{Events, SessionLog}
