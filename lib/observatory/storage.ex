@@ -64,7 +64,8 @@ defmodule Observatory.Storage do
       Observatory.Gateway.HITL.create_tables() ++
         Observatory.Gateway.StepDetector.create_tables() ++
         Observatory.Proxy.SessionId.create_tables() ++
-        Observatory.Budget.Store.create_tables()
+        Observatory.Budget.Store.create_tables() ++
+        Observatory.Notifications.create_tables()
 
     case :mnesia.wait_for_tables(tables, 30_000) do
       :ok -> :ok

@@ -5,8 +5,10 @@ defmodule Observatory.KillSwitch.Supervisor do
   `Observatory.Storage`), then the window store's owner, the task supervisor for
   notifications, the proxy's upstream slots, its memory of ingested steps and its
   registry of open requests (ended when their agent, key or session stops being valid),
-  and the budgets' housekeeping. The kill switch's and the budgets' configuration is
-  checked first: a bad setting stops the start with a message that names it.
+  the budgets' housekeeping, and the notifications' dispatcher with its tasks. The
+  kill switch's, the budgets', the guidance notes' and the notifications'
+  configuration is checked first: a bad setting stops the start with a message that
+  names it.
   """
 
   use Supervisor
@@ -18,6 +20,7 @@ defmodule Observatory.KillSwitch.Supervisor do
     Observatory.KillSwitch.check_config!()
     Observatory.Budget.check_config!()
     Observatory.Proxy.Guidance.check_config!()
+    Observatory.Notifications.check_config!()
     # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 
@@ -27,7 +30,9 @@ defmodule Observatory.KillSwitch.Supervisor do
       Observatory.KillSwitch.Upstream,
       Observatory.Proxy.StepMemory,
       Observatory.Proxy.OpenRequests,
-      Observatory.Budget.Server
+      Observatory.Budget.Server,
+      {Task.Supervisor, name: Observatory.Notifications.TaskSupervisor},
+      Observatory.Notifications.Dispatcher
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)
