@@ -2,8 +2,10 @@ defmodule ObservatoryWeb.API.Sessions do
   @moduledoc """
   Session state and the HITL commands (design.md §5).
 
-    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause (operator,
-      or the agent key of the session's own agent);
+    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause, and what
+      the session spent through the proxy (`usage`: requests, tokens, cost, and since
+      its first loop alarm; `Observatory.Budget.session_usage/1`) (operator, or the
+      agent key of the session's own agent);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
       `{"reason": "..."}`; `409` when already paused / not paused;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
@@ -46,7 +48,7 @@ defmodule ObservatoryWeb.API.Sessions do
 
     unknown? =
       session == nil and pause == nil and StepDetector.state(id) == nil and
-        LoopVerdict.session(id) == nil
+        LoopVerdict.session(id) == nil and Observatory.Budget.Store.session_meta(id) == nil
 
     {session, if(not unknown?, do: view(id, session, pause))}
   end
@@ -98,7 +100,8 @@ defmodule ObservatoryWeb.API.Sessions do
       paused: pause != nil,
       pause: pause && entry(pause),
       step_detector: StepDetector.state(id),
-      messages: SessionLog.count(id)
+      messages: SessionLog.count(id),
+      usage: Observatory.Budget.session_usage(id)
     }
   end
 
