@@ -63,6 +63,26 @@ if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
   config :observatory, anthropic_upstream_api_key: key
 end
 
+# OBSERVATORY_ALERT_SOURCE=entropy|verdict — which signal raises alerts: the FRD-009
+# entropy ratio (the default) or the loop verdict (docs/dashboard.md, "Choose what raises
+# the alerts").
+if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
+  alert_source =
+    case source |> String.trim() |> String.downcase() do
+      "entropy" ->
+        :entropy
+
+      "verdict" ->
+        :verdict
+
+      _other ->
+        raise "OBSERVATORY_ALERT_SOURCE must be \"entropy\" or \"verdict\", got: " <>
+                inspect(source)
+    end
+
+  config :observatory, alert_source: alert_source
+end
+
 #   OBSERVATORY_LLM_TIMEOUT_MS=600000  OBSERVATORY_LLM_MAX_STREAM_MS=1800000
 #   OBSERVATORY_LLM_MAX_REQUEST_BYTES=33554432
 for {var, key} <- [

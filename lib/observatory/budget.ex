@@ -28,8 +28,9 @@ defmodule Observatory.Budget do
       #     cost_usd: 0.112452, unpriced_answers: 0, since_loop: %{…} | nil, …}
       Observatory.Budget.reset("agent-7", session_id: "sess-1", operator: "alice")
 
-  **Since the loop began.** The first loop alarm of a session (an `EntropyAlertEvent`)
-  marks what it had spent by then; `session_usage/1` reports the spend since.
+  **Since the loop began.** The first loop alarm of a session (its alarm raised in
+  `Observatory.Gateway.Alerts`, the gateway's list of alarmed sessions) marks what it
+  had spent by then; `session_usage/1` reports the spend since.
   """
 
   require Logger
@@ -112,6 +113,17 @@ defmodule Observatory.Budget do
         if cost == nil and Prices.any?(), do: Observatory.Budget.Server.unpriced(model)
         Store.add_usage(agent.id, session_id, usage, cost, agent.budget.window_seconds, now_s())
     end
+  end
+
+  @doc """
+  Marks the session's loop as begun now, unless it began before (see "Since the loop
+  began" above); nothing for a session with no spend counted.
+  """
+  @spec loop_began(String.t()) :: :ok
+  def loop_began(session_id) do
+    meta = Store.session_meta(session_id)
+    if meta != nil and meta.loop_at == nil, do: Store.mark_loop(session_id, DateTime.utc_now())
+    :ok
   end
 
   @doc """

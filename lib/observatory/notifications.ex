@@ -27,13 +27,14 @@ defmodule Observatory.Notifications do
 
   | kind | raised by | resolved by | deduplicated per |
   |---|---|---|---|
-  | `loop_alarm` | an `EntropyAlertEvent` (the configured alert source's LOOP) | the session's node back to `active` (its steps progress again) | session |
+  | `loop_alarm` | a session's alarm raised (`Observatory.Gateway.Alerts`: the configured alert source calls it a loop) | the alarm cleared (the source no longer calls it a loop, or the session was evicted) | session |
   | `kill_switch` | the kill switch deactivating an agent (`critical`); in `warn` mode, a score over the threshold (`warning`) | the agent's activation; in `warn` mode, a request under the threshold | agent |
   | `budget` | a budget stop (`error`); in `warn` mode, a would-be stop (`warning`) | a reset, or limits raised | session (per-session limits), agent (window limits) |
 
   Shadow modes send nothing: they only record. An alarm already raised is not sent
   again until it is resolved, however many alerts the session sends (the tracker sends
-  one on every LOOP step); a resolution goes only to the sinks that got the alarm.
+  an `EntropyAlertEvent` on every LOOP step; the alarm is raised once); a resolution
+  goes only to the sinks that got the alarm.
   Each sink gets at most `rate_limit_per_minute` alarms a minute; more are dropped,
   counted (`observatory_notifications_dropped_total`) and logged. Deliveries to one
   sink about one session go in order (a resolution never overtakes its alarm); a

@@ -6,7 +6,9 @@ defmodule ObservatoryWeb.Router do
   | method | path | auth | handler |
   |---|---|---|---|
   | POST | /api/v1/decision_logs | agent key | `ObservatoryWeb.API.DecisionLogs` |
+  | GET | /api/v1/sessions | operator | `ObservatoryWeb.API.SessionList` |
   | GET | /api/v1/sessions/:id | agent key or operator | `ObservatoryWeb.API.Sessions` |
+  | GET | /api/v1/sessions/:id/steps/:step | agent key or operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/pause | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/resume | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/step_detector/reset | operator | `ObservatoryWeb.API.Sessions` |
@@ -55,6 +57,7 @@ defmodule ObservatoryWeb.Router do
     Notifications,
     PassThrough,
     Responses,
+    SessionList,
     Sessions,
     ToolCalls
   }
@@ -130,7 +133,12 @@ defmodule ObservatoryWeb.Router do
   end
 
   defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)
+  defp route(conn, "GET", ["api", "v1", "sessions"]), do: SessionList.index(conn)
   defp route(conn, "GET", ["api", "v1", "sessions", id]), do: Sessions.show(conn, id)
+
+  defp route(conn, "GET", ["api", "v1", "sessions", id, "steps", step]),
+    do: Sessions.step(conn, id, step)
+
   defp route(conn, "POST", ["api", "v1", "sessions", id, "pause"]), do: Sessions.pause(conn, id)
   defp route(conn, "POST", ["api", "v1", "sessions", id, "resume"]), do: Sessions.resume(conn, id)
   defp route(conn, "GET", ["api", "v1", "hitl", "audit"]), do: Sessions.audit(conn)
@@ -218,7 +226,7 @@ defmodule ObservatoryWeb.Router do
   end
 
   defp known_path?(["api", "v1", "decision_logs"]), do: true
-  defp known_path?(["api", "v1", "sessions", _ | _]), do: true
+  defp known_path?(["api", "v1", "sessions" | _]), do: true
   defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
   defp known_path?([]), do: true
   defp known_path?(["agents"]), do: true

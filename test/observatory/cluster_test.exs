@@ -330,6 +330,47 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "issue 18: alerts and the sessions list from every member" do
+    test "every node lists every member's alerted sessions, once, and the sessions API names their node",
+         %{nodes: [a, b, c] = nodes} do
+      ids = for n <- nodes, do: owned_by(n, nodes, "sess-alert-#{n}")
+      # Three different calls, then the same failing call five times: an entropy LOOP.
+      for id <- ids,
+          e <- steps(id, 8),
+          do: {:ok, _} = :erpc.call(a, SchemaInterceptor, :ingest, [e])
+
+      for n <- nodes do
+        listed = :erpc.call(n, Observatory.Gateway.Alerts, :gather, [[]])
+        mine = Enum.filter(listed, &(&1.session_id in ids))
+        assert Enum.sort(Enum.map(mine, & &1.session_id)) == Enum.sort(ids)
+        assert Enum.all?(mine, &(&1.node == Cluster.rendezvous(&1.session_id, nodes)))
+      end
+
+      # A page opened on c lists them all (the Session Cluster Manager's mount).
+      {:ok, socket} =
+        :erpc.call(c, ObservatoryWeb.SessionClusterManager, :mount, [
+          %{},
+          %{"operator" => "ops"},
+          ObservatoryWeb.SessionClusterManager.Socket.new()
+        ])
+
+      for id <- ids,
+          do: assert(ObservatoryWeb.SessionClusterManager.Alerts.get(socket.assigns.alerts, id))
+
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+
+      assert %{status: 200, body: body} =
+               http(:get, port, "/api/v1/sessions?state=alert&limit=200")
+
+      {:ok, %{"sessions" => rows}} = JSON.decode(body)
+
+      for id <- ids do
+        assert %{"node" => node, "alerted" => true} = Enum.find(rows, &(&1["session_id"] == id))
+        assert node == Atom.to_string(Cluster.rendezvous(id, [a, b, c]))
+      end
+    end
+  end
+
   describe "issue 14: replicated agent state" do
     test "agent records, events, keys, pauses and the audit log survive a node's loss and reach a node that joins later",
          %{nodes: [a, b, c], peers: [peer_a | _], all: all, shorts: shorts, root: root} do

@@ -392,6 +392,7 @@ defmodule Observatory.NotificationsTest do
   describe "notifications: sinks added at run time" do
     test "put, listed redacted, used, removed; a configured name is refused", %{stub: stub, n: n} do
       configure([[name: "oncall", type: :pagerduty, routing_key: @routing_key]])
+      on_exit(fn -> Notifications.delete_sink("ops") end)
       url = stub.(:webhook, []).url <> "/runtime-hook-secret-path"
 
       assert {:ok,

@@ -137,7 +137,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
                ~r/<input id="ks-window_size" name="window_size" type="number"[^>]* value="5"/
 
       assert page =~ ~r/<input id="ks-threshold" name="threshold" type="number"[^>]* value="5.5"/
-      assert page =~ "Off: nothing is scored or blocked."
+      assert page =~ "Off: nothing is scored or stopped."
     end
 
     test "an enabled switch shows as on, with the settings it has", %{agent: id} do
@@ -161,7 +161,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
       page = html(socket)
       assert page =~ ~s(aria-checked="false")
       assert page =~ ~s(id="kill-switch-settings")
-      assert socket.assigns.notice == {:info, "Kill switch off: nothing is scored or blocked."}
+      assert socket.assigns.notice == {:info, "Kill switch off: nothing is scored or stopped."}
       assert page =~ "The switch is off: no window, no score."
     end
 

@@ -392,10 +392,11 @@ defmodule ObservatoryWeb.ProxyBudgetTest do
          %{agent: agent, session: session} do
       assert chat(agent, session).status == 200
 
-      Events.broadcast(Events.entropy_alerts(), %{
-        event_type: "entropy_alert",
+      Events.broadcast(Observatory.Gateway.Alerts.topic(), %{
+        event_type: "alert_raised",
         session_id: session,
-        agent_id: agent
+        agent_id: agent,
+        since: DateTime.utc_now()
       })
 
       # The server marks it on the alert; it has handled it once it answers.

@@ -356,6 +356,11 @@ defmodule ObservatoryWeb.PythonSDKGradedTest do
 
       assert_receive {:sink, :slack, %{"text" => ":white_check_mark: Recovered: session " <> _}}
 
+      # What the session spent since the loop began: from the request whose step (the
+      # fifth identical one) raised the alarm, the sixth, to the eighth.
+      assert %{requests: 8, since_loop: %{requests: 3, tokens: 3300}} =
+               Budget.session_usage(session)
+
       # Exactly once each: nothing more is in flight or waiting.
       state = :sys.get_state(Observatory.Notifications.Dispatcher)
       assert state.tasks == %{} and state.busy == %{}

@@ -3,9 +3,10 @@ defmodule Observatory.Budget.Server do
   The budgets' housekeeping (the counting itself runs in the proxy's request
   processes: `Observatory.Budget`):
 
-    * it marks each counted session's first loop alarm — an `EntropyAlertEvent` on
-      `"gateway:entropy_alerts"`, on the session's owner in a cluster — so that what
-      was spent since the loop began can be shown (`Observatory.Budget.Store.mark_loop/2`);
+    * it marks each counted session's first loop alarm — `"alert_raised"` on
+      `"gateway:alerts"` (`Observatory.Gateway.Alerts`), on the session's owner in a
+      cluster — so that what was spent since the loop began can be shown
+      (`Observatory.Budget.Store.mark_loop/2`);
     * every `:sweep_interval_ms` (one minute) the first member of the cluster drops
       expired window buckets and idle sessions (`Observatory.Budget.Store.sweep/3`);
     * it remembers the models that had no price, so each is logged once.
@@ -44,15 +45,15 @@ defmodule Observatory.Budget.Server do
   @impl true
   def init(_opts) do
     :ets.new(@unpriced, [:named_table, :public, :set])
-    Events.subscribe(Events.entropy_alerts())
+    Events.subscribe(Observatory.Gateway.Alerts.topic())
     schedule()
     {:ok, %{}}
   end
 
   @impl true
-  def handle_info(%{event_type: "entropy_alert", session_id: session_id}, state) do
+  def handle_info(%{event_type: "alert_raised", session_id: session_id, since: since}, state) do
     if Observatory.Cluster.owner(session_id) == node() and Store.session_meta(session_id) != nil do
-      Store.mark_loop(session_id, DateTime.utc_now() |> DateTime.truncate(:millisecond))
+      Store.mark_loop(session_id, since)
     end
 
     {:noreply, state}

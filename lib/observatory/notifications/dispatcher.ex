@@ -3,8 +3,9 @@ defmodule Observatory.Notifications.Dispatcher do
   Turns the gateway's events into alerts and delivers them to the sinks
   (`Observatory.Notifications` says what, when and how often).
 
-  It subscribes to `"gateway:entropy_alerts"`, `"gateway:topology"` and
-  `"gateway:kill_switch"`; `alerts/1` maps an event to alerts (pure). Its state is the
+  It subscribes to `"gateway:alerts"` (a session's alarm raised and cleared:
+  `Observatory.Gateway.Alerts`) and `"gateway:kill_switch"` (agent events);
+  `alerts/1` maps an event to alerts (pure). Its state is the
   alarms raised and not resolved (by key: `loop:<session>`, `kill_switch:<agent>`,
   `budget:session:<session>`, `budget:agent:<agent>`) with the sinks each reached, a
   token bucket per sink, and the deliveries in flight: each runs in a task, at most
@@ -29,52 +30,37 @@ defmodule Observatory.Notifications.Dispatcher do
   Shadow-mode records raise nothing.
   """
   @spec alerts(map()) :: [Sink.alert()]
-  def alerts(%{event_type: "entropy_alert", session_id: session, agent_id: agent} = event) do
-    why =
-      case event do
-        %{reason: reason} when is_binary(reason) ->
-          reason
-
-        %{repeated_pattern: p, occurrence_count: n, window_size: w} ->
-          "entropy score #{event.entropy_score}: the step #{inspect(p.intent)} (#{p.tool_call}, " <>
-            "#{p.action_status}) #{n} times in the last #{w} steps"
-
-        _ ->
-          "its steps repeat"
-      end
-
+  def alerts(%{event_type: "alert_raised", session_id: session, agent_id: agent} = event) do
     [
       alert(
         :loop_alarm,
         :trigger,
         "loop:" <> session,
         "error",
-        "Loop alarm: session #{session} of agent #{agent}: #{why}",
+        "Loop alarm: session #{session} of agent #{agent}: #{event.reason}",
         agent: agent,
         session: session,
-        details:
-          Map.take(event, [
-            :entropy_score,
-            :rule,
-            :reason,
-            :evidence,
-            :occurrence_count,
-            :window_size
-          ])
+        details: %{
+          rule: event.rule,
+          reason: event.reason,
+          source: event.source,
+          since: DateTime.to_iso8601(event.since)
+        }
       )
     ]
   end
 
-  def alerts(%{event_type: "topology_update", state: "active", session_id: session} = event) do
+  def alerts(%{event_type: "alert_cleared", session_id: session} = event) do
+    summary =
+      if event.why == "recovered",
+        do: "Recovered: session #{session} of agent #{event.agent_id} is making progress again",
+        else: "Alarm cleared: session #{session} of agent #{event.agent_id}: #{event.why}"
+
     [
-      alert(
-        :loop_alarm,
-        :resolve,
-        "loop:" <> session,
-        "info",
-        "Recovered: session #{session} of agent #{event[:agent_id]} is making progress again",
-        agent: event[:agent_id],
-        session: session
+      alert(:loop_alarm, :resolve, "loop:" <> session, "info", summary,
+        agent: event.agent_id,
+        session: session,
+        details: %{why: event.why}
       )
     ]
   end
@@ -228,7 +214,7 @@ defmodule Observatory.Notifications.Dispatcher do
 
   @impl true
   def init(_opts) do
-    for topic <- [Events.entropy_alerts(), Events.topology(), Observatory.KillSwitch.topic()],
+    for topic <- [Observatory.Gateway.Alerts.topic(), Observatory.KillSwitch.topic()],
         do: Events.subscribe(topic)
 
     {:ok, %{open: %{}, buckets: %{}, busy: %{}, tasks: %{}}}

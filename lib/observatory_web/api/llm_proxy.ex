@@ -54,7 +54,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   alias Observatory.{Budget, JSON, KillSwitch, Metrics}
   alias Observatory.Budget.Usage
   alias Observatory.KillSwitch.{Agents, Upstream}
-  alias Observatory.Gateway.{HITL, StepDetector}
+  alias Observatory.Gateway.{AlertSource, HITL, StepDetector}
   alias Observatory.Proxy.{BodyEdit, Guidance, HTTPClient, OpenRequests, SSE, SessionId, Steps}
   alias ObservatoryWeb.{Auth, Conn}
 
@@ -122,6 +122,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
          {:ok, session_id} <- session_id(ctx, decoded),
          ctx = %{ctx | session_id: session_id, model: string(decoded["model"])},
          steps = Steps.take(ctx.dialect.format(), ctx.agent_id, session_id, decoded),
+         :ok <- loop_began(ctx, steps.results),
          :ok <- not_paused(ctx),
          :ok <- not_blocked(ctx),
          {:ok, ctx} <- within_budget(ctx),
@@ -130,6 +131,15 @@ defmodule ObservatoryWeb.API.LLMProxy do
       {ctx, body} = upstream_body(ctx, body, steps, verdict)
       {:forward, ctx, verdict, request, body}
     end
+  end
+
+  # A step of this request raised the session's loop alarm: what the session spent
+  # from here on is "since the loop began" (alarms raised elsewhere are marked by
+  # Observatory.Budget.Server).
+  defp loop_began(ctx, results) do
+    source = AlertSource.current()
+    if Enum.any?(results, &AlertSource.alert?(&1, source)), do: Budget.loop_began(ctx.session_id)
+    :ok
   end
 
   defp string(value) when is_binary(value), do: value
