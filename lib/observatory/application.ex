@@ -8,6 +8,11 @@ defmodule Observatory.Application do
     Observatory.Metrics.setup()
     Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
+    # A bad setting stops the start with a message that names it (checked once: a
+    # supervisor restarting later must not fail on it).
+    Observatory.Budget.check_config!()
+    Observatory.Proxy.Guidance.check_config!()
+    Observatory.Notifications.check_config!()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
     # restarts cleanly instead of colliding with its orphaned children.

@@ -267,7 +267,7 @@ defmodule Observatory.Budget do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    budgets = Application.get_env(:observatory, :budgets, [])
+    budgets = Application.get_env(:observatory, :budgets) || []
 
     unless Keyword.keyword?(budgets) do
       raise ArgumentError,
@@ -296,7 +296,13 @@ defmodule Observatory.Budget do
   end
 
   @doc false
-  def config, do: Application.get_env(:observatory, :budgets, [])
+  # As a keyword list; anything else (check_config!/0 refuses it at start) reads as none.
+  def config do
+    case Application.get_env(:observatory, :budgets) do
+      config when is_list(config) -> config
+      _ -> []
+    end
+  end
 
   ## Internals
 

@@ -170,19 +170,33 @@ defmodule Observatory.Notifications do
   ## Configuration
 
   @doc false
-  def config, do: Application.get_env(:observatory, :notifications, [])
+  # The configuration as a keyword list (nil or another shape, which check_config!/0
+  # refuses at start, reads as none: a bad value set later must not stop the alerts).
+  def config do
+    case Application.get_env(:observatory, :notifications) do
+      config when is_list(config) -> config
+      _ -> []
+    end
+  end
 
   @doc "The configured sinks, checked (cached per configuration)."
   @spec configured_sinks() :: [Sink.t()]
   def configured_sinks do
-    specs = Keyword.get(config(), :sinks, [])
+    specs = if is_list(config()[:sinks]), do: config()[:sinks], else: []
 
     case :persistent_term.get({__MODULE__, :configured}, nil) do
       {^specs, sinks} ->
         sinks
 
       _ ->
-        sinks = build!(specs)
+        # check_config!/0 refused bad sinks at start; ones set later send nothing.
+        sinks =
+          try do
+            build!(specs)
+          rescue
+            ArgumentError -> []
+          end
+
         :persistent_term.put({__MODULE__, :configured}, {specs, sinks})
         sinks
     end
@@ -195,7 +209,7 @@ defmodule Observatory.Notifications do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    config = config()
+    config = Application.get_env(:observatory, :notifications) || []
 
     unless Keyword.keyword?(config) do
       raise ArgumentError,

@@ -10,9 +10,8 @@ defmodule ObservatoryWeb.GradedResponseAPITest do
 
   setup do
     keys = [:budgets, :notifications, :kill_switch]
-    saved = for key <- keys, do: {key, Application.get_env(:observatory, key)}
-
-    on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
+    # Restored as they were, unset ones unset.
+    Observatory.TrackerCase.restore_env_on_exit(keys)
 
     Application.put_env(:observatory, :budgets, prices: %{"gpt-test" => %{input: 1, output: 2}})
     n = System.unique_integer([:positive])

@@ -22,9 +22,8 @@ defmodule ObservatoryWeb.ProxyBudgetTest do
   }
 
   setup do
-    saved = for key <- @keys, do: {key, Application.get_env(:observatory, key)}
-
-    on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
+    # Restored as they were, unset ones unset.
+    Observatory.TrackerCase.restore_env_on_exit(@keys)
 
     Application.put_env(:observatory, :budgets, prices: @prices)
     test = self()

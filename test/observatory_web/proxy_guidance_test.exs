@@ -23,9 +23,8 @@ defmodule ObservatoryWeb.ProxyGuidanceTest do
   @loop {"read_file", %{"path" => "build.log"}, "error: no such file: build.log"}
 
   setup do
-    saved = for key <- @keys, do: {key, Application.get_env(:observatory, key)}
-
-    on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
+    # Restored as they were, unset ones unset.
+    Observatory.TrackerCase.restore_env_on_exit(@keys)
 
     upstream =
       Upstream.start(fn _body, _headers, %{path: path} ->

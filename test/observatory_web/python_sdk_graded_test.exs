@@ -21,9 +21,8 @@ defmodule ObservatoryWeb.PythonSDKGradedTest do
   @apis ["chat", "responses", "anthropic"]
 
   setup do
-    saved = for key <- @keys, do: {key, Application.get_env(:observatory, key)}
-
-    on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
+    # Restored as they were, unset ones unset.
+    Observatory.TrackerCase.restore_env_on_exit(@keys)
 
     upstream = model_upstream(self())
     Application.put_env(:observatory, :llm_upstream, upstream.url)

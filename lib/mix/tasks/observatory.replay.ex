@@ -184,13 +184,12 @@ defmodule Mix.Tasks.Observatory.Replay do
       e in ArgumentError -> Mix.raise("observatory.replay: #{Exception.message(e)}")
     end
 
+    shadow = shadow_settings!(opts)
     workers = Keyword.get(opts, :workers, System.schedulers_online())
     workers >= 1 || Mix.raise("observatory.replay: --workers must be at least 1")
     progress = progress(opts)
     level = Logger.level()
     Logger.configure(level: :error)
-
-    shadow = shadow_settings!(opts)
 
     report =
       try do

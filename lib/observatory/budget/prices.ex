@@ -48,7 +48,14 @@ defmodule Observatory.Budget.Prices do
         table
 
       _ ->
-        table = build!(config)
+        # check!/0 refused a bad table at start; one set later prices nothing.
+        table =
+          try do
+            build!(config)
+          rescue
+            ArgumentError -> %{}
+          end
+
         :persistent_term.put({__MODULE__, :table}, {config, table})
         table
     end
@@ -108,7 +115,7 @@ defmodule Observatory.Budget.Prices do
   end
 
   defp config do
-    budgets = Application.get_env(:observatory, :budgets, [])
+    budgets = Observatory.Budget.config()
     {Keyword.get(budgets, :prices, %{}), Keyword.get(budgets, :aliases, %{})}
   end
 

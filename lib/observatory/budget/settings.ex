@@ -97,7 +97,7 @@ defmodule Observatory.Budget.Settings do
   end
 
   defp configured_defaults do
-    case Keyword.get(Application.get_env(:observatory, :budgets, []), :defaults, []) do
+    case Keyword.get(Observatory.Budget.config(), :defaults, []) do
       list when is_list(list) -> Map.new(list)
       map when is_map(map) -> map
       other -> %{"defaults" => other}

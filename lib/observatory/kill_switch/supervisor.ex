@@ -5,10 +5,9 @@ defmodule Observatory.KillSwitch.Supervisor do
   `Observatory.Storage`), then the window store's owner, the task supervisor for
   notifications, the proxy's upstream slots, its memory of ingested steps and its
   registry of open requests (ended when their agent, key or session stops being valid),
-  the budgets' housekeeping, and the notifications' dispatcher with its tasks. The
-  kill switch's, the budgets', the guidance notes' and the notifications'
-  configuration is checked first: a bad setting stops the start with a message that
-  names it.
+  the budgets' housekeeping, and the notifications' dispatcher with its tasks. (The
+  budgets', guidance notes' and notifications' configuration is checked when the
+  application starts: `Observatory.Application`.)
   """
 
   use Supervisor
@@ -18,9 +17,6 @@ defmodule Observatory.KillSwitch.Supervisor do
   @impl true
   def init(_opts) do
     Observatory.KillSwitch.check_config!()
-    Observatory.Budget.check_config!()
-    Observatory.Proxy.Guidance.check_config!()
-    Observatory.Notifications.check_config!()
     # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 

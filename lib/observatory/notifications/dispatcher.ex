@@ -243,6 +243,11 @@ defmodule Observatory.Notifications.Dispatcher do
       |> Enum.reduce(state, &handle_alert/2)
 
     {:noreply, state}
+  rescue
+    # One odd event must not take the alarms held (and their resolutions) with it.
+    error ->
+      Logger.error("notifications: an event could not be handled: #{Exception.message(error)}")
+      {:noreply, state}
   end
 
   def handle_info(_other, state), do: {:noreply, state}

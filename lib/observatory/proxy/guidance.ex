@@ -65,7 +65,9 @@ defmodule Observatory.Proxy.Guidance do
   @doc "The configured default (`config :observatory, :guidance, enabled:`), false unless set."
   @spec default() :: boolean()
   def default,
-    do: Keyword.get(Application.get_env(:observatory, :guidance, []), :enabled, false) == true
+    do:
+      List.wrap(Application.get_env(:observatory, :guidance)) |> Keyword.get(:enabled, false) ==
+        true
 
   @doc """
   Sets an agent's notes on (`true`), off (`false`) or back to the default (`nil`); the
@@ -88,7 +90,7 @@ defmodule Observatory.Proxy.Guidance do
   @doc "Raises `ArgumentError` unless `config :observatory, :guidance` is `[enabled: boolean]`."
   @spec check_config!() :: :ok
   def check_config! do
-    case Application.get_env(:observatory, :guidance, []) do
+    case Application.get_env(:observatory, :guidance) || [] do
       config when is_list(config) ->
         for {key, value} <- config do
           unless key == :enabled and is_boolean(value) do
