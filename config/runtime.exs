@@ -149,6 +149,13 @@ if guidance = System.get_env("OBSERVATORY_GUIDANCE") do
   config :observatory, :guidance, enabled: enabled
 end
 
+#   OBSERVATORY_PRICES_FILE=/etc/observatory/prices.json  the budgets' price table, JSON:
+#     {"gpt-4.1": {"input": 2.0, "output": 8.0}} (USD per million tokens; docs/budgets.md)
+if file = System.get_env("OBSERVATORY_PRICES_FILE") do
+  budgets = Application.get_env(:observatory, :budgets, [])
+  config :observatory, :budgets, Keyword.put(budgets, :prices_file, file)
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

@@ -42,6 +42,7 @@ defmodule Observatory.Budget do
 
   @config_keys [
     :prices,
+    :prices_file,
     :aliases,
     :defaults,
     :stream_usage,

@@ -464,6 +464,32 @@ defmodule ObservatoryWeb.ProxyBudgetTest do
       assert Prices.price("prod") == Prices.price("gpt")
       assert Prices.price("gpt-2025-04-14").output == 2000
       assert Prices.price("gpt-mini") == nil
+
+      # A price file (OBSERVATORY_PRICES_FILE): read, merged under the configured prices.
+      file = Path.join(System.tmp_dir!(), "prices-#{System.unique_integer([:positive])}.json")
+      on_exit(fn -> File.rm(file) end)
+
+      File.write!(
+        file,
+        ~s({"gpt": {"input": 9, "output": 9}, "claude": {"input": 3, "output": 15}})
+      )
+
+      Application.put_env(:observatory, :budgets,
+        prices: %{"gpt" => %{input: 1, output: 2}},
+        prices_file: file
+      )
+
+      assert Budget.check_config!() == :ok
+      assert Prices.price("claude").output == 15_000
+      assert Prices.price("gpt").output == 2000
+
+      Application.put_env(:observatory, :budgets, prices_file: file <> ".missing")
+      error = assert_raise ArgumentError, fn -> Budget.check_config!() end
+      assert Exception.message(error) =~ "prices_file #{file}.missing: no such file or directory"
+      File.write!(file, "[1, 2]")
+      Application.put_env(:observatory, :budgets, prices_file: file)
+      error = assert_raise ArgumentError, fn -> Budget.check_config!() end
+      assert Exception.message(error) =~ "must be a JSON object"
     end
   end
 

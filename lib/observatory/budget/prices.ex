@@ -13,6 +13,11 @@ defmodule Observatory.Budget.Prices do
   `input` and `output` are required; `cached_input` (tokens read from the provider's
   prompt cache) and `cache_write` (Anthropic's cache creation) default to `input`.
 
+  The table can also come from a JSON file (`prices_file:`, or
+  `OBSERVATORY_PRICES_FILE`), `{"gpt-4.1": {"input": 2.0, "output": 8.0}}`, read when
+  the configuration changes; its entries and the configured `prices` are merged, the
+  configured ones winning.
+
   **Which entry prices a model.** The model the answer names (else the request's):
   its exact name, or an alias; else a priced name followed only by a date or version
   suffix — `gpt-4.1-2025-04-14`, `claude-sonnet-4-20250514`, `…-latest`,
@@ -116,8 +121,38 @@ defmodule Observatory.Budget.Prices do
 
   defp config do
     budgets = Observatory.Budget.config()
-    {Keyword.get(budgets, :prices, %{}), Keyword.get(budgets, :aliases, %{})}
+
+    {Keyword.get(budgets, :prices, %{}), Keyword.get(budgets, :aliases, %{}),
+     Keyword.get(budgets, :prices_file)}
   end
+
+  defp build!({prices, aliases, nil}), do: build!({prices, aliases})
+
+  defp build!({prices, aliases, file}) when is_binary(file) do
+    from_file =
+      with {:ok, text} <- File.read(file),
+           {:ok, %{} = table} <- Observatory.JSON.decode(text) do
+        table
+      else
+        {:error, reason} when is_atom(reason) ->
+          raise ArgumentError,
+                "config :observatory, :budgets, :prices_file #{file}: #{:file.format_error(reason)}"
+
+        _ ->
+          raise ArgumentError,
+                "config :observatory, :budgets, :prices_file #{file} must be a JSON object: " <>
+                  ~s(model => {"input": usd_per_mtok, "output": usd_per_mtok})
+      end
+
+    build!({Map.merge(from_file, prices || %{}), aliases})
+  end
+
+  defp build!({_prices, _aliases, file}),
+    do:
+      raise(
+        ArgumentError,
+        "expected config :observatory, :budgets, :prices_file to be a path, got: #{inspect(file)}"
+      )
 
   defp build!({prices, aliases}) do
     unless is_map(prices) do
