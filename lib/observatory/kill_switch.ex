@@ -356,8 +356,9 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Deletes an agent: its record, its events and its keys (revoked at once), and its
-  window. It can be registered again by issuing it a new key.
+  Deletes an agent: its record, its events and its keys (revoked at once), its
+  window, and what its budget counted. It can be registered again by issuing it a new
+  key.
 
   Options: `:operator` (logged and in the broadcast `"agent_deleted"` event).
   """
@@ -365,6 +366,7 @@ defmodule Observatory.KillSwitch do
   def delete(agent_id, opts \\ []) do
     with {:ok, revoked} <- Agents.delete(agent_id) do
       Windows.clear(agent_id)
+      Observatory.Budget.Store.delete_agent(agent_id)
 
       Logger.info(
         "agent #{inspect(agent_id)} deleted by #{inspect(opts[:operator])}, " <>

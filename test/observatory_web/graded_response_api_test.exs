@@ -135,6 +135,36 @@ defmodule ObservatoryWeb.GradedResponseAPITest do
     end
   end
 
+  describe "agent events are bounded" do
+    test "past :max_events_per_agent the oldest go; deleting the agent forgets its budget", %{
+      agent: agent,
+      n: n
+    } do
+      Application.put_env(
+        :observatory,
+        :kill_switch,
+        Keyword.put(Application.get_env(:observatory, :kill_switch), :max_events_per_agent, 5)
+      )
+
+      for k <- 1..200,
+          do:
+            {:ok, _} =
+              Observatory.KillSwitch.Agents.record_event(agent, "guidance_injected", %{k: k})
+
+      # Trimmed every 64th event of the node: at most 63 past the cap, the newest kept.
+      count = length(KillSwitch.events(agent_id: agent, limit: 1000))
+      assert count in 5..68
+      assert hd(KillSwitch.events(agent_id: agent)).details.k == 200
+
+      session = "sess-deleted-#{n}"
+      Budget.count_request(KillSwitch.agent(agent), session)
+      assert Budget.session_usage(session).requests == 1
+      {:ok, _} = KillSwitch.delete(agent)
+      assert Budget.session_usage(session).requests == 0
+      assert Observatory.Budget.Store.session_meta(session) == nil
+    end
+  end
+
   describe "operator API: the kill switch's mode" do
     test "enforce, warn, shadow; anything else refused", %{agent: agent} do
       assert put("/api/v1/agents/#{agent}/kill_switch", %{enabled: true, mode: "shadow"}).body[

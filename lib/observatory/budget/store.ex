@@ -44,7 +44,8 @@ defmodule Observatory.Budget.Store do
   @doc false
   # Called by Observatory.Storage before anything counts; returns the tables.
   def create_tables do
-    Observatory.Storage.create_table(@counters, attributes: [:key, :value], type: :set)
+    # Ordered: an agent's window buckets are one range of keys, read with one select.
+    Observatory.Storage.create_table(@counters, attributes: [:key, :value], type: :ordered_set)
     Observatory.Storage.create_table(@sessions, attributes: [:session_id, :meta], type: :set)
     Observatory.Storage.create_table(@marks, attributes: [:key, :mark], type: :set)
     [@counters, @sessions, @marks]
@@ -122,19 +123,25 @@ defmodule Observatory.Budget.Store do
 
   @doc """
   What the agent spent within its rolling window of `window_seconds` ending at
-  `now_s`: `%{requests, tokens, cost}`. Only `fields` are summed (each is 60 reads).
+  `now_s`: `%{requests, tokens, cost}` (`fields` of them). One select over the range
+  of the agent's buckets (the table is ordered by key).
   """
   @spec window(String.t(), pos_integer(), integer(), [atom()]) :: map()
   def window(agent_id, window_seconds, now_s, fields \\ @window_fields) do
     size = bucket_seconds(window_seconds)
-    current = div(now_s, size)
+    oldest = div(now_s, size) - @buckets + 1
 
-    Map.new(fields, fn field ->
-      {field,
-       Enum.reduce((current - @buckets + 1)..current, 0, fn index, sum ->
-         sum + read({:w, agent_id, size, index, field})
-       end)}
-    end)
+    spec = [
+      {{@counters, {:w, agent_id, size, :"$1", :"$2"}, :"$3"}, [{:>=, :"$1", oldest}],
+       [{{:"$2", :"$3"}}]}
+    ]
+
+    sums =
+      Enum.reduce(:mnesia.dirty_select(@counters, spec), %{}, fn {field, n}, acc ->
+        Map.update(acc, field, n, &(&1 + n))
+      end)
+
+    Map.new(fields, &{&1, Map.get(sums, &1, 0)})
   end
 
   @doc "The session's record (agent, start, loop mark), or nil."
