@@ -454,6 +454,73 @@ mod tests {
         assert_eq!(ask("[1]"), None);
     }
 
+    use proptest::prelude::*;
+
+    // A Chat Completions conversation: a task, then turns of one call and its result,
+    // any strings (escapes, quotes, non-ASCII), written with random spacing; the last
+    // result a string or a list of text parts.
+    fn arb_body() -> impl Strategy<Value = (String, Vec<String>, bool)> {
+        (
+            prop::collection::vec(any::<String>(), 1..6),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(results, blocks, spaced)| {
+                let sep = if spaced { ", " } else { "," };
+                let mut messages = vec![json!({"role": "user", "content": "task"}).to_string()];
+                let last = results.len() - 1;
+                for (k, result) in results.iter().enumerate() {
+                    messages.push(
+                        json!({"role": "assistant", "tool_calls": [{"id": format!("c{k}"),
+                            "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+                        .to_string(),
+                    );
+                    let content = if k == last && blocks {
+                        json!([{"type": "text", "text": result}])
+                    } else {
+                        json!(result)
+                    };
+                    messages.push(
+                        json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": content})
+                            .to_string(),
+                    );
+                }
+                let body = format!(
+                    "{{\"model\":\"m\"{sep}\"messages\": [{}] }}",
+                    messages.join(sep)
+                );
+                (body, results, blocks)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_note_reaches_the_newest_result_and_nothing_else_changes(
+            (body, results, blocks) in arb_body(),
+            note in any::<String>()
+        ) {
+            let out = append_to_newest_tool_result(body.as_bytes(), Api::ChatCompletions, &note).unwrap();
+            let before: Value = serde_json::from_str(&body).unwrap();
+            let mut after: Value = serde_json::from_slice(&out).unwrap();
+            let last = after["messages"].as_array().unwrap().len() - 1;
+            let newest = results.last().unwrap();
+            let expected = if blocks {
+                json!([{"type": "text", "text": newest}, {"type": "text", "text": note}])
+            } else if newest.is_empty() {
+                json!(note)
+            } else {
+                json!(format!("{newest}\n\n{note}"))
+            };
+            prop_assert_eq!(&after["messages"][last]["content"], &expected);
+            // Put the newest result back: the rest is the body the agent sent.
+            after["messages"][last]["content"] = before["messages"][last]["content"].clone();
+            prop_assert_eq!(&after, &before);
+            // One insertion: the body's bytes are a prefix and a suffix of the output.
+            let cut = (0..body.len()).find(|&i| out[i] != body.as_bytes()[i]).unwrap_or(body.len());
+            prop_assert!(out.ends_with(&body.as_bytes()[cut..]));
+        }
+    }
+
     #[test]
     fn top_level_fields_are_raw_text() {
         let body = br#"{"model":"gpt-4o","choices":[{"x":1}],"usage":{"prompt_tokens":3}}"#;
