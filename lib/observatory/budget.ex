@@ -159,11 +159,20 @@ defmodule Observatory.Budget do
 
   @doc """
   Changes an agent's budget (see `Observatory.Budget.Settings`); the agent must be
-  registered. Options: `:operator` (in the `"settings_changed"` event).
+  registered. Options: `:operator` (in the `"settings_changed"` event). In a cluster,
+  `{:error, :no_majority}` on a node cut off from the majority (so for `reset/2`).
   """
   @spec configure(String.t(), map(), keyword()) ::
-          {:ok, Agents.agent()} | {:error, {:invalid, [Settings.violation()]} | :not_found}
+          {:ok, Agents.agent()}
+          | {:error, {:invalid, [Settings.violation()]} | :not_found | :no_majority}
   def configure(agent_id, params, opts \\ []) do
+    # Raising a limit lowers safety: refused on a node cut off from its cluster's majority.
+    Observatory.Cluster.with_majority("changing the budget of #{inspect(agent_id)}", fn ->
+      do_configure(agent_id, params, opts)
+    end)
+  end
+
+  defp do_configure(agent_id, params, opts) do
     with {:ok, changes} <- validate(params),
          {:ok, _before, agent, event} <-
            Agents.configure_section(agent_id, :budget, changes, %{operator: opts[:operator]}) do
@@ -178,8 +187,15 @@ defmodule Observatory.Budget do
   spent, and broadcasts `"budget_recovered"` when the scope was past a limit.
   Options: `:session_id`, `:operator`.
   """
-  @spec reset(String.t(), keyword()) :: {:ok, map()} | {:error, :not_found | :not_this_agent}
+  @spec reset(String.t(), keyword()) ::
+          {:ok, map()} | {:error, :not_found | :not_this_agent | :no_majority}
   def reset(agent_id, opts \\ []) do
+    Observatory.Cluster.with_majority("resetting the budget of #{inspect(agent_id)}", fn ->
+      do_reset(agent_id, opts)
+    end)
+  end
+
+  defp do_reset(agent_id, opts) do
     with %{} = agent <- Agents.get(agent_id) || {:error, :not_found},
          {:ok, scope, spent} <- reset_scope(agent, Keyword.get(opts, :session_id)) do
       details = %{operator: opts[:operator], scope: scope_json(scope), spent: spent}

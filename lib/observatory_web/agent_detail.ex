@@ -411,6 +411,10 @@ defmodule ObservatoryWeb.AgentDetail do
   defp describe(:invalid_agent_id), do: "an agent id is 1 to 256 bytes of UTF-8"
   defp describe(:not_found), do: "no such agent"
   defp describe(:not_this_agent), do: "the session belongs to another agent"
+
+  defp describe(:no_majority),
+    do: "this node cannot reach the majority of its cluster; use a node of the majority"
+
   defp describe(other), do: inspect(other)
 
   defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}

@@ -16,8 +16,8 @@ defmodule Observatory.Budget.Store do
 
   Counters are dirty writes: no transaction, no wait for the disk (Mnesia's log is
   flushed within a second). A crash may lose the last second of counts; a partition's
-  two sides count apart until it heals. Both err by a request or two, never by a
-  window. Idle sessions are swept after `:session_ttl_ms` (7 days), and past
+  two sides count apart, and when it heals the winning side's count of a key both
+  counted is kept (`Observatory.Cluster.Merge`: another table's rule). Idle sessions are swept after `:session_ttl_ms` (7 days), and past
   `:max_sessions` (100,000) the least recently used go first.
   """
 

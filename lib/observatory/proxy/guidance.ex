@@ -74,15 +74,17 @@ defmodule Observatory.Proxy.Guidance do
   agent must be registered. Options: `:operator` (in the `"settings_changed"` event).
   """
   @spec configure(String.t(), boolean() | nil, keyword()) ::
-          {:ok, Agents.agent()} | {:error, :not_found | :invalid}
+          {:ok, Agents.agent()} | {:error, :not_found | :invalid | :no_majority}
   def configure(agent_id, setting, opts \\ [])
 
   def configure(agent_id, setting, opts) when setting in [true, false, nil] do
-    with {:ok, _before, agent, event} <-
-           Agents.configure_section(agent_id, :guidance, setting, %{operator: opts[:operator]}) do
-      Events.broadcast(KillSwitch.topic(), KillSwitch.event_json(event))
-      {:ok, agent}
-    end
+    Observatory.Cluster.with_majority("changing the guidance notes of #{inspect(agent_id)}", fn ->
+      with {:ok, _before, agent, event} <-
+             Agents.configure_section(agent_id, :guidance, setting, %{operator: opts[:operator]}) do
+        Events.broadcast(KillSwitch.topic(), KillSwitch.event_json(event))
+        {:ok, agent}
+      end
+    end)
   end
 
   def configure(_agent_id, _setting, _opts), do: {:error, :invalid}

@@ -98,6 +98,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :agent_limit} ->
           Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -110,6 +113,7 @@ defmodule ObservatoryWeb.API.Agents do
           case Guidance.configure(id, setting, operator: operator) do
             {:ok, agent} -> Conn.json(conn, 200, view(agent))
             {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such agent")
+            {:error, :no_majority} -> Conn.no_majority(conn)
           end
 
         _ ->
@@ -150,6 +154,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :not_found} ->
           Conn.error(conn, 404, "not_found", "no such agent")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -180,6 +187,9 @@ defmodule ObservatoryWeb.API.Agents do
 
       {:error, :not_this_agent} ->
         Conn.error(conn, 403, "forbidden", "the session belongs to another agent")
+
+      {:error, :no_majority} ->
+        Conn.no_majority(conn)
     end
   end
 
@@ -226,6 +236,9 @@ defmodule ObservatoryWeb.API.Agents do
             "too_many_keys",
             "the agent holds #{AgentKeys.max_keys_per_agent()} keys; revoke one first"
           )
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -234,6 +247,7 @@ defmodule ObservatoryWeb.API.Agents do
     with {:ok, operator} <- authorize(conn) do
       case AgentKeys.rotate(id, operator: operator) do
         {:ok, issued} -> Conn.json(conn, 201, key_json(issued))
+        {:error, :no_majority} -> Conn.no_majority(conn)
         {:error, _} -> Conn.error(conn, 404, "not_found", "no such agent")
       end
     end
@@ -393,6 +407,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :already_inactive} ->
           Conn.error(conn, 409, "already_inactive", "the agent is already inactive")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
