@@ -177,8 +177,11 @@ defmodule ObservatoryWeb.AgentDetail do
         socket
         |> Socket.assign(:settings_form, nil)
         |> load()
+        # The mode is named when it is not the default (enforce).
         |> notice(
-          {:info, "Saved: window of #{size} requests, threshold #{threshold}, #{mode} mode."}
+          {:info,
+           "Saved: window of #{size} requests, threshold #{threshold}" <>
+             if(mode == :enforce, do: ".", else: ", #{mode} mode.")}
         )
 
       {:error, {:invalid, violations}} ->

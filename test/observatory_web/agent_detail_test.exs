@@ -304,7 +304,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
       assert %{kill_switch: %{enabled: true, window_size: 5, threshold: 8.0}} = Agents.get(id)
 
       assert socket.assigns.notice ==
-               {:info, "Saved: window of 5 requests, threshold 8.0, enforce mode."}
+               {:info, "Saved: window of 5 requests, threshold 8.0."}
 
       assert socket.assigns.settings_form == nil
 
