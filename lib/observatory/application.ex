@@ -10,6 +10,11 @@ defmodule Observatory.Application do
     Observatory.Cluster.Gate.setup()
     Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
+    # A bad setting stops the start with a message that names it (checked once: a
+    # supervisor restarting later must not fail on it).
+    Observatory.Budget.check_config!()
+    Observatory.Proxy.Guidance.check_config!()
+    Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright

@@ -67,10 +67,24 @@ defmodule Observatory.Proxy.Steps do
   """
   @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
           non_neg_integer()
-  def record(format, agent_id, session_id, body) do
-    format
-    |> envelopes(agent_id, session_id, body)
-    |> Enum.count(fn {_key, envelope} -> ingest(envelope, agent_id, session_id) end)
+  def record(format, agent_id, session_id, body),
+    do: Enum.count(take(format, agent_id, session_id, body).results, &(not &1.replayed))
+
+  @doc """
+  Like `record/4`, returning what the proxy acts on: the ingest results of the
+  request's steps (`Observatory.Gateway.SchemaInterceptor.ingest/2`'s, in order) —
+  a step ingested before is answered with its first result, `replayed: true`, so a
+  retried request reads as the request did.
+  """
+  @spec take(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          %{results: [map()]}
+  def take(format, agent_id, session_id, body) do
+    results =
+      for {_key, envelope} <- envelopes(format, agent_id, session_id, body),
+          result = ingest(envelope, agent_id, session_id),
+          do: result
+
+    %{results: results}
   end
 
   @doc """
@@ -158,31 +172,31 @@ defmodule Observatory.Proxy.Steps do
   defp ingest(envelope, agent_id, session_id) do
     # As the key's agent (issue 13): a session another agent took meanwhile is refused.
     case SchemaInterceptor.ingest(envelope, agent: agent_id) do
-      {:ok, %{replayed: false}} ->
+      {:ok, %{replayed: false} = result} ->
         Metrics.inc(:proxy_steps)
-        true
+        result
 
-      # Seen before: on a retry of the turn, or (conflict) answered since it was
-      # first seen pending.
-      {:ok, %{replayed: true}} ->
-        false
+      # Seen before, on a retry of the turn: its first answer.
+      {:ok, %{replayed: true} = result} ->
+        result
 
+      # Seen unanswered (pending) first, answered since: the first record stands.
       {:error, {:conflict, _violation}} ->
-        false
+        nil
 
       {:error, {:invalid, violations}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violations)}"
         )
 
-        false
+        nil
 
       {:error, {:forbidden, violation}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violation)}"
         )
 
-        false
+        nil
 
       # In a cluster, the session's owner did not answer in time (issue 14), or the
       # step's first delivery is still being scored: a retry of the request carries it
@@ -192,7 +206,7 @@ defmodule Observatory.Proxy.Steps do
           "LLM proxy: a step of session #{inspect(session_id)} was not scored: #{violation.reason}"
         )
 
-        false
+        nil
     end
   end
 
