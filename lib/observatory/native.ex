@@ -159,5 +159,8 @@ defmodule Observatory.Native do
   def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)
 
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
+  def store_hold(_store, _ms), do: :erlang.nif_error(:nif_not_loaded)
+  def stores_held, do: :erlang.nif_error(:nif_not_loaded)
+  def native_resource?(_term), do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
 end
