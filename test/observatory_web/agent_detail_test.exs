@@ -554,7 +554,10 @@ defmodule ObservatoryWeb.AgentDetailTest do
       page = socket.assigns |> AgentList.render() |> IO.iodata_to_binary()
 
       assert AgentList.events() == []
-      assert page =~ ~s(<a class="mono agent-link" href="/agents/#{id}">#{id}</a>)
+
+      assert page =~
+               ~s(<a class="mono agent-link" href="/agents/#{id}"#{ObservatoryWeb.HTML.navigate()}>#{id}</a>)
+
       assert page =~ ~r/data-agent-id="#{tripped}">.*?Deactivated by Kill Switch/
       assert page =~ ~r/data-agent-id="#{tripped}">.*?<span class="ad-on">on<\/span>/
       assert page =~ ~s(href="/agents/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E)

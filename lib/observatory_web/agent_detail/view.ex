@@ -80,7 +80,9 @@ defmodule ObservatoryWeb.AgentDetail.View do
     [
       ~s(<header class="ad-head"><nav class="crumbs" aria-label="Breadcrumb"><a href="),
       escape(assigns.agents_path),
-      ~s(">← All agents</a></nav>),
+      ~s("),
+      ObservatoryWeb.HTML.navigate(),
+      ~s(>← All agents</a></nav>),
       ~s(<div class="ad-title"><h1 id="agent-title" class="mono">),
       escape(assigns.agent_id),
       "</h1>",
@@ -112,7 +114,9 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s{(<code>POST /api/v1/agents/:id/keys</code>); },
       ~s(this page shows it as soon as that happens.</p><p><a href="),
       escape(assigns.agents_path),
-      ~s(">All agents</a></p></section>)
+      ~s("),
+      ObservatoryWeb.HTML.navigate(),
+      ~s(>All agents</a></p></section>)
     ]
   end
 
