@@ -38,6 +38,28 @@ defmodule Observatory.DataDirLock do
     end
   end
 
+  @doc """
+  `:free` when no other OS process holds the lock of `dir` (tried and let go at once),
+  else `{:locked, who}`, `who` saying which process holds it.
+  """
+  @spec probe(String.t()) :: :free | {:locked, String.t()}
+  def probe(dir) do
+    File.mkdir_p!(dir)
+
+    case Native.data_dir_lock(path(dir)) do
+      {:ok, lock} ->
+        Native.data_dir_unlock(lock)
+        :free
+
+      {:error, :locked} ->
+        {:locked, "OS process #{holder(dir)}"}
+
+      {:error, _message} ->
+        # Not ours to judge here: the lock's own start says what is wrong.
+        :free
+    end
+  end
+
   @doc "Whether this application holds the lock."
   @spec held?() :: boolean()
   def held? do

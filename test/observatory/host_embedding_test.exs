@@ -64,7 +64,13 @@ defmodule Observatory.HostEmbeddingTest do
     test "with neither :data_dir nor config :mnesia, :dir, refuses to start and says which keys",
          %{node: node} do
       assert {:error, reason} = :erpc.call(node, Application, :ensure_all_started, [:observatory])
-      assert inspect(reason) =~ "set config :observatory, :data_dir or config :mnesia, :dir"
+      message = inspect(reason)
+      assert message =~ "set config :observatory, :data_dir (or config :mnesia, :dir)"
+
+      # It says where: outside the release and git, one per environment; prod from the environment.
+      assert message =~ "../tmp/observatory/"
+      assert message =~ "OBSERVATORY_DATA_DIR"
+      refute message =~ "priv/"
     end
 
     test "with server: true and no :port, the server refuses to start and says so",

@@ -117,6 +117,10 @@ defmodule Observatory.Gateway.HITL do
   end
 
   @doc false
+  # The durable tables (cleared by Observatory.Testing.reset!/0).
+  def tables, do: [@paused, @audit]
+
+  @doc false
   # Called by Observatory.Storage before this process starts; returns the tables.
   def create_tables do
     Observatory.Storage.create_table(@paused, attributes: [:session_id, :entry], type: :set)

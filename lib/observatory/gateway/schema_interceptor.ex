@@ -86,6 +86,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
              | {:forbidden, DecisionLog.violation()}
              | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
+    Observatory.Storage.require!()
     started = System.monotonic_time(:microsecond)
 
     parsed =
