@@ -145,6 +145,8 @@ defmodule Observatory.AgentKeys do
            %{key: String.t(), key_id: String.t(), agent_id: String.t(), created_at: DateTime.t()}}
           | {:error, :invalid_agent_id | :agent_limit | :too_many_keys | :not_found}
   def issue(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with :ok <- valid(agent_id),
          {:ok, _agent} <- Agents.fetch_or_register(agent_id) do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
@@ -179,6 +181,8 @@ defmodule Observatory.AgentKeys do
   @spec rotate(String.t(), keyword()) ::
           {:ok, map()} | {:error, :invalid_agent_id | :not_found}
   def rotate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with :ok <- valid(agent_id),
          %{} <- Agents.get(agent_id) || {:error, :not_found} do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
@@ -210,6 +214,8 @@ defmodule Observatory.AgentKeys do
   @doc "Revokes one key of the agent, by its `key_id`."
   @spec revoke(String.t(), String.t(), keyword()) :: :ok | {:error, :not_found}
   def revoke(agent_id, key_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Storage.transaction("agent key", fn ->
       case Enum.find(hashes_of(agent_id), &(key_id(&1) == key_id)) do
         nil -> {:error, :not_found}
@@ -238,6 +244,8 @@ defmodule Observatory.AgentKeys do
   @doc "The agent's keys (never the keys themselves), oldest first."
   @spec list(String.t()) :: [key_info()]
   def list(agent_id) when is_binary(agent_id) do
+    Observatory.Storage.require!()
+
     @table
     |> :mnesia.dirty_index_read(agent_id, :agent_id)
     |> Enum.map(fn {@table, _hash, _agent, info} -> info end)

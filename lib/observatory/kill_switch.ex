@@ -282,6 +282,8 @@ defmodule Observatory.KillSwitch do
           {:ok, Agents.agent()}
           | {:error, {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id}
   def configure(agent_id, params, opts \\ []) do
+    Observatory.Storage.require!()
+
     with :ok <- validate_agent_id(agent_id),
          {:ok, changes} <- validate(params),
          {:ok, before, agent, event} <-
@@ -306,6 +308,8 @@ defmodule Observatory.KillSwitch do
   @spec activate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_active}
   def activate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, agent, event} <- Agents.activate(agent_id, audit(opts)) do
       Windows.clear(agent_id)
       Logger.info("agent #{inspect(agent_id)} activated by #{inspect(opts[:operator])}")
@@ -323,6 +327,8 @@ defmodule Observatory.KillSwitch do
   @spec deactivate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_inactive}
   def deactivate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, agent, event} <- Agents.deactivate(agent_id, :manual, audit(opts)) do
       Logger.info("agent #{inspect(agent_id)} deactivated by #{inspect(opts[:operator])}")
       broadcast(event)
@@ -338,6 +344,8 @@ defmodule Observatory.KillSwitch do
   """
   @spec delete(String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_found}
   def delete(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, revoked} <- Agents.delete(agent_id) do
       Windows.clear(agent_id)
 

@@ -13,7 +13,6 @@ defmodule Observatory.PubSubCheck do
   """
 
   use GenServer, restart: :temporary
-  require Logger
 
   alias Observatory.Gateway.Events
 
@@ -50,7 +49,7 @@ defmodule Observatory.PubSubCheck do
         {:stop, :normal, state}
 
       hosts_up? or now >= state.deadline or (state.dependents == [] and now >= state.grace_until) ->
-        Logger.error(Events.not_running_message())
+        Events.log_not_running()
         {:stop, :normal, state}
 
       true ->

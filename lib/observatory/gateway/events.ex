@@ -58,6 +58,7 @@ defmodule Observatory.Gateway.Events do
   """
   @spec check!() :: :ok
   def check! do
+    :persistent_term.put({__MODULE__, :logged_at}, :atomics.new(1, signed: true))
     {module, _server} = pubsub()
 
     missing =
@@ -132,13 +133,22 @@ defmodule Observatory.Gateway.Events do
       {:error, :pubsub_not_running}
   end
 
-  defp log_not_running do
-    now = System.monotonic_time(:second)
-    key = {__MODULE__, :logged_at}
+  @doc false
+  # Logs `not_running_message/0`, at most once a minute however many processes
+  # broadcast at once (Observatory.PubSubCheck's report included).
+  def log_not_running do
+    case :persistent_term.get({__MODULE__, :logged_at}, nil) do
+      # Before the application started (check!/0 makes the clock): say it each time.
+      nil ->
+        Logger.error(not_running_message())
 
-    if now - :persistent_term.get(key, now - 61) > 60 do
-      :persistent_term.put(key, now)
-      Logger.error(not_running_message())
+      clock ->
+        now = System.monotonic_time(:second)
+        last = :atomics.get(clock, 1)
+
+        if (last == 0 or now - last > 60) and
+             :atomics.compare_exchange(clock, 1, last, now) == :ok,
+           do: Logger.error(not_running_message())
     end
   end
 

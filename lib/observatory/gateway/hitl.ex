@@ -99,6 +99,8 @@ defmodule Observatory.Gateway.HITL do
   end
 
   defp command(action, session_id, opts) do
+    Observatory.Storage.require!()
+
     with :ok <- check_session(session_id),
          {:ok, operator} <- check_string(opts, :operator, 1),
          {:ok, reason} <- check_string(opts, :reason, 0) do
