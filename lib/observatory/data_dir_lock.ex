@@ -12,6 +12,10 @@ defmodule Observatory.DataDirLock do
 
   The kernel releases the lock when the OS process ends, however it ends (`kill -9`
   too): a stale lock file never keeps a gateway from starting.
+
+  In a host app (Observatory's own server off), a second VM on the directory — a
+  `mix run` beside `mix phx.server` — is not refused: it finds the lock taken
+  (`probe/1`) and runs with Observatory's storage off (`Observatory.Storage.decide/0`).
   """
 
   use GenServer

@@ -12,6 +12,9 @@ defmodule Observatory.Storage do
   with `{:mnesia_down, reason}` instead, its supervisor starts it again, and its
   `init/1` starts Mnesia again, which loads the tables from disc. Until then
   `Observatory.Health` reports `mnesia` down and `/healthz` answers 503.
+
+  Whether a VM runs storage at all is decided as the application starts
+  (`decide/0`): a task beside a running server runs with it off.
   """
 
   use GenServer
