@@ -4,31 +4,15 @@ defmodule Observatory.HostEmbeddingTest do
   # (asdf, kerl and the official Erlang builds have none).
   use ExUnit.Case, async: false
 
-  alias Observatory.Test.Remote
-
   @moduletag :distributed
 
   setup do
-    unless Node.alive?() do
-      {_, 0} = System.cmd("epmd", ["-daemon"])
-      {:ok, _} = :net_kernel.start([:"observatory_test_#{System.pid()}@127.0.0.1", :longnames])
-    end
-
-    {:ok, peer, node} =
-      :peer.start_link(%{
-        name: :"host_#{System.unique_integer([:positive])}",
-        host: ~c"127.0.0.1",
-        longnames: true,
-        args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
-      })
-
+    node = Observatory.Test.HostPeer.start()
     true = :erpc.call(node, :code, :del_path, [:mochiweb])
     :non_existing = :erpc.call(node, :code, :which, [:mochiweb_http])
-    :ok = :erpc.call(node, Remote, :forward_logs, [self()])
 
     dir = Path.join(System.tmp_dir!(), "observatory-host-#{System.unique_integer([:positive])}")
     on_exit(fn -> File.rm_rf!(dir) end)
-    _ = peer
     %{node: node, dir: dir}
   end
 

@@ -5,35 +5,18 @@ defmodule Observatory.HostStateTest do
   # load none of Observatory's config, as a host's VMs do.
   use ExUnit.Case, async: false
 
-  alias Observatory.Test.{HTTP, Remote}
+  alias Observatory.Test.{HostPeer, HTTP, Remote}
 
   @moduletag :distributed
 
   setup do
-    unless Node.alive?() do
-      {_, 0} = System.cmd("epmd", ["-daemon"])
-      {:ok, _} = :net_kernel.start([:"observatory_test_#{System.pid()}@127.0.0.1", :longnames])
-    end
-
     dir = Path.join(System.tmp_dir!(), "observatory-state-#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
     on_exit(fn -> File.rm_rf!(dir) end)
     %{dir: dir}
   end
 
-  # A fresh VM with the test build's code, its logs sent here as {:peer_log, text, mfa}.
-  defp peer do
-    {:ok, _peer, node} =
-      :peer.start_link(%{
-        name: :"host_#{System.unique_integer([:positive])}",
-        host: ~c"127.0.0.1",
-        longnames: true,
-        args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
-      })
-
-    :ok = :erpc.call(node, Remote, :forward_logs, [self()])
-    node
-  end
+  defp peer, do: HostPeer.start()
 
   defp put_env(node, app \\ :observatory, key, value),
     do: :ok = :erpc.call(node, Application, :put_env, [app, key, value])
