@@ -16,13 +16,7 @@ defmodule Observatory.HostEmbeddingTest do
     %{node: node, dir: dir}
   end
 
-  defp logs do
-    receive do
-      {:peer_log, text, _} -> [text | logs()]
-    after
-      0 -> []
-    end
-  end
+  defp logs, do: Observatory.Test.HostPeer.logs()
 
   describe "in a host app" do
     test "starts with no HTTP server, no MochiWeb, Mnesia in the host's directory, and no notice",

@@ -23,13 +23,7 @@ defmodule Observatory.HostStateTest do
 
   defp start(node), do: :erpc.call(node, Application, :ensure_all_started, [:observatory])
 
-  defp logs do
-    receive do
-      {:peer_log, text, _} -> [text | logs()]
-    after
-      0 -> []
-    end
-  end
+  defp logs, do: Observatory.Test.HostPeer.logs()
 
   defp await_log(pattern, timeout \\ 5_000) do
     receive do

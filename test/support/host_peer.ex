@@ -29,4 +29,13 @@ defmodule Observatory.Test.HostPeer do
     :ok = :erpc.call(node, Observatory.Test.Remote, :forward_logs, [self()])
     node
   end
+
+  @doc "The peers' log lines received so far (the mailbox is drained of them)."
+  def logs do
+    receive do
+      {:peer_log, text, _} -> [text | logs()]
+    after
+      0 -> []
+    end
+  end
 end
