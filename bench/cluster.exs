@@ -55,6 +55,17 @@ Logger.configure(level: :error)
       us / count
     end
 
+    # On a peer: µs per the same call made at most once (`Cluster.remote/4`: a
+    # deadline sent along and checked there).
+    def remote_us(node, count) do
+      {us, _} =
+        :timer.tc(fn ->
+          for _ <- 1..count, do: {:ok, _} = Observatory.Cluster.remote(node, :erlang, :node, [])
+        end)
+
+      us / count
+    end
+
     # On a peer: ns per `Observatory.Cluster.owner/2` call.
     def owner_ns do
       ids = List.to_tuple(for i <- 0..63, do: "sess-#{i}")
@@ -167,6 +178,7 @@ own_us = :erpc.call(a, load_mod, :run, [messages.(on.(a)), load_steps, 2], :infi
 own_rate = 2 * load_steps / (own_us / 1_000_000)
 
 bare_us = :erpc.call(a, load_mod, :erpc_us, [b, hop_steps], :infinity)
+once_us = :erpc.call(a, load_mod, :remote_us, [b, hop_steps], :infinity)
 
 per_node = div(load_steps, 3)
 
@@ -195,6 +207,7 @@ The forwarding hop (node a of three, 1 caller, #{hop_steps} steps)
 | a (scored in the caller's process) | #{f.(local_us)} | 1.00 |
 | b (validated on a, scored on b over :erpc) | #{f.(remote_us)} | #{Float.round(remote_us / local_us, 2)} |
 | (a bare `:erpc.call` from a to b, nothing scored) | #{f.(bare_us)} | #{Float.round(bare_us / local_us, 2)} |
+| (the same call at most once: `Cluster.remote/4`, a deadline checked on b) | #{f.(once_us)} | #{Float.round(once_us / local_us, 2)} |
 
 Ingest throughput (2 callers per node, steps of sessions spread over every owner)
 | nodes | messages/s | ratio |

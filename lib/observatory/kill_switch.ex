@@ -277,13 +277,23 @@ defmodule Observatory.KillSwitch do
   the window over; a new `window_size` applies at once.
 
   Options: `:operator` (recorded in the `"settings_changed"` event).
+
+  In a cluster, `{:error, :no_majority}` on a node cut off from the majority
+  (`Observatory.Cluster.with_majority/2`); so for `activate/2`.
   """
   @spec configure(String.t(), map(), keyword()) ::
           {:ok, Agents.agent()}
-          | {:error, {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id}
+          | {:error,
+             {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id | :no_majority}
   def configure(agent_id, params, opts \\ []) do
     Observatory.Storage.require!()
 
+    Observatory.Cluster.with_majority("changing the settings of #{inspect(agent_id)}", fn ->
+      do_configure(agent_id, params, opts)
+    end)
+  end
+
+  defp do_configure(agent_id, params, opts) do
     with :ok <- validate_agent_id(agent_id),
          {:ok, changes} <- validate(params),
          {:ok, before, agent, event} <-
@@ -306,10 +316,16 @@ defmodule Observatory.KillSwitch do
   Options: `:operator`, `:reason` (recorded in the `"activation"` event).
   """
   @spec activate(String.t(), keyword()) ::
-          {:ok, Agents.agent()} | {:error, :not_found | :already_active}
+          {:ok, Agents.agent()} | {:error, :not_found | :already_active | :no_majority}
   def activate(agent_id, opts \\ []) do
     Observatory.Storage.require!()
 
+    Observatory.Cluster.with_majority("activating #{inspect(agent_id)}", fn ->
+      do_activate(agent_id, opts)
+    end)
+  end
+
+  defp do_activate(agent_id, opts) do
     with {:ok, agent, event} <- Agents.activate(agent_id, audit(opts)) do
       Windows.clear(agent_id)
       Logger.info("agent #{inspect(agent_id)} activated by #{inspect(opts[:operator])}")

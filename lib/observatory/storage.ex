@@ -116,11 +116,36 @@ defmodule Observatory.Storage do
   Runs `fun` in a Mnesia transaction that is on disk when this returns (a
   `sync_transaction`, then `:mnesia.sync_log/0`) and returns `fun`'s result. An aborted
   transaction raises, naming `what`: callers never carry on as if it had happened.
+
+  In a cluster the write first passes `Observatory.Cluster.Gate`: while the replicas
+  are being reconciled (a node rejoining, a partition healing) it waits, at most the
+  cluster's `:write_timeout_ms`, then raises `Observatory.Cluster.Unavailable`
+  (answered `503 cluster_unavailable`) without having written anything.
   """
   @spec transaction(String.t(), (() -> result)) :: result when result: term()
   def transaction(what, fun) do
     require!()
 
+    if Observatory.Cluster.enabled?() do
+      timeout = Observatory.Cluster.setting(:write_timeout_ms)
+
+      case Observatory.Cluster.Gate.pass(timeout, fn -> {:done, commit(what, fun)} end) do
+        {:done, result} ->
+          result
+
+        {:error, :closed} ->
+          raise Observatory.Cluster.Unavailable,
+            reason: :healing,
+            message:
+              "#{what}: the cluster is reconciling its replicas and did not take writes " <>
+                "within #{timeout} ms; nothing was written, retry"
+      end
+    else
+      commit(what, fun)
+    end
+  end
+
+  defp commit(what, fun) do
     case :mnesia.sync_transaction(fun) do
       {:atomic, result} ->
         _ = :mnesia.sync_log()
@@ -148,13 +173,12 @@ defmodule Observatory.Storage do
     tables =
       Observatory.Gateway.HITL.create_tables() ++
         Observatory.Gateway.StepDetector.create_tables() ++
-        Observatory.Proxy.SessionId.create_tables()
+        Observatory.Proxy.SessionId.create_tables() ++
+        Observatory.Cluster.Tombstones.create_table()
 
-    case :mnesia.wait_for_tables(tables, 30_000) do
-      :ok -> :ok
-      other -> raise "Mnesia tables #{inspect(tables)} did not load: #{inspect(other)}"
-    end
-
+    :ok = Observatory.Cluster.Store.await_tables(tables)
+    # In a cluster: this node's copy merged with the running nodes' (a restart).
+    :ok = Observatory.Cluster.Store.settle()
     sup = Process.whereis(:mnesia_sup) || raise "Mnesia is not running"
     {:ok, %{mnesia: Process.monitor(sup)}}
   end

@@ -49,15 +49,19 @@ defmodule Observatory.Testing do
       :ok = Supervisor.terminate_child(Observatory.Supervisor, id)
     end
 
-    for table <-
-          KillSwitch.Agents.tables() ++ Gateway.HITL.tables() ++ Gateway.StepDetector.tables() do
-      {:atomic, :ok} = :mnesia.clear_table(table)
-    end
+    for table <- durable_tables(), do: {:atomic, :ok} = :mnesia.clear_table(table)
 
     for id <- @in_memory do
       {:ok, _} = Supervisor.restart_child(Observatory.Supervisor, id)
     end
 
     :ok
+  end
+
+  # Every table of state (not the proxy's session-id secret: it only keys the ids).
+  defp durable_tables do
+    KillSwitch.Agents.tables() ++
+      Gateway.HITL.tables() ++
+      Gateway.StepDetector.tables() ++ [Observatory.Cluster.Tombstones.table()]
   end
 end

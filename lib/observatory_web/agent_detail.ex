@@ -313,6 +313,10 @@ defmodule ObservatoryWeb.AgentDetail do
   defp describe(:agent_limit), do: "no more agents can be registered"
   defp describe(:invalid_agent_id), do: "an agent id is 1 to 256 bytes of UTF-8"
   defp describe(:not_found), do: "no such agent"
+
+  defp describe(:no_majority),
+    do: "this node cannot reach the majority of its cluster; use a node of the majority"
+
   defp describe(other), do: inspect(other)
 
   defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}

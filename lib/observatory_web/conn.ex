@@ -205,6 +205,31 @@ defmodule ObservatoryWeb.Conn do
     json(conn, status, Map.merge(%{error: code, message: message}, extra))
   end
 
+  @doc """
+  `503 no_majority`: this node of a cluster cannot reach a majority and refuses an
+  action that lowers safety state (`Observatory.Cluster.with_majority/2`); the body
+  names the nodes it cannot reach and everything it refuses until the partition heals.
+  """
+  @spec no_majority(t()) :: :ok
+  def no_majority(conn) do
+    status = Observatory.Cluster.status()
+
+    body = %{
+      error: "no_majority",
+      message:
+        "this gateway cannot reach a majority of its cluster (unreachable: " <>
+          "#{Enum.join(Map.get(status, :unreachable, []), ", ")}); until the partition heals it " <>
+          "refuses #{Enum.join(Observatory.Cluster.refused_without_majority(), ", ")}. " <>
+          "Retry on a node of the majority, or after the heal.",
+      unreachable: Map.get(status, :unreachable, []),
+      refused: Observatory.Cluster.refused_without_majority()
+    }
+
+    # No Retry-After: a partition may last, and some clients (OTP's httpc) retry a 503
+    # that carries one without end. The message says where to go instead.
+    json(conn, 503, body)
+  end
+
   @doc "Answers with plain text."
   def text(conn, status, body, content_type \\ "text/plain; charset=utf-8") do
     send_resp(conn, status, content_type, body, [])

@@ -35,7 +35,7 @@ defmodule ObservatoryWeb.Router do
   | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
-  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down |
+  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down or a cluster node cannot reach a majority |
   | GET | /metrics | none | Prometheus text |
   """
 
@@ -87,6 +87,17 @@ defmodule ObservatoryWeb.Router do
         true -> Conn.error(conn, 404, "not_found", "no such route")
       end
     rescue
+      # A write the cluster could not take now (replicas being reconciled): nothing
+      # was written, and the client is told to retry.
+      exception in Observatory.Cluster.Unavailable ->
+        Conn.send_resp(
+          conn,
+          503,
+          "application/json",
+          Observatory.JSON.encode!(%{error: "cluster_unavailable", message: exception.message}),
+          [{"Retry-After", "1"}, {"Cache-Control", "no-store"}]
+        )
+
       exception ->
         message =
           "#{conn.method} /#{Enum.join(conn.path_info, "/")} failed: " <>
@@ -203,14 +214,23 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "DELETE", ["api", "v1", "agents", id, "keys", key_id]),
     do: Agents.revoke_key(conn, id, key_id)
 
+  # In a cluster the body says how this node sees it: who it runs with, whom it
+  # cannot reach, and (without a majority) what it refuses.
   defp route(conn, "GET", ["healthz"]) do
+    cluster = Observatory.Health.cluster()
+
     case Observatory.Health.check() do
       {:ok, checks} ->
         sessions = Observatory.Gateway.EntropyTracker.stats().sessions
-        Conn.json(conn, 200, %{status: "ok", checks: checks, sessions: sessions})
+
+        Conn.json(
+          conn,
+          200,
+          Map.merge(%{status: "ok", checks: checks, sessions: sessions}, cluster)
+        )
 
       {:error, checks} ->
-        Conn.json(conn, 503, %{status: "degraded", checks: checks})
+        Conn.json(conn, 503, Map.merge(%{status: "degraded", checks: checks}, cluster))
     end
   end
 

@@ -63,6 +63,14 @@ defmodule Observatory.ClusterTest do
       assert Cluster.members() == [node()]
       assert Cluster.wrap([:a]) == [:a]
     end
+
+    test "with clustering off a node is its own majority: nothing is refused, /healthz has no cluster section" do
+      assert Cluster.majority?()
+      assert Cluster.with_majority("anything", fn -> :done end) == :done
+      assert Cluster.status() == %{members: [node()], inconsistent: [], majority: true}
+      assert Observatory.Health.cluster() == %{}
+      refute Map.has_key?(elem(Observatory.Health.check(), 1), "cluster")
+    end
   end
 
   # A one-zone DNS server: A records for the names in `zone`, NXDOMAIN for others.
@@ -399,19 +407,6 @@ defmodule Observatory.ClusterDistributedTest do
 
       assert :erpc.call(d, :mnesia, :table_info, [:observatory_agents, :storage_type]) ==
                :disc_copies
-    end
-
-    test "Mnesia's inconsistent_database after a partition is reported by Cluster.status/0",
-         %{nodes: [a, b, _c]} do
-      assert %{inconsistent: [], members: [_, _, _]} = :erpc.call(a, Cluster, :status, [])
-      # The process subscribed to Mnesia's system events once Mnesia ran.
-      pid = :erpc.call(a, Process, :whereis, [Cluster])
-      assert pid in :erpc.call(a, :mnesia, :system_info, [:subscribers])
-      # What Mnesia sends its :system subscribers when a partition heals with writes
-      # on both sides (Mnesia's own detection is not staged here).
-      event = {:mnesia_system_event, {:inconsistent_database, :running_partitioned_network, b}}
-      :erpc.call(a, Kernel, :send, [Cluster, event])
-      assert %{inconsistent: [^b]} = :erpc.call(a, Cluster, :status, [])
     end
 
     test "a kill-switch deactivation on node A refuses the agent's next proxy request on node C",

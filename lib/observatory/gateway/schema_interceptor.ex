@@ -120,23 +120,20 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     if owner == node() do
       score_here(envelope, fields, opts)
     else
-      try do
-        :erpc.call(
-          owner,
-          __MODULE__,
-          :score_here,
-          [envelope, fields, opts],
-          Cluster.rpc_timeout()
-        )
-      catch
+      # At most once: an owner that gets the step after the caller gave up (a node
+      # frozen, then thawed) refuses it (Observatory.Cluster.remote/4).
+      case Cluster.remote(owner, __MODULE__, :score_here, [envelope, fields, opts]) do
+        {:ok, result} ->
+          result
+
         # The owner is gone (distribution says so): the next owner scores the step,
         # in a fresh window (F1). Nothing was scored on the lost node.
-        :error, {:erpc, :noconnection} ->
+        {:error, :noconnection} ->
           score_on_owner(envelope, fields, opts, [owner | down])
 
         # The owner is there but did not answer in time: it may have scored the step,
         # so another node must not score it again. The caller gets an error to retry.
-        :error, {:erpc, :timeout} ->
+        {:error, _timeout_or_late} ->
           Metrics.inc(:violations)
 
           {:error,

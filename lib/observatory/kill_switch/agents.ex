@@ -10,6 +10,7 @@ defmodule Observatory.KillSwitch.Agents do
         active: true,
         deactivated_by: nil,            # :kill_switch | :manual | nil
         deactivated_at: nil,            # DateTime | nil
+        reactivated_from: nil,          # the deactivated_at an activation undid
         kill_switch: %{enabled: false, window_size: 5, threshold: 5.5},
         notification_webhook: nil,      # URL | nil
         created_at: ~U[...], updated_at: ~U[...]
@@ -43,6 +44,7 @@ defmodule Observatory.KillSwitch.Agents do
 
   require Logger
 
+  alias Observatory.Cluster.Tombstones
   alias Observatory.KillSwitch.Settings
   alias Observatory.Storage
 
@@ -59,6 +61,7 @@ defmodule Observatory.KillSwitch.Agents do
           active: boolean(),
           deactivated_by: deactivated_by(),
           deactivated_at: DateTime.t() | nil,
+          reactivated_from: DateTime.t() | nil,
           kill_switch: %{enabled: boolean(), window_size: pos_integer(), threshold: float()},
           notification_webhook: String.t() | nil,
           created_at: DateTime.t(),
@@ -80,7 +83,8 @@ defmodule Observatory.KillSwitch.Agents do
 
   ## Options
     * `:dir` — Mnesia's directory, default `dir/0`.
-    * `:timeout` — how long to wait for the tables, default 30 s.
+    * `:timeout` — how long to wait for the tables, default the cluster's
+      `:load_timeout_ms` (30 s).
   """
   @spec setup(keyword()) :: :ok
   def setup(opts \\ []) do
@@ -88,7 +92,7 @@ defmodule Observatory.KillSwitch.Agents do
 
     cond do
       :mnesia.system_info(:is_running) in [:yes, :starting] -> adopt_running(dir)
-      # Issue 14: a new node of a cluster joins it rather than creating its own schema.
+      # In a cluster a new node joins it, a restarted one starts on its own copy.
       Observatory.Cluster.Store.start(dir) != :local -> :ok
       true -> start(dir)
     end
@@ -99,9 +103,10 @@ defmodule Observatory.KillSwitch.Agents do
     create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
     create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
-    case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
-      :ok -> :ok
-      other -> raise "Mnesia tables #{inspect(@tables)} did not load: #{inspect(other)}"
+    case opts[:timeout] do
+      # Says which tables wait, where their copies are, and what to do.
+      nil -> Observatory.Cluster.Store.await_tables(@tables)
+      timeout -> :ok = :mnesia.wait_for_tables(@tables, timeout)
     end
   end
 
@@ -286,14 +291,21 @@ defmodule Observatory.KillSwitch.Agents do
         nil ->
           {:error, :not_found}
 
-        _agent ->
+        agent ->
           :mnesia.delete({@agents, id})
+          # In a cluster, a replica that missed the deletion must not bring it back.
+          Tombstones.bury(@agents, id, agent.created_at)
 
           for {@events, key, _} <- :mnesia.match_object({@events, {id, :_, :_}, :_}),
               do: :mnesia.delete({@events, key})
 
           keys = :mnesia.index_read(@keys, id, :agent_id)
-          for {@keys, hash, ^id, _} <- keys, do: :mnesia.delete({@keys, hash})
+
+          for {@keys, hash, ^id, _} <- keys do
+            :mnesia.delete({@keys, hash})
+            Tombstones.bury(@keys, hash, :revoked)
+          end
+
           {:ok, for({@keys, _, ^id, info} <- keys, do: info.key_id)}
       end
     end)
@@ -379,11 +391,14 @@ defmodule Observatory.KillSwitch.Agents do
           now = now()
           details = Map.put(details, :previously_deactivated_by, agent.deactivated_by)
 
+          # Which deactivation this activation undid: a cluster that reconciles two
+          # versions of the agent keeps it active only over that very deactivation.
           agent = %{
             agent
             | active: true,
               deactivated_by: nil,
               deactivated_at: nil,
+              reactivated_from: agent.deactivated_at,
               updated_at: now
           }
 
@@ -450,6 +465,7 @@ defmodule Observatory.KillSwitch.Agents do
         threshold: Keyword.get(config, :threshold, 5.5) / 1
       },
       notification_webhook: nil,
+      reactivated_from: nil,
       created_at: now,
       updated_at: now
     }

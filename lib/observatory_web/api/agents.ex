@@ -81,6 +81,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :agent_limit} ->
           Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -119,6 +122,9 @@ defmodule ObservatoryWeb.API.Agents do
             "too_many_keys",
             "the agent holds #{AgentKeys.max_keys_per_agent()} keys; revoke one first"
           )
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -127,6 +133,7 @@ defmodule ObservatoryWeb.API.Agents do
     with {:ok, operator} <- authorize(conn) do
       case AgentKeys.rotate(id, operator: operator) do
         {:ok, issued} -> Conn.json(conn, 201, key_json(issued))
+        {:error, :no_majority} -> Conn.no_majority(conn)
         {:error, _} -> Conn.error(conn, 404, "not_found", "no such agent")
       end
     end
@@ -275,6 +282,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :already_inactive} ->
           Conn.error(conn, 409, "already_inactive", "the agent is already inactive")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end

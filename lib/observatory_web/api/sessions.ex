@@ -5,11 +5,13 @@ defmodule ObservatoryWeb.API.Sessions do
     * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause, the
       alert, the recent steps (arguments and results cut) and the explanation of the
       verdict and of the entropy window (`Observatory.Gateway.Evidence`); operator, or
-      the agent key of the session's own agent;
+      the agent key of the session's own agent; `owner_node` names the cluster node that
+      holds the session;
     * `GET /api/v1/sessions/:id/steps/:step` — one stored step whole: its envelope as
       the gateway stored it and its texts uncut (same access);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
-      `{"reason": "..."}`; `409` when already paused / not paused;
+      `{"reason": "..."}`; `409` when already paused / not paused; a resume on a
+      cluster node cut off from the majority is `503 no_majority`;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
     * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
   """
@@ -41,12 +43,7 @@ defmodule ObservatoryWeb.API.Sessions do
           Conn.error(conn, 404, "not_found", "no such session")
 
         {:error, :owner_unavailable} ->
-          Conn.error(
-            conn,
-            503,
-            "owner_unavailable",
-            "the session's owner in the gateway cluster did not answer in time; retry"
-          )
+          owner_unavailable(conn)
       end
     end
   end
@@ -126,21 +123,40 @@ defmodule ObservatoryWeb.API.Sessions do
   defp readable?({:agent, agent}, %{agent_id: agent}), do: true
   defp readable?({:agent, _agent}, _session), do: false
 
-  # Commands run on the session's owner, which answers its steps (issue 14).
-  def pause(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :pause, [&1, &2]))
-  def resume(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :resume, [&1, &2]))
+  # Pauses and resumes are replicated writes: made by the node that got the request,
+  # enforced by every node, whatever the session's owner does (a frozen owner cannot
+  # hold them, and nothing is run twice).
+  def pause(conn, id), do: command(conn, id, &HITL.pause/2)
+  def resume(conn, id), do: command(conn, id, &HITL.resume/2)
 
+  # The step detector's streaks live on the session's owner: the reset runs there,
+  # once, or is answered 503 when the owner does not answer in time.
   def reset_step_detector(conn, id) do
     with {:ok, operator} <- authorize(conn, &Auth.operator/1) do
-      case Cluster.on_owner(id, StepDetector, :reset, [id, [operator: operator]]) do
-        :ok ->
+      case Cluster.call_owner(id, StepDetector, :reset, [id, [operator: operator]]) do
+        {:ok, :ok} ->
           state = Cluster.on_owner(id, StepDetector, :state, [id])
           Conn.json(conn, 200, %{session_id: id, step_detector: state})
 
-        {:error, :unknown_session} ->
+        {:ok, {:error, :unknown_session}} ->
           Conn.error(conn, 404, "not_found", "the step detector has no state for this session")
+
+        {:ok, {:error, :no_majority}} ->
+          Conn.no_majority(conn)
+
+        {:error, :owner_unavailable} ->
+          owner_unavailable(conn)
       end
     end
+  end
+
+  defp owner_unavailable(conn) do
+    Conn.error(
+      conn,
+      503,
+      "owner_unavailable",
+      "the session's owner in the gateway cluster did not answer in time; retry"
+    )
   end
 
   def audit(conn) do
@@ -189,7 +205,9 @@ defmodule ObservatoryWeb.API.Sessions do
       explanation: %{
         verdict: Evidence.explain_verdict(verdict, stored),
         entropy_window: Evidence.explain_window(window, stored)
-      }
+      },
+      # The cluster node that holds the session's state and scores its steps.
+      owner_node: node()
     }
   end
 
@@ -209,8 +227,10 @@ defmodule ObservatoryWeb.API.Sessions do
          {:ok, reason} <- reason(conn) do
       case fun.(id, operator: operator, reason: reason) do
         {:ok, entry} ->
-          paused = Cluster.on_owner(id, HITL, :paused?, [id])
-          Conn.json(conn, 200, %{session_id: id, paused: paused, audit: entry(entry)})
+          Conn.json(conn, 200, %{session_id: id, paused: HITL.paused?(id), audit: entry(entry)})
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
 
         {:error, conflict} when conflict in [:already_paused, :not_paused] ->
           Conn.error(

@@ -35,8 +35,13 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
   shown whole (the panel's "Show all").
   """
   @spec load(String.t(), keyword()) :: t()
-  def load(session_id, opts \\ []) when is_binary(session_id),
-    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id, opts])
+  def load(session_id, opts \\ []) when is_binary(session_id) do
+    # A read: an owner that does not answer in time leaves what this node knows.
+    case Observatory.Cluster.call_owner(session_id, __MODULE__, :load_here, [session_id, opts]) do
+      {:ok, loaded} -> loaded
+      {:error, :owner_unavailable} -> load_here(session_id, opts)
+    end
+  end
 
   # In a cluster (issue 14) on the session's owner, where its window and steps live.
   @doc false
