@@ -85,7 +85,35 @@ config :observatory,
     max_agents: 10_000,
     notification_webhook: nil,
     # Webhooks may not point at loopback/private/link-local addresses unless true.
-    webhook_allow_private_networks: false
+    webhook_allow_private_networks: false,
+    # A score over the threshold: :enforce (deactivate), :warn (record, alert, warn the
+    # model) or :shadow (record only). For agents registered from now on.
+    mode: :enforce,
+    # Events kept per agent (the oldest go first).
+    max_events_per_agent: 10_000
+  ],
+  # Guidance notes appended to the newest tool result of a looping proxied session
+  # (docs/guidance.md): the default for agents without a setting of their own.
+  guidance: [enabled: false],
+  # What proxied agents spend (docs/budgets.md): USD per million tokens per model, and
+  # the limits of agents registered from now on (nil: no limit).
+  budgets: [
+    prices: %{},
+    aliases: %{},
+    defaults: [
+      mode: :enforce,
+      session_requests: nil,
+      session_tokens: nil,
+      session_cost_usd: nil,
+      window_seconds: 3600,
+      window_requests: nil,
+      window_tokens: nil,
+      window_cost_usd: nil
+    ],
+    # Ask a streamed chat completion for its usage (stream_options.include_usage).
+    stream_usage: true,
+    session_ttl_ms: :timer.hours(24 * 7),
+    max_sessions: 100_000
   ]
 
 # Observatory's own HTTP API and dashboard (bin/start): on, loopback, port 4000. Code

@@ -115,6 +115,47 @@ if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
   config :observatory, :kill_switch, prompt: source
 end
 
+#   OBSERVATORY_KILL_SWITCH_MODE=enforce|warn|shadow  the mode of agents registered from
+#     now on (docs/shadow_mode.md)
+if mode = System.get_env("OBSERVATORY_KILL_SWITCH_MODE") do
+  mode =
+    case mode do
+      "enforce" ->
+        :enforce
+
+      "warn" ->
+        :warn
+
+      "shadow" ->
+        :shadow
+
+      other ->
+        raise "OBSERVATORY_KILL_SWITCH_MODE must be enforce, warn or shadow, got: #{inspect(other)}"
+    end
+
+  config :observatory, :kill_switch, mode: mode
+end
+
+#   OBSERVATORY_GUIDANCE=on|off  guidance notes for agents without a setting of their own
+#     (docs/guidance.md)
+if guidance = System.get_env("OBSERVATORY_GUIDANCE") do
+  enabled =
+    case guidance do
+      on when on in ["on", "1", "true"] -> true
+      off when off in ["off", "0", "false"] -> false
+      other -> raise "OBSERVATORY_GUIDANCE must be on or off, got: #{inspect(other)}"
+    end
+
+  config :observatory, :guidance, enabled: enabled
+end
+
+#   OBSERVATORY_PRICES_FILE=/etc/observatory/prices.json  the budgets' price table, JSON:
+#     {"gpt-4.1": {"input": 2.0, "output": 8.0}} (USD per million tokens; docs/budgets.md)
+if file = System.get_env("OBSERVATORY_PRICES_FILE") do
+  budgets = Application.get_env(:observatory, :budgets, [])
+  config :observatory, :budgets, Keyword.put(budgets, :prices_file, file)
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

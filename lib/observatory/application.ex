@@ -11,6 +11,11 @@ defmodule Observatory.Application do
     Observatory.Gateway.AlertSource.validate!()
     Observatory.Gateway.Events.check!()
     ensure_secret_key_base()
+    # A bad setting stops the start with a message that names it (checked once: a
+    # supervisor restarting later must not fail on it).
+    Observatory.Budget.check_config!()
+    Observatory.Proxy.Guidance.check_config!()
+    Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
 
     # A VM with storage off (a task beside a running server) runs nothing of
@@ -38,20 +43,21 @@ defmodule Observatory.Application do
   # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
   # restarts cleanly instead of colliding with its orphaned children.
   defp children do
-    # The dashboard's shared listings; the LiveViews use it in a host app too.
-    # Failed credentials per client, for whichever server answers the APIs: this
-    # one's, or a host's endpoint (ObservatoryWeb.AgentAPIPlug, LLMProxyPlug).
-    ([
-       Observatory.DataDirLock,
-       Observatory.Storage,
-       pubsub(),
-       Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
-       Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
-       ObservatoryWeb.SnapshotCache,
-       ObservatoryWeb.AuthThrottle
-     ] ++ web_children())
+    children = [
+      Observatory.DataDirLock,
+      Observatory.Storage,
+      pubsub(),
+      Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
+      Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
+      # The dashboard's shared listings; the LiveViews use it in a host app too.
+      ObservatoryWeb.SnapshotCache,
+      # Failed credentials per client, for whichever server answers the APIs: this
+      # one's, or a host's endpoint (ObservatoryWeb.AgentAPIPlug, LLMProxyPlug).
+      ObservatoryWeb.AuthThrottle
+    ]
+
     # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
-    |> Observatory.Cluster.wrap()
+    Observatory.Cluster.wrap(children ++ web_children())
   end
 
   # Observatory's own PubSub, unless the host named its own (config :observatory,

@@ -267,6 +267,8 @@ defmodule Observatory.Cluster do
     "resuming a session",
     "lifting a step-detector block",
     "changing kill-switch settings",
+    "changing budgets or guidance notes",
+    "resetting a budget",
     "issuing or rotating an agent key"
   ]
 

@@ -124,6 +124,13 @@ defmodule Observatory.Native do
   def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
 
   # Observatory.Proxy.Responses
+  def body_append_note(_body, _api, _note), do: :erlang.nif_error(:nif_not_loaded)
+  def body_append_note_dirty(_body, _api, _note), do: :erlang.nif_error(:nif_not_loaded)
+  def body_ensure_stream_usage(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def body_ensure_stream_usage_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def body_top_level_fields(_body, _names), do: :erlang.nif_error(:nif_not_loaded)
+  def body_top_level_fields_dirty(_body, _names), do: :erlang.nif_error(:nif_not_loaded)
+
   def responses_request_fingerprint(_body, _source), do: :erlang.nif_error(:nif_not_loaded)
 
   def responses_request_fingerprint_dirty(_body, _source),

@@ -36,6 +36,11 @@ defmodule Observatory.Replay do
 
   ## Report
 
+  Recorded LLM requests also go through the kill switch and the budgets in a shadow
+  run (`Observatory.Replay.WouldTrip`): `would_trip` says which agents the kill
+  switch would have stopped and which sessions the budgets would have, at which
+  request, and what the refused requests would have saved.
+
   Per session: its steps, the step number (1-based, counting the session's accepted
   steps) and step_id of its first WARNING and first LOOP, its alerts, its lowest score
   and the step detector's first warn and block. `alerts` counts the steps whose ingest
@@ -52,7 +57,7 @@ defmodule Observatory.Replay do
     StepDetector
   }
 
-  alias Observatory.Replay.{Input, ProxyRequest, Record}
+  alias Observatory.Replay.{Input, ProxyRequest, Record, WouldTrip}
 
   @batch 256
   @in_flight 4
@@ -99,6 +104,7 @@ defmodule Observatory.Replay do
           bad: [%{source: String.t(), line: pos_integer(), reason: String.t()}],
           input_errors: [%{source: String.t(), reason: String.t()}],
           sessions: [session()],
+          would_trip: map() | nil,
           summary: map(),
           elapsed_us: non_neg_integer()
         }
@@ -281,6 +287,10 @@ defmodule Observatory.Replay do
     * `:timestamp` — `meta.timestamp` for flat records that have none (default: now).
     * `:max_bad_lines` — bad lines kept in the report with their reason, default
       #{@max_bad_default} (all are counted).
+    * `:kill_switch` — `[window_size: n, threshold: x]` for the recorded LLM requests'
+      shadow run (`Observatory.Replay.WouldTrip`), default the settings of new agents.
+    * `:budget` — budget limits for it (`Observatory.Budget.Settings`' keys), over the
+      configured defaults.
   """
   @spec run([source()], keyword()) :: report()
   def run(sources, opts \\ []) when is_list(sources) do
@@ -316,7 +326,9 @@ defmodule Observatory.Replay do
         progress: Keyword.get(opts, :progress),
         total_bytes: total_bytes,
         # Per session, the keys of the steps recorded LLM requests have carried.
-        request_keys: %{}
+        request_keys: %{},
+        # What the kill switch and the budgets would have done to the recorded requests.
+        would_trip: WouldTrip.new(kill_switch_settings(opts), budget_settings(opts))
       }
 
       reader =
@@ -327,11 +339,29 @@ defmodule Observatory.Replay do
         end)
 
       states = finish_sink(reader.sink)
+      WouldTrip.stop(reader.would_trip)
       report(names, reader, states, max_bad, System.monotonic_time(:microsecond) - started)
     after
       Process.flag(:min_heap_size, heap)
     end
   end
+
+  # The kill switch's settings for the replay's shadow run: the options', else the
+  # defaults of new agents.
+  defp kill_switch_settings(opts) do
+    config = Application.get_env(:observatory, :kill_switch, [])
+
+    Map.merge(
+      %{
+        window_size: Keyword.get(config, :window_size, 5),
+        threshold: Keyword.get(config, :threshold, 5.5) / 1
+      },
+      Map.new(Keyword.get(opts, :kill_switch, []))
+    )
+  end
+
+  defp budget_settings(opts),
+    do: Map.merge(Observatory.Budget.Settings.defaults(), Map.new(Keyword.get(opts, :budget, [])))
 
   ## Reading (in the caller)
 
@@ -362,9 +392,19 @@ defmodule Observatory.Replay do
     reader = %{reader | lines: reader.lines + 1}
 
     case ProxyRequest.read(text) do
-      :not_request -> read_step(text, line_no, reader, name)
-      {:ok, session_id, steps} -> read_request_steps(reader, session_id, steps, name, line_no)
-      {:error, reason} -> %{reader | bad: add_bad(reader.bad, name, line_no, reason)}
+      :not_request ->
+        read_step(text, line_no, reader, name)
+
+      {:ok, session_id, steps, exchange} ->
+        reader = %{
+          reader
+          | would_trip: WouldTrip.observe(reader.would_trip, exchange, name, line_no)
+        }
+
+        read_request_steps(reader, session_id, steps, name, line_no)
+
+      {:error, reason} ->
+        %{reader | bad: add_bad(reader.bad, name, line_no, reason)}
     end
   end
 
@@ -688,6 +728,7 @@ defmodule Observatory.Replay do
       bad: bad,
       input_errors: Enum.reverse(reader.errors),
       sessions: sessions,
+      would_trip: if(reader.would_trip.requests > 0, do: WouldTrip.report(reader.would_trip)),
       summary: %{
         sessions: length(sessions),
         steps: steps,

@@ -4,7 +4,7 @@ defmodule Observatory.Storage do
   (Mnesia started in `<:data_dir>/mnesia/<node>`, agent tables loaded) and creates the
   gateway's durable tables (`Observatory.Gateway.HITL`'s pauses and audit log,
   `Observatory.Gateway.StepDetector`'s blocks, the proxy's session-id secret:
-  `Observatory.Proxy.SessionId`); it comes before every process that reads them.
+  `Observatory.Proxy.SessionId`, the budgets' counters: `Observatory.Budget.Store`); it comes before every process that reads them.
 
   Then it watches Mnesia's supervisor. Mnesia is a temporary application: when it
   dies (`:mnesia_sup` killed, a disc error) nothing restarts it, and every read of
@@ -174,6 +174,8 @@ defmodule Observatory.Storage do
       Observatory.Gateway.HITL.create_tables() ++
         Observatory.Gateway.StepDetector.create_tables() ++
         Observatory.Proxy.SessionId.create_tables() ++
+        Observatory.Budget.Store.create_tables() ++
+        Observatory.Notifications.create_tables() ++
         Observatory.Cluster.Tombstones.create_table()
 
     :ok = Observatory.Cluster.Store.await_tables(tables)

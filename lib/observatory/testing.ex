@@ -4,9 +4,10 @@ defmodule Observatory.Testing do
   test a clean database.
 
   Observatory keeps state on disk (agents, their keys and events, pauses, the HITL
-  audit log, step-detector blocks) and in memory (entropy windows, verdicts,
-  alerts, kill-switch windows, step streaks). Without a reset, a test run starts
-  with what the last one left: a kill switch still on, a session still paused.
+  audit log, step-detector blocks, budgets spent, notification sinks) and in memory
+  (entropy windows, verdicts, alerts, kill-switch windows, step streaks). Without a
+  reset, a test run starts with what the last one left: a kill switch still on, a
+  session still paused, a budget still spent.
 
       # test/test_helper.exs — every run starts from nothing
       ExUnit.start()
@@ -37,7 +38,8 @@ defmodule Observatory.Testing do
 
   @doc """
   Forgets everything: every agent, key, event, pause, audit entry and block, every
-  session's windows, verdicts and alerts, every kill-switch window. Configured seed
+  budget's spending and notification sink, every session's windows, verdicts and
+  alerts, every kill-switch window. Configured seed
   keys (`:seed_agent_keys`) are seeded again. Raises `Observatory.StorageOffError` in
   a VM that runs with Observatory's storage off.
   """
@@ -62,6 +64,8 @@ defmodule Observatory.Testing do
   defp durable_tables do
     KillSwitch.Agents.tables() ++
       Gateway.HITL.tables() ++
-      Gateway.StepDetector.tables() ++ [Observatory.Cluster.Tombstones.table()]
+      Gateway.StepDetector.tables() ++
+      Observatory.Budget.Store.tables() ++
+      Observatory.Notifications.tables() ++ [Observatory.Cluster.Tombstones.table()]
   end
 end

@@ -29,6 +29,12 @@ defmodule ObservatoryWeb.Router do
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
+  | PUT | /api/v1/agents/:id/guidance | operator | `ObservatoryWeb.API.Agents` |
+  | GET, PUT | /api/v1/agents/:id/budget | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/budget/reset | operator | `ObservatoryWeb.API.Agents` |
+  | GET | /api/v1/notifications/sinks | operator | `ObservatoryWeb.API.Notifications` |
+  | PUT, DELETE | /api/v1/notifications/sinks/:name | operator | `ObservatoryWeb.API.Notifications` |
+  | POST | /api/v1/notifications/sinks/:name/test | operator | `ObservatoryWeb.API.Notifications` |
   | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
@@ -41,13 +47,14 @@ defmodule ObservatoryWeb.Router do
 
   require Logger
 
-  @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
+  @agent_actions ["kill_switch", "activate", "deactivate", "keys", "guidance", "budget"]
 
   alias ObservatoryWeb.API.{
     Agents,
     ChatCompletions,
     DecisionLogs,
     Messages,
+    Notifications,
     PassThrough,
     Responses,
     SessionList,
@@ -199,6 +206,26 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "PUT", ["api", "v1", "agents", id, "kill_switch"]),
     do: Agents.configure(conn, id)
 
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "guidance"]), do: Agents.guidance(conn, id)
+  defp route(conn, "GET", ["api", "v1", "agents", id, "budget"]), do: Agents.budget(conn, id)
+
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "budget"]),
+    do: Agents.configure_budget(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "budget", "reset"]),
+    do: Agents.reset_budget(conn, id)
+
+  defp route(conn, "GET", ["api", "v1", "notifications", "sinks"]), do: Notifications.index(conn)
+
+  defp route(conn, "PUT", ["api", "v1", "notifications", "sinks", name]),
+    do: Notifications.put(conn, name)
+
+  defp route(conn, "DELETE", ["api", "v1", "notifications", "sinks", name]),
+    do: Notifications.delete(conn, name)
+
+  defp route(conn, "POST", ["api", "v1", "notifications", "sinks", name, "test"]),
+    do: Notifications.test(conn, name)
+
   defp route(conn, "POST", ["api", "v1", "agents", id, "activate"]), do: Agents.activate(conn, id)
 
   defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
@@ -263,7 +290,10 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["api", "v1", "agents" | rest]),
     do:
       match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest) or
-        match?([_, "keys", _], rest)
+        match?([_, "keys", _], rest) or match?([_, "budget", "reset"], rest)
+
+  defp known_path?(["api", "v1", "notifications", "sinks" | rest]),
+    do: match?([], rest) or match?([_], rest) or match?([_, "test"], rest)
 
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true

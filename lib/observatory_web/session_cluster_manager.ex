@@ -415,8 +415,12 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp alerts_snapshot,
     do: SnapshotCache.fetch({__MODULE__, :alerts}, max_age(), &alert_list/0)
 
-  # Every member's alerted sessions (issue 14): each is on its session's owner.
-  defp alert_list, do: Observatory.Gateway.Alerts.gather(limit: @snapshot_limit)
+  # Every member's alerted sessions (issue 14): each is on its session's owner. Each
+  # with what it spent through the proxy (budgets are replicated: read here).
+  defp alert_list do
+    for alert <- Observatory.Gateway.Alerts.gather(limit: @snapshot_limit),
+        do: Map.put(alert, :usage, Observatory.Budget.session_usage(alert.session_id))
+  end
 
   defp max_age,
     do: div(Application.get_env(:observatory, :dashboard_refresh_ms, 2_000) * 9, 10)

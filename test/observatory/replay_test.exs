@@ -368,7 +368,7 @@ defmodule Observatory.ReplayTest do
       assert [%{line: 1, reason: "request.messages must be a list"}, %{line: 2, reason: reason}] =
                report.bad
 
-      assert reason =~ "api must be chat_completions or messages"
+      assert reason =~ "api must be chat_completions, messages or responses"
       assert %{steps: 1} = session(report, sid)
       assert %{steps: 1} = session(report, sid <> "-env")
     end

@@ -19,7 +19,7 @@ defmodule Observatory.TestingTest do
   end
 
   describe "reset!/0 gives the next test (or run) a clean Observatory" do
-    test "agents, keys, switches, pauses, the audit log, blocks, windows and alerts are gone" do
+    test "agents, keys, switches, pauses, the audit log, blocks, budgets, windows and alerts are gone" do
       n = System.unique_integer([:positive])
       agent = "agent-reset-#{n}"
       session = "sess-reset-#{n}"
@@ -32,6 +32,11 @@ defmodule Observatory.TestingTest do
       blocked = "sess-reset-blocked-#{n}"
       digest = :crypto.hash(:sha256, "same")
       for _ <- 1..6, do: StepDetector.analyze(blocked, digest, digest)
+
+      # Spending through the proxy, counted against the agent's budget.
+      agent_record = KillSwitch.Agents.get(agent)
+      :ok = Observatory.Budget.count_request(agent_record, session)
+      assert Observatory.Budget.session_usage(session).requests == 1
 
       assert Alerts.get(session) != nil
       assert StepDetector.block(blocked) != nil
@@ -49,6 +54,7 @@ defmodule Observatory.TestingTest do
       assert EntropyTracker.session(session) == nil
       assert Alerts.get(session) == nil
       assert KillSwitch.Agents.events(agent_id: agent) == []
+      assert Observatory.Budget.session_usage(session).requests == 0
     end
 
     test "the configured seed keys work again, and the gateway serves as before" do

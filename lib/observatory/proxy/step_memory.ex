@@ -20,7 +20,7 @@ defmodule Observatory.Proxy.StepMemory do
 
   alias Observatory.Gateway.IdleSweep
 
-  # {{agent_id, session_id, key}, age}
+  # {{agent_id, session_id, key}, age, guidance note or nil}
   @keys __MODULE__.Keys
   # {age, {agent_id, session_id, key}}: every key, oldest first
   @ages __MODULE__.Ages
@@ -37,7 +37,7 @@ defmodule Observatory.Proxy.StepMemory do
     age = {System.monotonic_time(:millisecond), :erlang.unique_integer([:positive])}
     id = {agent_id, session_id, key}
 
-    if :ets.insert_new(@keys, {id, age}) do
+    if :ets.insert_new(@keys, {id, age, nil}) do
       :ets.insert(@ages, {age, id})
       :ets.insert(@agent_ages, {{agent_id, age}, id})
       held = :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
@@ -56,8 +56,28 @@ defmodule Observatory.Proxy.StepMemory do
   @spec release(String.t(), String.t(), binary()) :: :ok
   def release(agent_id, session_id, key) do
     case :ets.lookup(@keys, {agent_id, session_id, key}) do
-      [{_, age}] -> forget(age)
+      [{_, age, _note}] -> forget(age)
       [] -> :ok
+    end
+  end
+
+  @doc """
+  Keeps the guidance note a request carried with its newest step's key, so that a
+  retry of that request (its steps already claimed) carries the same note. Nothing
+  when the key is not remembered.
+  """
+  @spec put_note(String.t(), String.t(), binary(), term()) :: :ok
+  def put_note(agent_id, session_id, key, note) do
+    _ = :ets.update_element(@keys, {agent_id, session_id, key}, {3, note})
+    :ok
+  end
+
+  @doc "The note kept with a key (`put_note/4`), or nil."
+  @spec note(String.t(), String.t(), binary()) :: term()
+  def note(agent_id, session_id, key) do
+    case :ets.lookup(@keys, {agent_id, session_id, key}) do
+      [{_, _age, note}] -> note
+      [] -> nil
     end
   end
 

@@ -65,13 +65,32 @@ defmodule Observatory.Proxy.Steps do
   """
   @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
           non_neg_integer()
-  def record(format, agent_id, session_id, body) do
-    format
-    |> envelopes(agent_id, session_id, body)
-    |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(agent_id, session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(agent_id, session_id, key))
-    end)
+  def record(format, agent_id, session_id, body),
+    do: length(take(format, agent_id, session_id, body).results)
+
+  @doc """
+  Like `record/4`, returning what the proxy acts on: the ingest results of the steps
+  ingested now (`Observatory.Gateway.SchemaInterceptor.ingest/2`'s, in order) and the
+  key of the request's newest step (nil when it carries none), ingested now or before.
+  """
+  @spec take(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          %{results: [map()], newest_key: String.t() | nil}
+  def take(format, agent_id, session_id, body) do
+    envelopes = envelopes(format, agent_id, session_id, body)
+
+    results =
+      for {key, envelope} <- envelopes,
+          StepMemory.claim(agent_id, session_id, key),
+          result = ingest(envelope, agent_id, session_id) || release(agent_id, session_id, key),
+          do: result
+
+    newest_key =
+      case List.last(envelopes) do
+        {key, _envelope} -> key
+        nil -> nil
+      end
+
+    %{results: results, newest_key: newest_key}
   end
 
   @doc """
@@ -159,23 +178,23 @@ defmodule Observatory.Proxy.Steps do
   defp ingest(envelope, agent_id, session_id) do
     # As the key's agent (issue 13): a session another agent took meanwhile is refused.
     case SchemaInterceptor.ingest(envelope, agent: agent_id) do
-      {:ok, _result} ->
+      {:ok, result} ->
         Metrics.inc(:proxy_steps)
-        true
+        result
 
       {:error, {:invalid, violations}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violations)}"
         )
 
-        false
+        nil
 
       {:error, {:forbidden, violation}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violation)}"
         )
 
-        false
+        nil
 
       # In a cluster, the session's owner did not answer in time (issue 14).
       {:error, {:unavailable, violation}} ->
@@ -183,14 +202,14 @@ defmodule Observatory.Proxy.Steps do
           "LLM proxy: a step of session #{inspect(session_id)} was not scored: #{violation.reason}"
         )
 
-        false
+        nil
     end
   end
 
   # A step that was not ingested is not remembered: the next turn carries it again.
   defp release(agent_id, session_id, key) do
     StepMemory.release(agent_id, session_id, key)
-    false
+    nil
   end
 
   defp api_name(:openai), do: "chat_completions"

@@ -3,10 +3,12 @@ defmodule ObservatoryWeb.API.Sessions do
   Session state and the HITL commands (design.md §5).
 
     * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause, the
-      alert, the recent steps (arguments and results cut) and the explanation of the
-      verdict and of the entropy window (`Observatory.Gateway.Evidence`); operator, or
-      the agent key of the session's own agent; `owner_node` names the cluster node that
-      holds the session;
+      alert, the recent steps (arguments and results cut), the explanation of the
+      verdict and of the entropy window (`Observatory.Gateway.Evidence`), and what the
+      session spent through the proxy (`usage`: requests, tokens, cost, and since its
+      first loop alarm; `Observatory.Budget.session_usage/1`); operator, or the agent
+      key of the session's own agent; `owner_node` names the cluster node that holds
+      the session;
     * `GET /api/v1/sessions/:id/steps/:step` — one stored step whole: its envelope as
       the gateway stored it and its texts uncut (same access);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
@@ -111,7 +113,7 @@ defmodule ObservatoryWeb.API.Sessions do
 
     unknown? =
       session == nil and pause == nil and StepDetector.state(id) == nil and
-        LoopVerdict.session(id) == nil
+        LoopVerdict.session(id) == nil and Observatory.Budget.Store.session_meta(id) == nil
 
     {session, if(not unknown?, do: view(id, session, pause))}
   end
@@ -191,6 +193,7 @@ defmodule ObservatoryWeb.API.Sessions do
       pause: pause && entry(pause),
       step_detector: StepDetector.state(id),
       messages: SessionLog.count(id),
+      usage: Observatory.Budget.session_usage(id),
       steps:
         for step <- Evidence.steps(stored, result_bytes: 2_000, arguments_bytes: 1_000) do
           step

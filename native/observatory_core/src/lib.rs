@@ -18,6 +18,7 @@
 //! * [`messages`] — a chat-completions request read as such a conversation.
 //! * [`anthropic_messages`] — the same for an Anthropic Messages request and answer.
 //! * [`responses`] — the same for an OpenAI Responses API request and answer.
+//! * [`json_splice`] — edits to a request body that keep every other byte (guidance notes, usage).
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
@@ -30,6 +31,7 @@ pub mod conversation;
 pub mod decision_log;
 pub mod error;
 pub mod interner;
+pub mod json_splice;
 pub mod keyed_store;
 pub mod kill_switch;
 pub mod loop_verdict;

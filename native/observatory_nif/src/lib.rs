@@ -1,6 +1,7 @@
 //! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
 //! live in `observatory_core`.
 
+mod body_edit;
 mod data_dir_lock;
 mod decision_log;
 mod entropy_tracker;
@@ -61,6 +62,9 @@ mod atoms {
         locked,
         // kill switch: how a request's prompt is read
         last_user_message,
+        // proxied APIs (body edits)
+        messages,
+        responses,
     }
 }
 
