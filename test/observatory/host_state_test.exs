@@ -33,6 +33,15 @@ defmodule Observatory.HostStateTest do
     end
   end
 
+  # `fun`'s value once `ok?` holds of it, or its last value after 5 s.
+  defp await(fun, ok?, tries \\ 100) do
+    value = fun.()
+
+    if ok?.(value) or tries == 0,
+      do: ok?.(value),
+      else: Process.sleep(50) && await(fun, ok?, tries - 1)
+  end
+
   defp ingest(node, envelope),
     do:
       :erpc.call(node, Remote, :try_call, [
@@ -163,6 +172,21 @@ defmodule Observatory.HostStateTest do
       for n <- 1..5, do: assert({:ok, {:ok, _}} = ingest(node, step("sess-bus", n)))
       assert_receive {:remote_got, %{event_type: "entropy_alert", session_id: "sess-bus"}}, 5_000
       refute Enum.any?(logs(), &(&1 =~ "no process has that name"))
+
+      # Observatory's own listeners (budgets, notifications) started before the host's
+      # bus; they subscribe once it runs.
+      for {listener, topics} <- [
+            {Observatory.Budget.Server, ["gateway:alerts"]},
+            {Observatory.Notifications.Dispatcher, ["gateway:alerts", "gateway:kill_switch"]}
+          ] do
+        pid = :erpc.call(node, Process, :whereis, [listener])
+
+        assert await(
+                 fn -> :erpc.call(node, Registry, :keys, [:host_bus, pid]) end,
+                 &(Enum.sort(&1) == topics)
+               ),
+               inspect(listener)
+      end
     end
 
     test "a name no process has: said once the host has started, with the endpoint's name; steps still answered",

@@ -167,6 +167,24 @@ defmodule Observatory.Gateway.Events do
         else: raise(ArgumentError, not_running_message())
   end
 
+  @doc """
+  For Observatory's own processes, from `init/1`: subscribes the caller to `topics`
+  now if the bus runs. A host's PubSub starts after Observatory (a dependency starts
+  first), so until it does the caller is sent `{Observatory.Gateway.Events,
+  :subscribe, topics}` every 500 ms, and hands it back here from `handle_info/2`.
+  Nothing is published on that bus before it runs, so nothing is missed.
+  """
+  @spec subscribe_when_up([String.t()]) :: :ok
+  def subscribe_when_up(topics) do
+    if running?() do
+      for topic <- topics, do: :ok = subscribe(topic)
+    else
+      Process.send_after(self(), {__MODULE__, :subscribe, topics}, 500)
+    end
+
+    :ok
+  end
+
   @doc "Removes the caller's subscriptions to `topic` on the configured PubSub server."
   @spec unsubscribe(String.t()) :: :ok
   def unsubscribe(topic) do
