@@ -26,7 +26,9 @@ Logger.configure(level: :error)
     @moduledoc false
     alias Observatory.Gateway.SchemaInterceptor
 
-    # On a peer: `callers` processes each ingest `count` of `messages` (JSON text).
+    # On a peer: `callers` processes each ingest `count` of `messages` (JSON text
+    # around its step_id, `{before, after}`), each with a step_id of its own: a step
+    # sent twice is answered from memory (idempotent ingest), not scored.
     # Returns the wall time in µs.
     def run(messages, count, callers) do
       parent = self()
@@ -36,9 +38,12 @@ Logger.configure(level: :error)
         for c <- 1..callers do
           spawn_link(fn ->
             n = tuple_size(messages)
+            tag = "#{System.unique_integer([:positive])}-"
 
             for i <- 1..count do
-              {:ok, _} = SchemaInterceptor.ingest(elem(messages, rem(i * 7 + c, n)))
+              {before, rest} = elem(messages, rem(i * 7 + c, n))
+              json = before <> tag <> Integer.to_string(i) <> rest
+              {:ok, _} = SchemaInterceptor.ingest(json)
             end
 
             send(parent, {:done, self()})
@@ -120,7 +125,7 @@ end
 message = fn session, i ->
   Observatory.JSON.encode!(%{
     "meta" => %{
-      "step_id" => "step-#{i}",
+      "step_id" => "@STEP@",
       "session_id" => session,
       "agent_id" => "agent-#{rem(i, 50)}",
       "timestamp" => "2026-02-22T10:30:00.123Z"
@@ -133,6 +138,8 @@ message = fn session, i ->
       "result" => %{"bytes" => 1024 + i}
     }
   })
+  |> String.split("@STEP@")
+  |> List.to_tuple()
 end
 
 # Steps of sessions among `ids`, as a tuple for the callers.

@@ -68,10 +68,15 @@ config :observatory,
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_event_bytes: 4 * 1024 * 1024,
   llm_max_concurrent: 256,
-  # Step keys the proxy remembers so that a re-sent conversation counts each step once:
-  # in all, and per agent (an agent's new keys only ever push out its own old ones).
-  proxy_step_memory: 100_000,
-  proxy_step_memory_per_agent: 10_000,
+  # Steps answered recently (Observatory.Gateway.Idempotency): a step delivered again
+  # within the window gets its first answer and is not counted twice.
+  idempotency: [
+    enabled: true,
+    window_ms: :timer.minutes(10),
+    max_steps_per_session: 1_000,
+    max_steps_per_agent: 10_000,
+    max_steps: 100_000
+  ],
   # Defaults for agents registered from now on; each agent's own settings are durable.
   # threshold = (window_size - 1) × 1.0 + 1.5: similar prompts in the whole window and
   # one repeated call can never exceed it; the same call answered alike (2.5 each)

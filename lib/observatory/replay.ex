@@ -17,7 +17,10 @@ defmodule Observatory.Replay do
   turn's tool calls are the steps, each ingested once (see
   `Observatory.Replay.ProxyRequest`). A line that is not JSON, not an object, or that the
   gateway rejects is a *bad line*: counted, reported with its source and line number,
-  never fatal. A read or gzip error ends that source only and is reported apart.
+  never fatal. A step met again — the same session and `step_id` with the same body, as
+  in a log that recorded a client's retry — is answered as a replay by the gateway and
+  counted once (`replayed_steps` in the summary); the same `step_id` with another body
+  is a bad line. A read or gzip error ends that source only and is reported apart.
 
   ## The path each step takes
 
@@ -325,8 +328,6 @@ defmodule Observatory.Replay do
         bad: new_bad(max_bad),
         progress: Keyword.get(opts, :progress),
         total_bytes: total_bytes,
-        # Per session, the keys of the steps recorded LLM requests have carried.
-        request_keys: %{},
         # What the kill switch and the budgets would have done to the recorded requests.
         would_trip: WouldTrip.new(kill_switch_settings(opts), budget_settings(opts))
       }
@@ -408,15 +409,10 @@ defmodule Observatory.Replay do
     end
   end
 
-  # A recorded LLM request: the steps it carries that no earlier request of the session
-  # carried (a conversation is re-sent on every turn).
+  # A recorded LLM request: the steps it carries. A conversation is re-sent on every
+  # turn; a step an earlier request carried is answered as a replay, not counted.
   defp read_request_steps(reader, session_id, steps, name, line_no) do
-    seen = Map.get(reader.request_keys, session_id, MapSet.new())
-    new = Enum.reject(steps, fn {key, _json} -> MapSet.member?(seen, key) end)
-    seen = Enum.reduce(new, seen, fn {key, _json}, seen -> MapSet.put(seen, key) end)
-    reader = %{reader | request_keys: Map.put(reader.request_keys, session_id, seen)}
-
-    Enum.reduce(new, reader, fn {_key, json}, reader ->
+    Enum.reduce(steps, reader, fn {_key, json}, reader ->
       dispatch(reader, session_id, {:envelope, name, line_no, json})
     end)
   end
@@ -540,7 +536,12 @@ defmodule Observatory.Replay do
   # not on that process's heap: with many sessions a heap-resident map would be
   # copied over and over by the garbage collector.
   defp new_state(max_bad) do
-    %{sessions: :ets.new(__MODULE__, [:set, :private]), steps: 0, bad: new_bad(max_bad)}
+    %{
+      sessions: :ets.new(__MODULE__, [:set, :private]),
+      steps: 0,
+      replayed: 0,
+      bad: new_bad(max_bad)
+    }
   end
 
   defp lookup(state, session_id) do
@@ -566,6 +567,11 @@ defmodule Observatory.Replay do
         result(error, nil, name, line_no, :envelope, state)
     end
   end
+
+  # A step met before (its session and step_id, the same body): answered again by the
+  # gateway, not counted again.
+  defp result({:ok, %{replayed: true}}, _session, _name, _line_no, _kind, state),
+    do: %{state | replayed: state.replayed + 1}
 
   defp result({:ok, result}, session, name, line_no, _kind, state) do
     session = session || new_session(result, name, line_no)
@@ -710,6 +716,7 @@ defmodule Observatory.Replay do
       |> Enum.take(max_bad)
 
     steps = states |> Enum.map(& &1.steps) |> Enum.sum()
+    replayed = states |> Enum.map(& &1.replayed) |> Enum.sum()
     bad_count = bads |> Enum.map(& &1.count) |> Enum.sum()
     settings = settings()
 
@@ -732,6 +739,7 @@ defmodule Observatory.Replay do
       summary: %{
         sessions: length(sessions),
         steps: steps,
+        replayed_steps: replayed,
         sessions_warning: Enum.count(sessions, & &1.first_warning),
         sessions_loop: Enum.count(sessions, & &1.first_loop),
         alerts: sessions |> Enum.map(& &1.alerts) |> Enum.sum(),

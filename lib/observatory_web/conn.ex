@@ -191,18 +191,19 @@ defmodule ObservatoryWeb.Conn do
   @doc "The configured body limit in bytes."
   def max_body_bytes, do: Application.get_env(:observatory, :max_body_bytes, 1024 * 1024)
 
-  @doc "Answers with `data` as JSON."
-  @spec json(t(), pos_integer(), term()) :: :ok
-  def json(conn, status, data) do
+  @doc "Answers with `data` as JSON, and any extra headers."
+  @spec json(t(), pos_integer(), term(), [{String.t(), String.t()}]) :: :ok
+  def json(conn, status, data, headers \\ []) do
     send_resp(conn, status, "application/json", JSON.encode_lossy!(data), [
-      {"Cache-Control", "no-store"}
+      {"Cache-Control", "no-store"} | headers
     ])
   end
 
   @doc "Answers with a JSON error body `%{error: code, message: message, ...extra}`."
-  @spec error(t(), pos_integer(), String.t(), String.t(), map()) :: :ok
-  def error(conn, status, code, message, extra \\ %{}) do
-    json(conn, status, Map.merge(%{error: code, message: message}, extra))
+  @spec error(t(), pos_integer(), String.t(), String.t(), map(), [{String.t(), String.t()}]) ::
+          :ok
+  def error(conn, status, code, message, extra \\ %{}, headers \\ []) do
+    json(conn, status, Map.merge(%{error: code, message: message}, extra), headers)
   end
 
   @doc """

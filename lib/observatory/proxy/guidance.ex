@@ -43,7 +43,7 @@ defmodule Observatory.Proxy.Guidance do
   alias Observatory.Gateway.Events
   alias Observatory.{KillSwitch, Metrics}
   alias Observatory.KillSwitch.Agents
-  alias Observatory.Proxy.{BodyEdit, StepMemory}
+  alias Observatory.Proxy.BodyEdit
 
   # Bytes of the repeated call quoted in a note.
   @max_call_bytes 300
@@ -153,25 +153,18 @@ defmodule Observatory.Proxy.Guidance do
   end
 
   @doc """
-  The body to send upstream for a request whose newest step has `newest_key`: with the
-  note appended when one is due (or was, for a retry of the same request) and the
-  agent has notes on. Records the note. Returns `{body, note | nil}`.
+  The body to send upstream for a request: with the note appended when one is due
+  and the agent has notes on. (A retry of a request reads its steps' first answers —
+  the gateway answers a step it has seen with its first answer — so it gets the note
+  the request got.) Records the note. Returns `{body, note | nil}`.
   """
   @spec apply(binary(), BodyEdit.api(), map(), map()) :: {binary(), note() | nil}
   def apply(body, api, request, note) do
-    %{agent: agent, session_id: session_id, newest_key: key} = request
-
-    note =
-      cond do
-        not enabled?(agent) -> nil
-        note -> note
-        key -> StepMemory.note(agent.id, session_id, key)
-        true -> nil
-      end
+    %{agent: agent, session_id: session_id} = request
+    note = if enabled?(agent), do: note
 
     with %{} <- note,
          {:ok, edited} <- BodyEdit.append_note(body, api, note.text) do
-      if key, do: StepMemory.put_note(agent.id, session_id, key, note)
       record(agent.id, session_id, note)
       {edited, note}
     else

@@ -20,8 +20,8 @@ defmodule Observatory.Replay.ProxyRequest do
   (`Observatory.Proxy.SessionId`), keyed with a fixed key rather than the gateway's
   secret, so that it is the same on every run of the replay. The tool calls of the request's
   previous assistant turn, with the results that answer them, are its steps. A
-  conversation is re-sent on every turn: the replay ingests each step once, as the
-  proxy does (the caller keeps the keys seen, `read/2`).
+  conversation is re-sent on every turn: each step keeps its step_id from request to
+  request, as the proxy's do, so the gateway counts it once.
   """
 
   alias Observatory.JSON

@@ -286,6 +286,7 @@ defmodule Observatory.Replay.Report do
       "Summary\n",
       line("sessions", s.sessions),
       line("steps", s.steps),
+      replayed_line(s),
       line("sessions with WARNING", s.sessions_warning),
       line("sessions with LOOP", s.sessions_loop),
       line("alerts (LOOP steps)", s.alerts),
@@ -298,6 +299,10 @@ defmodule Observatory.Replay.Report do
       "  #{String.pad_trailing("time", 24)}#{:erlang.float_to_binary(seconds, decimals: 2)} s (#{delimit(rate)} steps/s)\n"
     ]
   end
+
+  # Only when the input held steps met twice (a recorded retry, a re-sent request).
+  defp replayed_line(%{replayed_steps: n}) when n > 0, do: line("steps met again", n)
+  defp replayed_line(_summary), do: []
 
   defp line(label, n), do: ["  ", String.pad_trailing(label, 24), delimit(n), "\n"]
 

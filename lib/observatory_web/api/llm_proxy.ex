@@ -159,7 +159,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
         _ -> {ctx, body}
       end
 
-    request = %{agent: ctx.agent, session_id: ctx.session_id, newest_key: steps.newest_key}
+    request = %{agent: ctx.agent, session_id: ctx.session_id}
 
     {body, _note} =
       Guidance.apply(body, ctx.dialect.api(), request, Guidance.note(steps.results, verdict))

@@ -3,6 +3,7 @@
 //! Nothing here knows about the BEAM: the `observatory_nif` crate converts terms and
 //! maps errors; this crate holds the algorithms and their tests.
 //!
+//! * [`answered_steps`] — the steps answered recently, so a retried step is answered again.
 //! * [`window`] — the per-session ring buffer and its uniqueness ratio (FR-9.2, FR-9.3).
 //! * [`severity`] — score rounding and the LOOP / WARNING / Normal bands (FR-9.4–9.6).
 //! * [`session_store`] — the sharded, bounded store of windows behind `EntropyTracker`.
@@ -25,6 +26,7 @@
 //! * [`call_circuit_breaker`] — sliding-window limit on identical tool calls (seed 002, layer 2).
 //! * [`loop_verdict`] — progress / suspect / loop per step from calls, results and entropy (issue 8).
 
+pub mod answered_steps;
 pub mod anthropic_messages;
 pub mod call_circuit_breaker;
 pub mod conversation;

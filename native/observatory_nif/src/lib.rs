@@ -6,6 +6,7 @@ mod data_dir_lock;
 mod decision_log;
 mod entropy_tracker;
 mod error;
+mod idempotency;
 mod json;
 mod kill_switch;
 mod loop_verdict;
@@ -60,6 +61,11 @@ mod atoms {
         invalid_json,
         // data directory lock
         locked,
+        // idempotency: what a claim finds
+        new,
+        replay,
+        conflict,
+        in_progress,
         // kill switch: how a request's prompt is read
         last_user_message,
         // proxied APIs (body edits)
