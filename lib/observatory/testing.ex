@@ -5,9 +5,10 @@ defmodule Observatory.Testing do
 
   Observatory keeps state on disk (agents, their keys and events, pauses, the HITL
   audit log, step-detector blocks, budgets spent, notification sinks) and in memory
-  (entropy windows, verdicts, alerts, kill-switch windows, step streaks). Without a
-  reset, a test run starts with what the last one left: a kill switch still on, a
-  session still paused, a budget still spent.
+  (entropy windows, verdicts, alerts, kill-switch windows, step streaks, the steps
+  already answered). Without a reset, a test run starts with what the last one left:
+  a kill switch still on, a session still paused, a budget still spent, a step
+  answered from memory.
 
       # test/test_helper.exs — every run starts from nothing
       ExUnit.start()
@@ -52,6 +53,10 @@ defmodule Observatory.Testing do
     end
 
     for table <- durable_tables(), do: {:atomic, :ok} = :mnesia.clear_table(table)
+
+    # The answered steps outlive a restart of their process on purpose: forget them
+    # all (every one is older than a window of -1 ms).
+    Gateway.Idempotency.sweep(-1)
 
     for id <- @in_memory do
       {:ok, _} = Supervisor.restart_child(Observatory.Supervisor, id)

@@ -39,6 +39,7 @@ defmodule Observatory.TestingTest do
       assert Observatory.Budget.session_usage(session).requests == 1
 
       assert Alerts.get(session) != nil
+      assert Observatory.Gateway.Idempotency.count({:session, session}) == 5
       assert StepDetector.block(blocked) != nil
       assert EntropyTracker.session(session) != nil
 
@@ -53,6 +54,8 @@ defmodule Observatory.TestingTest do
       assert StepDetector.block(blocked) == nil
       assert EntropyTracker.session(session) == nil
       assert Alerts.get(session) == nil
+      # A step sent again is scored anew, not answered from memory.
+      assert Observatory.Gateway.Idempotency.count({:session, session}) == 0
       assert KillSwitch.Agents.events(agent_id: agent) == []
       assert Observatory.Budget.session_usage(session).requests == 0
     end
