@@ -8,7 +8,8 @@ if Code.ensure_loaded?(Plug.Conn) do
 
     Agents then post their steps to `/observatory/api/v1/decision_logs` (one envelope,
     or NDJSON), check tool calls at `/observatory/api/v1/tool_calls/check` and read
-    their sessions; operators use the sessions, HITL and agents routes
+    their sessions; operators use the sessions, HITL, agents (keys, kill switch,
+    guidance, budgets) and notification-sink routes
     (`/observatory/api/v1/sessions/:id/pause`, `/observatory/api/v1/agents/:id/keys` …)
     with their operator tokens. Every route, answer, cap and credential is that of
     Observatory's own server (`ObservatoryWeb.Router`), through the same handlers

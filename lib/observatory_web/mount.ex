@@ -14,7 +14,7 @@ defmodule ObservatoryWeb.Mount do
 
   | API | its routes (under `at`) |
   |---|---|
-  | `:agents_api` | `/api/v1/decision_logs`, `/api/v1/tool_calls/check`, `/api/v1/sessions…`, `/api/v1/hitl/audit`, `/api/v1/agents…` |
+  | `:agents_api` | `/api/v1/decision_logs`, `/api/v1/tool_calls/check`, `/api/v1/sessions…`, `/api/v1/hitl/audit`, `/api/v1/agents…`, `/api/v1/notifications/sinks…` |
   | `:llm_proxy` | `/v1/chat/completions`, `/v1/responses`, `/v1/messages`, `/v1/messages/count_tokens`, `/v1/models…` |
   """
 

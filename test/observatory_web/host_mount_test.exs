@@ -220,6 +220,93 @@ defmodule ObservatoryWeb.HostMountTest do
                )
     end
 
+    # Each operator route of the built-in server, on fresh ids: budgets, guidance,
+    # notification sinks and the sessions list included.
+    defp operator_routes(agent, session, sink) do
+      [
+        {"GET", "/api/v1/sessions", nil},
+        {"GET", "/api/v1/sessions?state=bogus", nil},
+        {"GET", "/api/v1/sessions/#{session}", nil},
+        {"GET", "/api/v1/sessions/#{session}/steps/1", nil},
+        {"POST", "/api/v1/sessions/#{session}/step_detector/reset", nil},
+        {"GET", "/api/v1/hitl/audit?session_id=#{session}", nil},
+        {"GET", "/api/v1/agents", nil},
+        {"GET", "/api/v1/agents/#{agent}", nil},
+        {"PUT", "/api/v1/agents/#{agent}/kill_switch", %{enabled: true, threshold: 9}},
+        {"PUT", "/api/v1/agents/#{agent}/guidance", %{enabled: false}},
+        {"PUT", "/api/v1/agents/#{agent}/budget", %{session_requests: 100}},
+        {"GET", "/api/v1/agents/#{agent}/budget", nil},
+        {"POST", "/api/v1/agents/#{agent}/budget/reset", nil},
+        {"GET", "/api/v1/notifications/sinks", nil},
+        {"PUT", "/api/v1/notifications/sinks/#{sink}", %{kind: "nope"}},
+        {"POST", "/api/v1/notifications/sinks/#{sink}/test", nil},
+        {"DELETE", "/api/v1/notifications/sinks/#{sink}", nil},
+        {"POST", "/api/v1/agents/#{agent}/deactivate", %{reason: "test"}},
+        {"POST", "/api/v1/agents/#{agent}/activate", nil},
+        {"GET", "/api/v1/agents/#{agent}/keys", nil},
+        {"POST", "/api/v1/agents/#{agent}/keys/rotate", nil},
+        {"DELETE", "/api/v1/agents/#{agent}/keys/no-such-key", nil},
+        {"DELETE", "/api/v1/agents/#{agent}", nil}
+      ]
+    end
+
+    defp own_server(method, path, body) do
+      url = String.to_charlist(HTTP.url(path))
+      headers = for {k, v} <- HTTP.operator_headers(), do: {~c"#{k}", ~c"#{v}"}
+
+      request =
+        if method in ["GET", "DELETE"],
+          do: {url, headers},
+          else: {url, headers, ~c"application/json", JSON.encode!(body || %{})}
+
+      method = method |> String.downcase() |> String.to_existing_atom()
+      {:ok, {{_, status, _}, _, resp}} = :httpc.request(method, request, [], body_format: :binary)
+      {status, elem(JSON.decode(resp), 1)}
+    end
+
+    defp mounted(method, path, body) do
+      opts = [headers: json(HTTP.operator_headers())]
+
+      opts =
+        if method in ["GET", "DELETE"],
+          do: opts,
+          else: [{:body, JSON.encode!(body || %{})} | opts]
+
+      resp = ConnAdapter.request(@agents, method, "/observatory" <> path, opts)
+      assert resp != :pass, "#{method} #{path} passed through the mount"
+      {resp.status, decode(resp)}
+    end
+
+    test "every operator route of the built-in server, new ones included, answers the same through the mount",
+         %{n: n} do
+      answers = fn serve, side ->
+        agent = "agent-routes-#{side}-#{n}"
+        HTTP.key_for(agent)
+        session = "sess-routes-#{side}-#{n}"
+
+        assert %{status: 200} =
+                 post_step(
+                   agent,
+                   HTTP.envelope(%{"meta" => %{"agent_id" => agent, "session_id" => session}})
+                 )
+
+        for {method, path, body} <- operator_routes(agent, session, "sink-#{side}-#{n}") do
+          {status, answer} = serve.(method, path, body)
+          # The answer's shape: its keys, and an error's code.
+          {method, String.replace(path, "-#{side}-", "-"), status,
+           is_map(answer) && Enum.sort(Map.keys(answer)), is_map(answer) && answer["error"]}
+        end
+      end
+
+      {mount_answers, own_answers} =
+        with_log(fn -> {answers.(&mounted/3, "m"), answers.(&own_server/3, "o")} end) |> elem(0)
+
+      assert mount_answers == own_answers
+      statuses = Enum.map(own_answers, &elem(&1, 2))
+      # Not all refusals: the routes did their work.
+      assert Enum.count(statuses, &(&1 in 200..299)) >= 17, inspect(own_answers)
+    end
+
     test "a locked-out client's credentials get 429 through the mount too" do
       Application.put_env(:observatory, :auth_throttle,
         max_failures: 2,
@@ -308,6 +395,81 @@ defmodule ObservatoryWeb.HostMountTest do
       resp = chat(agent, Upstream.request("hello"), [{"x-session-id", session}])
       assert resp.status == 403
       assert decode(resp)["error"]["code"] == "session_paused"
+    end
+  end
+
+  describe "the kill switch holds for agents that post steps and check calls through the host's endpoint" do
+    defp check_call(agent, session) do
+      ConnAdapter.request(@agents, "POST", "/observatory/api/v1/tool_calls/check",
+        headers: json(HTTP.agent_headers(agent)),
+        body: JSON.encode!(%{session_id: session, tool: "deploy", arguments: %{env: "prod"}})
+      )
+    end
+
+    defp step(agent, session) do
+      HTTP.envelope(%{"meta" => %{"agent_id" => agent, "session_id" => session}})
+    end
+
+    test "tripped by the mounted proxy: the agent's next step is kept and told to stop, its calls denied",
+         %{agent: agent, n: n} do
+      Application.put_env(:observatory, :llm_upstream, Upstream.answering("same answer").url)
+      HTTP.key_for(agent)
+      session = "sess-ks-steps-#{n}"
+
+      {:ok, _} =
+        KillSwitch.configure(agent, %{"enabled" => true, "window_size" => 3, "threshold" => 3.0})
+
+      before = post_step(agent, step(agent, session))
+      assert before.status == 200 and decode(before)["directives"] == []
+      assert %{"decision" => "allow"} = decode(check_call(agent, session))
+
+      request = Upstream.request("deploy again", tool_calls: [{"deploy", %{"env" => "prod"}}])
+      with_log(fn -> for _ <- 1..6, do: chat(agent, request) end)
+      refute KillSwitch.active?(agent)
+
+      stopped = post_step(agent, step(agent, session))
+      assert stopped.status == 200
+      assert [%{"type" => "stop", "code" => "agent_inactive"}] = decode(stopped)["directives"]
+      # Kept, as a paused session's steps are: the operator sees what it still did.
+      assert decode(stopped)["accepted"] == true
+      assert Observatory.Gateway.SessionLog.count(session) == 2
+
+      denied = decode(check_call(agent, session))
+      assert denied["decision"] == "deny" and denied["code"] == "agent_inactive"
+      refute Map.has_key?(denied, "retry_after_ms")
+    end
+
+    test "deactivated by an operator: the same; activated again, no stop and calls allowed", %{
+      agent: agent,
+      n: n
+    } do
+      HTTP.key_for(agent)
+      session = "sess-ks-manual-#{n}"
+      {:ok, _} = KillSwitch.deactivate(agent, operator: "alice", reason: "maintenance")
+
+      assert [%{"type" => "stop"}] = decode(post_step(agent, step(agent, session)))["directives"]
+      assert decode(check_call(agent, session))["decision"] == "deny"
+
+      {:ok, _} = KillSwitch.activate(agent, operator: "alice")
+
+      assert decode(post_step(agent, step(agent, session)))["directives"] == []
+      # The denied checks were not counted: the first allowed one counts 1.
+      assert %{"decision" => "allow", "count" => 1} = decode(check_call(agent, session))
+    end
+
+    test "a step sent again after the deactivation is answered with the agent's state now", %{
+      agent: agent,
+      n: n
+    } do
+      HTTP.key_for(agent)
+      envelope = step(agent, "sess-ks-replay-#{n}")
+      assert decode(post_step(agent, envelope))["directives"] == []
+
+      {:ok, _} = KillSwitch.deactivate(agent, operator: "alice", reason: "maintenance")
+
+      replayed = decode(post_step(agent, envelope))
+      assert replayed["replayed"] == true
+      assert [%{"type" => "stop"}] = replayed["directives"]
     end
   end
 
