@@ -411,6 +411,8 @@ defmodule ObservatoryWeb.AgentDetailTest do
                ~s(id="agent-status" class="ad-status ad-status-deactivated_by_kill_switch" data-status="deactivated_by_kill_switch")
 
       assert page =~ "The kill switch stopped this agent"
+      # What stops it on each way in: the proxy, its steps, its tool-call checks.
+      assert page =~ "answered with a <code>stop</code> directive, its tool-call checks denied"
       assert page =~ ~s(phx-click="activate">Activate</button>)
       refute page =~ ~s(phx-submit="deactivate")
 
@@ -474,6 +476,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
       refute page =~ "Deactivated by Kill Switch"
       assert page =~ ~s(data-status="inactive")
       assert page =~ "Deactivated by an operator"
+      assert page =~ "answered with a <code>stop</code> directive"
       assert page =~ ~s{By <span class="ad-who">alice</span> (maintenance).}
       assert event(socket, "deactivate").assigns.notice == {:info, "Already inactive."}
     end

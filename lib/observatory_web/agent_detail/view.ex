@@ -541,11 +541,15 @@ defmodule ObservatoryWeb.AgentDetail.View do
     ]
   end
 
+  @inactive_steps ~s{the steps it still sends are kept and answered with a <code>stop</code> } <>
+                    ~s{directive, its tool-call checks denied.</p>}
+
   defp status_body(%{deactivated_by: :kill_switch}) do
     [
       ~s(<p>The kill switch stopped this agent: its loop score exceeded the threshold ),
       ~s{(the event below has the figures). Every request gets the standard inactive-agent },
-      ~s{answer, <code>403 agent_inactive</code>.</p>},
+      ~s{answer, <code>403 agent_inactive</code>; },
+      @inactive_steps,
       activate_button()
     ]
   end
@@ -553,7 +557,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp status_body(_inactive) do
     [
       ~s{<p>Deactivated by an operator: every request gets the standard inactive-agent },
-      ~s{answer, <code>403 agent_inactive</code>.</p>},
+      ~s{answer, <code>403 agent_inactive</code>; },
+      @inactive_steps,
       activate_button()
     ]
   end
