@@ -3,8 +3,22 @@ defmodule Observatory.Application do
   use Application
   require Logger
 
+  # A failed start is one line that says what to do (Observatory.StartupError): printed,
+  # ending the VM, when Observatory runs as its own server; logged and returned in a host.
   @impl true
   def start(_type, _args) do
+    case start_tree() do
+      {:ok, pid} -> {:ok, pid}
+      {:error, reason} -> Observatory.StartupError.report(reason)
+    end
+  rescue
+    exception ->
+      if Observatory.StartupError.halt?(),
+        do: Observatory.StartupError.report(exception),
+        else: reraise(exception, __STACKTRACE__)
+  end
+
+  defp start_tree do
     Observatory.Metrics.setup()
     # Before any durable write can run (Observatory.Storage.transaction/2).
     Observatory.Cluster.Gate.setup()
@@ -16,6 +30,7 @@ defmodule Observatory.Application do
     Observatory.Proxy.Guidance.check_config!()
     Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
+    warn_without_operator_tokens()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
     # restarts cleanly instead of colliding with its orphaned children.
@@ -88,10 +103,23 @@ defmodule Observatory.Application do
       Application.put_env(:observatory, :secret_key_base, key)
 
       ObservatoryWeb.Endpoint.server?() &&
-        Logger.info(
-          "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-            "dashboard sign-ins end when the application restarts"
+        Logger.warning(
+          "no OBSERVATORY_SECRET_KEY_BASE set: generated one, so dashboard sign-ins end " <>
+            "when the gateway restarts; set one, e.g. OBSERVATORY_SECRET_KEY_BASE=$(openssl rand -base64 48)"
         )
+    end
+  end
+
+  # Without an operator token nobody can sign in to the dashboard or use the operator
+  # API: said once, with the fix, when Observatory's own server runs.
+  defp warn_without_operator_tokens do
+    if ObservatoryWeb.Endpoint.server?() and
+         Application.get_env(:observatory, :operator_tokens, %{}) == %{} do
+      Logger.warning(
+        "no operator token configured: nobody can sign in to the dashboard or use the " <>
+          "operator API; set OBSERVATORY_OPERATOR_TOKENS=<name>:<token>, e.g. " <>
+          "OBSERVATORY_OPERATOR_TOKENS=alice:$(openssl rand -hex 24)"
+      )
     end
   end
 end

@@ -6,8 +6,8 @@ defmodule Observatory.DataDirLock do
 
   A second gateway on the same directory — another OS process, a node with another
   name, a second application in the same VM — does not get the lock and refuses to
-  start with `{:data_dir_locked, dir, holder}` and an error in the log that names the
-  directory and the OS process holding it. Two writers on one Mnesia directory
+  start with `{:data_dir_locked, dir, holder}`, which `Observatory.StartupError` says
+  as one line naming the directory, the OS process holding it and how to pick another. Two writers on one Mnesia directory
   otherwise both acknowledge writes, and after a restart half of them are gone.
 
   The kernel releases the lock when the OS process ends, however it ends (`kill -9`
@@ -15,7 +15,6 @@ defmodule Observatory.DataDirLock do
   """
 
   use GenServer
-  require Logger
 
   alias Observatory.Native
 
@@ -69,15 +68,9 @@ defmodule Observatory.DataDirLock do
         Process.sleep(100)
         acquire(dir, tries - 1)
 
+      # Said to the person starting it by Observatory.StartupError.
       {:error, :locked} ->
-        holder = holder(dir)
-
-        Logger.error(
-          "the data directory #{dir} is in use by another Observatory (OS process #{holder} " <>
-            "holds #{path(dir)}): stop it, or give this one another :data_dir"
-        )
-
-        {:stop, {:data_dir_locked, dir, holder}}
+        {:stop, {:data_dir_locked, dir, holder(dir)}}
 
       {:error, message} ->
         {:stop, {:data_dir_lock_failed, path(dir), message}}
