@@ -321,8 +321,9 @@ defmodule ObservatoryWeb.OpenAPITest do
           do: {template, item[String.downcase(method)]}
       end) || flunk("#{method} #{path} is not described")
 
+    # `default`: the proxy's pass-through of whatever the upstream answered.
     response =
-      resolve(spec, op["responses"][Integer.to_string(status)]) ||
+      resolve(spec, op["responses"][Integer.to_string(status)] || op["responses"]["default"]) ||
         flunk("#{method} #{template}: answered #{status}, which is not described")
 
     if content = response["content"] do
