@@ -155,7 +155,7 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "GET", ["healthz"]) do
     case Observatory.Health.check() do
       {:ok, checks} ->
-        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        sessions = Observatory.Gateway.EntropyTracker.session_count()
         Conn.json(conn, 200, %{status: "ok", checks: checks, sessions: sessions})
 
       {:error, checks} ->
