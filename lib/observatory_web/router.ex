@@ -73,20 +73,18 @@ defmodule ObservatoryWeb.Router do
     Conn.error(conn, 400, "bad_request", conn.bad_request)
   end
 
-  # A locked-out client's credentials are refused before they are checked (issue 13).
+  # A locked-out client's wrong credentials are answered 429 here; its valid ones go
+  # on to their handler, whatever the client's failures (AuthThrottle). The sign-in
+  # form's token is in its body: `Login` applies the same rule.
   defp throttled(conn) do
-    sign_in? = conn.method == "POST" and conn.path_info == ["login"]
-
-    if sign_in? or Auth.credential?(conn) do
-      case AuthThrottle.check(conn.remote_ip) do
-        :ok -> nil
-        {:error, retry_after_s} -> retry_after_s
-      end
+    with true <- Auth.credential?(conn),
+         {:error, retry_after_s} <- AuthThrottle.check(conn.remote_ip),
+         false <- Auth.valid_credential?(conn) do
+      retry_after_s
+    else
+      _ -> nil
     end
   end
-
-  defp too_many_attempts(%{path_info: ["login"]} = conn, retry_after_s),
-    do: Login.throttled(conn, retry_after_s)
 
   defp too_many_attempts(conn, retry_after_s) do
     body = %{
