@@ -26,7 +26,7 @@ defmodule ObservatoryWeb.Auth do
   """
 
   alias Observatory.AgentKeys
-  alias Observatory.Gateway.EntropyTracker
+  alias Observatory.Gateway.SessionOwners
   alias ObservatoryWeb.{AuthThrottle, Conn}
 
   @typedoc "An authenticated agent: its id, or `:any_agent` for an insecure shared key."
@@ -161,9 +161,9 @@ defmodule ObservatoryWeb.Auth do
 
   @doc """
   Whether an authenticated agent may read or add to a session: `{:error, :forbidden}`
-  when the gateway has recorded the session for another agent (the tracker's agent of
-  the session, read on the session's owner), `{:error, :owner_unavailable}` when that
-  owner does not answer in a cluster — never allowed for want of an answer.
+  when another agent owns the session (`Observatory.Gateway.SessionOwners`, read on
+  the session's node), `{:error, :owner_unavailable}` when that node does not answer
+  in a cluster — never allowed for want of an answer.
   """
   @spec session_access(agent(), String.t()) :: :ok | {:error, :forbidden | :owner_unavailable}
   def session_access(:any_agent, _session_id), do: :ok
@@ -176,17 +176,10 @@ defmodule ObservatoryWeb.Auth do
     end
   end
 
-  @doc "The agent the gateway has recorded for a session (nil for none), read on its owner."
+  @doc "The agent that owns a session (nil for none), read on the session's node."
   @spec session_owner(String.t()) :: {:ok, String.t() | nil} | {:error, :owner_unavailable}
-  def session_owner(session_id) do
-    with {:ok, session} <-
-           Observatory.Cluster.call_owner(session_id, EntropyTracker, :session, [session_id]) do
-      {:ok, session_agent(session)}
-    end
-  end
-
-  defp session_agent(%{agent_id: agent}), do: agent
-  defp session_agent(_none), do: nil
+  def session_owner(session_id),
+    do: Observatory.Cluster.call_owner(session_id, SessionOwners, :owner, [session_id])
 
   defp shared_key?(key) do
     Application.get_env(:observatory, :insecure_shared_agent_keys, false) and
