@@ -5,6 +5,24 @@ defmodule Observatory.Application do
 
   @impl true
   def start(_type, _args) do
+    with :ok <- prepare_data_dir() do
+      start_tree()
+    end
+  end
+
+  # Before anything touches the data directory: refuse one other users can read.
+  defp prepare_data_dir do
+    case Observatory.DataDir.prepare() do
+      :ok ->
+        :ok
+
+      {:error, message} ->
+        Logger.error(message)
+        {:error, {:data_dir_refused, message}}
+    end
+  end
+
+  defp start_tree do
     Observatory.Metrics.setup()
     ensure_secret_key_base()
 

@@ -121,6 +121,7 @@ defmodule Observatory.Native do
 
   def data_dir_lock(_path), do: :erlang.nif_error(:nif_not_loaded)
   def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)
+  def umask_owner_only, do: :erlang.nif_error(:nif_not_loaded)
 
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
