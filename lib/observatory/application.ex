@@ -80,12 +80,23 @@ defmodule Observatory.Application do
     unless Application.get_env(:observatory, :secret_key_base) do
       key = :crypto.strong_rand_bytes(48) |> Base.encode64()
       Application.put_env(:observatory, :secret_key_base, key)
+      :persistent_term.put({__MODULE__, :generated_secret_key_base}, key)
 
       ObservatoryWeb.Endpoint.server?() &&
         Logger.info(
           "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
             "dashboard sign-ins end when the application restarts"
         )
+    end
+  end
+
+  @doc false
+  # Whether :secret_key_base was configured, not generated at start (Observatory.AtRest
+  # derives its key from a configured one only: a generated one changes at restart).
+  def secret_key_base_configured? do
+    case Application.get_env(:observatory, :secret_key_base) do
+      nil -> false
+      key -> key != :persistent_term.get({__MODULE__, :generated_secret_key_base}, nil)
     end
   end
 end

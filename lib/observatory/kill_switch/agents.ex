@@ -11,7 +11,8 @@ defmodule Observatory.KillSwitch.Agents do
         deactivated_by: nil,            # :kill_switch | :manual | nil
         deactivated_at: nil,            # DateTime | nil
         kill_switch: %{enabled: false, window_size: 10, threshold: 10.0},
-        notification_webhook: nil,      # URL | nil
+        notification_webhook: nil,      # URL | nil (stored sealed: Observatory.AtRest)
+        notification_webhook_unreadable: false, # sealed under another key: enter it again
         created_at: ~U[...], updated_at: ~U[...]
       }
 
@@ -43,7 +44,8 @@ defmodule Observatory.KillSwitch.Agents do
 
   require Logger
 
-  alias Observatory.KillSwitch.Settings
+  alias Observatory.AtRest
+  alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias Observatory.Storage
 
   @agents :observatory_agents
@@ -61,6 +63,7 @@ defmodule Observatory.KillSwitch.Agents do
           deactivated_at: DateTime.t() | nil,
           kill_switch: %{enabled: boolean(), window_size: pos_integer(), threshold: float()},
           notification_webhook: String.t() | nil,
+          notification_webhook_unreadable: boolean(),
           created_at: DateTime.t(),
           updated_at: DateTime.t()
         }
@@ -100,9 +103,45 @@ defmodule Observatory.KillSwitch.Agents do
     create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
     case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
-      :ok -> :ok
+      :ok -> seal_plain_webhooks()
       other -> raise "Mnesia tables #{inspect(@tables)} did not load: #{inspect(other)}"
     end
+  end
+
+  # Webhook URLs written in plain by an older release: sealed, and the copies in
+  # "settings_changed" events redacted. Nothing to do once done.
+  defp seal_plain_webhooks do
+    agents =
+      :mnesia.dirty_select(@agents, [
+        {{@agents, :"$1", :"$2"}, [{:is_binary, {:map_get, :notification_webhook, :"$2"}}],
+         [:"$1"]}
+      ])
+
+    events =
+      :mnesia.dirty_select(@events, [{{@events, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
+      |> Enum.filter(fn {_key, event} ->
+        is_binary(get_in(event, [:details, :changes, :notification_webhook]))
+      end)
+
+    if agents != [] or events != [] do
+      Storage.transaction("agent store", fn ->
+        for id <- agents, agent = read(id), do: write(agent)
+
+        for {key, event} <- events do
+          event =
+            update_in(event, [:details, :changes, :notification_webhook], &WebhookURL.redact/1)
+
+          :mnesia.write({@events, key, event})
+        end
+      end)
+
+      Logger.info(
+        "sealed #{length(agents)} webhook URL(s) stored in plain by an older release, " <>
+          "redacted #{length(events)} in events"
+      )
+    end
+
+    :ok
   end
 
   @doc """
@@ -283,7 +322,13 @@ defmodule Observatory.KillSwitch.Agents do
           |> Map.put(:updated_at, now)
 
         write(updated)
-        event = write_event(id, "settings_changed", Map.put(details, :changes, changes), now)
+        # The event keeps what changed, a webhook URL only redacted: it is a secret.
+        logged =
+          if Map.has_key?(changes, :notification_webhook),
+            do: Map.update!(changes, :notification_webhook, &WebhookURL.redact/1),
+            else: changes
+
+        event = write_event(id, "settings_changed", Map.put(details, :changes, logged), now)
         {:ok, before, updated, event}
       end
     end)
@@ -382,7 +427,20 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
-  defp write(agent), do: :mnesia.write({@agents, agent.id, agent})
+  # The webhook URL is stored sealed (Observatory.AtRest), bound to the agent's id.
+  defp write(agent) do
+    stored =
+      agent
+      |> Map.delete(:notification_webhook_unreadable)
+      |> Map.update!(:notification_webhook, fn
+        nil -> nil
+        url -> AtRest.seal(url, webhook_aad(agent.id))
+      end)
+
+    :mnesia.write({@agents, agent.id, stored})
+  end
+
+  defp webhook_aad(id), do: "notification_webhook:" <> id
 
   defp write_event(agent_id, type, details, at) do
     at_us = DateTime.to_unix(at, :microsecond)
@@ -414,18 +472,35 @@ defmodule Observatory.KillSwitch.Agents do
         threshold: Keyword.get(config, :threshold, 10.0) / 1
       },
       notification_webhook: nil,
+      notification_webhook_unreadable: false,
       created_at: now,
       updated_at: now
     }
   end
 
   # Records written by an older release lack newer fields: fill them with defaults.
+  # A webhook URL sealed under another key (the secret_key_base changed) cannot be
+  # read: the agent has none until an operator enters it again, and says so.
   defp upgrade(id, stored) do
     defaults = new(id, Map.get(stored, :created_at, now()))
+
+    {webhook, unreadable?} =
+      case Map.get(stored, :notification_webhook) do
+        nil ->
+          {nil, false}
+
+        value ->
+          case AtRest.unseal(value, webhook_aad(id)) do
+            {:ok, url} -> {url, false}
+            {:error, _} -> {nil, true}
+          end
+      end
 
     defaults
     |> Map.merge(stored)
     |> Map.put(:kill_switch, Map.merge(defaults.kill_switch, Map.get(stored, :kill_switch, %{})))
+    |> Map.put(:notification_webhook, webhook)
+    |> Map.put(:notification_webhook_unreadable, unreadable?)
   end
 
   defp max_agents do

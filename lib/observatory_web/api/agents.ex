@@ -25,19 +25,24 @@ defmodule ObservatoryWeb.API.Agents do
        "deactivated_at": "2026-02-22T10:30:00.000000Z",
        "status": "deactivated_by_kill_switch", "status_label": "Deactivated by Kill Switch",
        "kill_switch": {"enabled": true, "window_size": 10, "threshold": 10.0, "max_score": 40.5},
-       "notification_webhook": null, "notifications_configured": false,
+       "notification_webhook": "https://hooks.slack.com/…Xk4q",
+       "notification_webhook_unreadable": false, "notifications_configured": true,
        "score": {"score": 11.5, "similar_prompts": 3, "similar_responses": 2,
                  "repeated_tool_calls": 3, "window_len": 4, "window_size": 10},
        "created_at": "...", "updated_at": "..."}
 
   `status_label` is what the dashboard shows: "Deactivated by Kill Switch" when the
   switch stopped the agent, "Inactive" when an operator did, "Active" otherwise.
+  A webhook URL is its own credential: it is shown back redacted (its origin and last
+  four characters, `Observatory.KillSwitch.WebhookURL.redact/1`), in events too, and
+  stored sealed; `notification_webhook_unreadable` is true when it was sealed under
+  another key (the `:secret_key_base` changed) and must be set again.
   `score` is null while the switch is off (no window).
   """
 
   alias Observatory.{AgentKeys, JSON}
   alias Observatory.KillSwitch
-  alias Observatory.KillSwitch.Settings
+  alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias ObservatoryWeb.{Auth, Conn}
 
   def index(conn) do
@@ -189,7 +194,8 @@ defmodule ObservatoryWeb.API.Agents do
         threshold: ks.threshold,
         max_score: Settings.max_score(ks.window_size)
       },
-      notification_webhook: agent.notification_webhook,
+      notification_webhook: WebhookURL.redact(agent.notification_webhook),
+      notification_webhook_unreadable: agent[:notification_webhook_unreadable] == true,
       notifications_configured: KillSwitch.notifications_configured?(agent),
       score: score(agent),
       created_at: DateTime.to_iso8601(agent.created_at),
