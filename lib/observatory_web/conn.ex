@@ -15,7 +15,7 @@ defmodule ObservatoryWeb.Conn do
 
   alias Observatory.JSON
 
-  defstruct [:req, :method, :path_info, :query, :remote_ip, :bad_request]
+  defstruct [:req, :method, :path_info, :query, :remote_ip, :bad_request, :not_implemented]
 
   @type t :: %__MODULE__{
           req: term(),
@@ -23,7 +23,8 @@ defmodule ObservatoryWeb.Conn do
           path_info: [String.t()],
           query: %{String.t() => String.t()},
           remote_ip: String.t() | nil,
-          bad_request: String.t() | nil
+          bad_request: String.t() | nil,
+          not_implemented: String.t() | nil
         }
 
   @security_headers [
@@ -51,10 +52,41 @@ defmodule ObservatoryWeb.Conn do
     |> refuse_unless(headers_utf8?(req), "a header is not valid UTF-8")
     |> refuse_unless(header_values_clean?(req), "a header value contains a control character")
     |> refuse_unless(content_length_ok?(req), "Content-Length must be a decimal number")
+    |> refuse_unless(
+      not (chunked?(req) and header_value(req, "content-length") != nil),
+      "a request has Transfer-Encoding or Content-Length, not both"
+    )
+    |> transfer_encoding(header_value(req, "transfer-encoding"))
   end
 
   defp refuse_unless(%{bad_request: nil} = conn, false, reason), do: %{conn | bad_request: reason}
   defp refuse_unless(conn, _ok, _reason), do: conn
+
+  # Chunked is the one transfer coding a server must know (RFC 9112 §7): any other
+  # (gzip, or chunked after another) is answered 501 before its body is read.
+  defp transfer_encoding(conn, nil), do: conn
+
+  defp transfer_encoding(conn, value) do
+    if normalized(value) == "chunked",
+      do: conn,
+      else: %{
+        conn
+        | not_implemented:
+            "Transfer-Encoding #{inspect(value)} is not supported: send chunked or a Content-Length"
+      }
+  end
+
+  defp chunked?(req), do: normalized(header_value(req, "transfer-encoding")) == "chunked"
+
+  defp normalized(nil), do: nil
+  defp normalized(value), do: value |> String.trim() |> String.downcase()
+
+  defp header_value(req, name) do
+    case :mochiweb_request.get_header_value(String.to_charlist(name), req) do
+      :undefined -> nil
+      value -> bytes(value)
+    end
+  end
 
   # MochiWeb hands out paths and header values as lists of bytes: keep the bytes
   # (`to_string/1` would read each byte as a code point and hide invalid UTF-8).
@@ -168,20 +200,44 @@ defmodule ObservatoryWeb.Conn do
   Reads the whole body, at most `:max_body_bytes` (default 1 MiB), within the
   endpoint's `idle_timeout_ms` (past it the connection is closed).
   Returns `{:ok, body}` or `{:error, :too_large}`.
+
+  A chunked body whose framing is broken (a chunk size that is not hex, a chunk
+  extension holding a control character such as CR, a chunk not ended by CRLF) is
+  answered `400` here and its connection closed: nothing after it can be trusted to
+  start the next request. Well-formed chunk extensions are ignored (RFC 9112 §7.1.1).
   """
   @spec read_body(t()) :: {:ok, binary()} | {:error, :too_large}
-  def read_body(%__MODULE__{req: req}) do
+  def read_body(%__MODULE__{req: req} = conn) do
     max = max_body_bytes()
 
-    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-           :mochiweb_request.recv_body(max, req)
-         end) do
+    result =
+      ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+        if chunked?(req),
+          do: ObservatoryWeb.Conn.Chunked.read(req, max),
+          else: recv_body(req, max)
+      end)
+
+    case result do
+      {:error, {:malformed, reason}} -> malformed(conn, reason)
+      other -> other
+    end
+  end
+
+  defp recv_body(req, max) do
+    case :mochiweb_request.recv_body(max, req) do
       :undefined -> {:ok, ""}
       body -> {:ok, IO.iodata_to_binary(body)}
     end
   catch
     :exit, {:body_too_large, _} -> {:error, :too_large}
     :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  defp malformed(conn, reason) do
+    Process.put(:mochiweb_request_force_close, true)
+    error(conn, 400, "bad_request", "the chunked body is malformed: #{reason}")
+    :mochiweb_socket.close(:mochiweb_request.get(:socket, conn.req))
+    exit({:shutdown, :malformed_chunked_body})
   end
 
   @doc "The configured body limit in bytes."

@@ -52,6 +52,7 @@ defmodule ObservatoryWeb.Router do
     try do
       cond do
         conn.bad_request -> refuse(conn)
+        conn.not_implemented -> not_implemented(conn)
         throttled = throttled(conn) -> too_many_attempts(conn, throttled)
         true -> route(conn, conn.method, conn.path_info)
       end
@@ -71,6 +72,13 @@ defmodule ObservatoryWeb.Router do
   defp refuse(conn) do
     Process.put(:mochiweb_request_force_close, true)
     Conn.error(conn, 400, "bad_request", conn.bad_request)
+  end
+
+  # A body in a transfer coding we cannot read: refused before it is read, and the
+  # connection closed (its unread body is no next request).
+  defp not_implemented(conn) do
+    Process.put(:mochiweb_request_force_close, true)
+    Conn.error(conn, 501, "not_implemented", conn.not_implemented)
   end
 
   # A locked-out client's wrong credentials are answered 429 here; its valid ones go
