@@ -5,7 +5,7 @@ defmodule Observatory.JSON do
 
   Decoding gives maps with string keys, lists, binaries, integers, floats, booleans
   and `nil`. Encoding accepts maps with string or atom keys, lists, strings, numbers,
-  booleans, `nil` and atoms (written as strings). Inputs over 16 KiB run on a dirty
+  booleans, `nil` and atoms (written as strings). Inputs over 8 KiB run on a dirty
   scheduler so a big document never stalls a normal one.
 
       iex> Observatory.JSON.encode!(%{"score" => 0.2, "severity" => :loop})
