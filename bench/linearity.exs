@@ -5,6 +5,7 @@
 #   OBSERVATORY_PORT=0 MIX_ENV=prod mix run --no-start bench/linearity.exs            # 64 KiB vs 1 MiB
 #   OBSERVATORY_PORT=0 MIX_ENV=prod mix run --no-start bench/linearity.exs -- --quick # 16 KiB vs 256 KiB
 #   ... -- --quick --runs 1   # an older checkout, whose quadratic parsers take seconds a step
+#   ... -- --typical          # only the cost of a typical small step, five times
 #
 # Costs are the VM's CPU time per run (statistics(:runtime)), so a loaded machine does
 # not inflate them; /healthz answer times are wall time. Schedulers that spin before
@@ -112,12 +113,54 @@ end
 
 # --runs N: fewer runs for a checkout whose parsers take seconds on these inputs.
 runs =
-  case OptionParser.parse(System.argv(), strict: [runs: :integer, quick: :boolean]) do
+  case OptionParser.parse(System.argv(),
+         strict: [runs: :integer, quick: :boolean, typical: :boolean]
+       ) do
     {opts, _, _} -> Keyword.get(opts, :runs, if(quick?, do: 5, else: 7))
   end
 
 label = fn n ->
   if n >= 1024 * 1024, do: "#{div(n, 1024 * 1024)} MiB", else: "#{div(n, 1024)} KiB"
+end
+
+# The cost of a typical small step (bench/ingest.exs's), for before/after comparisons
+# of what every step pays: `-- --typical` runs only this, five times.
+typical_step_cost = fn ->
+  typical =
+    Observatory.JSON.encode!(%{
+      "meta" => %{
+        "step_id" => "step-1",
+        "session_id" => "sess-typical",
+        "agent_id" => "agent-1",
+        "parent_step_id" => "step-0",
+        "timestamp" => "2026-02-22T10:30:00.123Z"
+      },
+      "cognition" => %{
+        "intent" => "search",
+        "reasoning_chain" => ["read the task", "pick a tool"]
+      },
+      "action" => %{
+        "tool_call" => "read_file",
+        "tool_input" => %{"path" => "/srv/app/file-7.ex", "limit" => 200},
+        "status" => "success",
+        "result" => %{"bytes" => 1031}
+      }
+    })
+
+  n = 20_000
+  {cpu0, _} = :erlang.statistics(:runtime)
+  for _ <- 1..n, do: {:ok, _} = SchemaInterceptor.ingest(typical)
+  {cpu1, _} = :erlang.statistics(:runtime)
+
+  IO.puts(
+    "\ntypical step (#{byte_size(typical)} B, bench/ingest.exs's shape): " <>
+      "#{Float.round((cpu1 - cpu0) * 1000 / n, 1)} µs of CPU per step, one caller"
+  )
+end
+
+if "--typical" in System.argv() do
+  for _ <- 1..5, do: typical_step_cost.()
+  System.halt(0)
 end
 
 IO.puts(
@@ -153,33 +196,7 @@ prose_large =
 
 _ = prose_large
 
-typical =
-  Observatory.JSON.encode!(%{
-    "meta" => %{
-      "step_id" => "step-1",
-      "session_id" => "sess-typical",
-      "agent_id" => "agent-1",
-      "parent_step_id" => "step-0",
-      "timestamp" => "2026-02-22T10:30:00.123Z"
-    },
-    "cognition" => %{"intent" => "search", "reasoning_chain" => ["read the task", "pick a tool"]},
-    "action" => %{
-      "tool_call" => "read_file",
-      "tool_input" => %{"path" => "/srv/app/file-7.ex", "limit" => 200},
-      "status" => "success",
-      "result" => %{"bytes" => 1031}
-    }
-  })
-
-n = 20_000
-{cpu0, _} = :erlang.statistics(:runtime)
-for _ <- 1..n, do: {:ok, _} = SchemaInterceptor.ingest(typical)
-{cpu1, _} = :erlang.statistics(:runtime)
-
-IO.puts(
-  "\ntypical step (#{byte_size(typical)} B, bench/ingest.exs's shape): " <>
-    "#{Float.round((cpu1 - cpu0) * 1000 / n, 1)} µs of CPU per step, one caller"
-)
+typical_step_cost.()
 
 threshold =
   if Code.ensure_loaded?(Observatory.Native.Cost),
