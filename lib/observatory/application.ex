@@ -24,6 +24,7 @@ defmodule Observatory.Application do
 
   defp start_tree do
     Observatory.Metrics.setup()
+    Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright

@@ -27,6 +27,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use observatory_core::conversation::PromptSource;
 use observatory_core::decision_log::{parse, step_hashes, validate};
 use observatory_core::loop_verdict::keys::{keys_from_canonical, Normalization};
 use observatory_core::messages::request_fingerprint;
@@ -241,7 +242,10 @@ fn parsers() -> Vec<Parser> {
             },
             run: |b| {
                 let request: Value = serde_json::from_slice(b).unwrap();
-                request_fingerprint(&request).unwrap().tool_signatures.len()
+                request_fingerprint(&request, PromptSource::default())
+                    .unwrap()
+                    .tool_signatures
+                    .len()
             },
         },
         Parser {

@@ -6,12 +6,13 @@
 //! `cargo test -p observatory_core --test parsers_fuzz` runs 256 cases per property;
 //! `PROPTEST_CASES=100000` runs a longer campaign.
 
+use observatory_core::conversation::PromptSource;
 use observatory_core::decision_log::{parse, step_hashes, validate};
 use observatory_core::loop_verdict::keys::Normalization;
 use observatory_core::loop_verdict::shape::{collapse_whitespace, shape, Scratch};
 use observatory_core::normalize::{normalize_json_ids_into, IdRules};
 use observatory_core::stable_json::stable_stringify;
-use observatory_core::{anthropic_messages, messages, replay};
+use observatory_core::{anthropic_messages, messages, replay, responses};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -117,10 +118,14 @@ fn ingest(body: &[u8]) {
         line,
         replay::read_line(body, "agent", "2026-02-22T10:30:00Z")
     );
-    let _ = messages::request_fingerprint(&value);
+    for source in [PromptSource::NewestInput, PromptSource::LastUserMessage] {
+        let _ = messages::request_fingerprint(&value, source);
+        let _ = anthropic_messages::request_fingerprint(&value, source);
+        let _ = responses::request_fingerprint(&value, source);
+    }
     let _ = messages::response_fingerprint(&value);
-    let _ = anthropic_messages::request_fingerprint(&value);
     let _ = anthropic_messages::response_fingerprint(&value);
+    let _ = responses::response_fingerprint(&value);
 }
 
 /// The loop verdict's readers on any text, canonical or not.
@@ -174,11 +179,12 @@ proptest! {
             {"role": "assistant", "tool_calls": [
                 {"id": "1", "type": "function", "function": {"name": "f", "arguments": arguments}},
                 {"id": "2", "type": "function", "function": {"name": "g", "arguments": text}}]}]});
-        let first = messages::request_fingerprint(&request).unwrap();
-        prop_assert_eq!(messages::request_fingerprint(&request).unwrap(), first);
+        let source = PromptSource::default();
+        let first = messages::request_fingerprint(&request, source).unwrap();
+        prop_assert_eq!(messages::request_fingerprint(&request, source).unwrap(), first);
         let anthropic = json!({"model": "m", "messages": [
             {"role": "user", "content": text},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "1", "name": "f", "input": args}]}]});
-        prop_assert!(anthropic_messages::request_fingerprint(&anthropic).is_ok());
+        prop_assert!(anthropic_messages::request_fingerprint(&anthropic, source).is_ok());
     }
 }
