@@ -1082,6 +1082,18 @@ mod tests {
     }
 
     #[test]
+    fn json_mode_finds_keys_spelled_long() {
+        // A key is looked for up to 32 bytes back: separators make a volatile word longer
+        // than itself, and it is still that word.
+        assert_eq!(
+            json_ids(r#"{"correlation___id___":"req-42"}"#),
+            r#"{"correlation___id___":"<V>"}"#
+        );
+        let too_far = format!(r#"{{"{}pid":"req-42"}}"#, "_".repeat(40));
+        assert_eq!(json_ids(&too_far), too_far);
+    }
+
+    #[test]
     fn json_mode_replaces_volatile_values() {
         assert_eq!(
             json_ids(r#"{"pid":4242,"port":3000}"#),
