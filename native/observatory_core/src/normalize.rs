@@ -946,6 +946,16 @@ mod tests {
     }
 
     #[test]
+    fn ids_mode_keeps_long_words_that_are_not_hex() {
+        // Eight characters and a digit make no hex id when a letter is past `f`.
+        assert_eq!(
+            ids("version12 of build2024x, step9abc"),
+            "version12 of build2024x, step9abc"
+        );
+        assert_eq!(ids("abcdef1234 of build2024x"), "<ID> of build2024x");
+    }
+
+    #[test]
     fn ids_mode_replaces_unix_times() {
         assert_eq!(ids("ts 1739870000 and 1739870000123"), "ts <TS> and <TS>");
         assert_eq!(
