@@ -106,11 +106,25 @@ defmodule Observatory.Application do
       Application.put_env(:observatory, :secret_key_base, key)
       :persistent_term.put({__MODULE__, :generated_secret_key_base}, key)
 
-      ObservatoryWeb.Endpoint.server?() &&
-        Logger.info(
-          "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-            "dashboard sign-ins end when the application restarts"
-        )
+      cond do
+        # Each node would seal with a key of its own: none could read the webhook URLs
+        # and notification sinks another node stored (Observatory.AtRest).
+        Observatory.Cluster.enabled?() ->
+          Logger.warning(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE) on a cluster " <>
+              "node: set the same one on every node, or the nodes cannot read the webhook " <>
+              "URLs and notification sinks each other stored, nor each other's sign-ins"
+          )
+
+        ObservatoryWeb.Endpoint.server?() ->
+          Logger.info(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
+              "dashboard sign-ins end when the application restarts"
+          )
+
+        true ->
+          :ok
+      end
     end
   end
 
