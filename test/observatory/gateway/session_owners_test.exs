@@ -1,10 +1,10 @@
 defmodule Observatory.Gateway.SessionOwnersTest do
   use Observatory.TrackerCase, async: false
 
-  alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionOwners}
+  alias Observatory.Gateway.{Idempotency, LoopVerdict, SchemaInterceptor, SessionOwners}
 
   setup do
-    restore_env_on_exit([:max_sessions_per_agent, :session_owner_ttl_ms])
+    restore_env_on_exit([:max_sessions_per_agent, :session_owner_ttl_ms, :idempotency])
     n = System.unique_integer([:positive])
     %{victim: "victim-#{n}", attacker: "attacker-#{n}"}
   end
@@ -86,6 +86,33 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert {:ok, []} = SessionOwners.claim("#{attacker}-a", attacker)
       b = "#{attacker}-b"
       assert {:ok, [^b]} = SessionOwners.claim("#{attacker}-c", attacker)
+    end
+  end
+
+  describe "findings 5 and 7: both per-agent quotas hold on one ingest path" do
+    test "an agent flooding sessions and steps takes no session and flushes no remembered step",
+         %{victim: victim, attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 5)
+      # Without the per-agent quota the flood would fill the store (100) and flush the
+      # victim's steps.
+      Application.put_env(:observatory, :idempotency, max_steps: 100, max_steps_per_agent: 20)
+      sid = unique_session("sess-both")
+      victim_steps = for _ <- 1..10, do: step(sid, victim)
+
+      for body <- victim_steps,
+          do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(body, agent: victim)
+
+      # 300 distinct steps over 60 sessions of its own.
+      for n <- 1..300, do: {:ok, _} = ingest("#{attacker}-flood-#{rem(n, 60)}", attacker, [])
+
+      assert SessionOwners.count(attacker) == 5
+      assert Idempotency.count({:agent, attacker}) == 20
+      assert SessionOwners.owner(sid) == victim
+      assert {:error, {:forbidden, _}} = ingest(sid, attacker, [])
+
+      # Every retry of the victim's is still answered from memory, counted once.
+      for body <- victim_steps,
+          do: assert({:ok, %{replayed: true}} = SchemaInterceptor.ingest(body, agent: victim))
     end
   end
 
