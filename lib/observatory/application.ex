@@ -7,7 +7,7 @@ defmodule Observatory.Application do
   # ending the VM, when Observatory runs as its own server; logged and returned in a host.
   @impl true
   def start(_type, _args) do
-    case start_tree() do
+    case with(:ok <- prepare_data_dir(), do: start_tree()) do
       {:ok, pid} -> {:ok, pid}
       {:error, reason} -> Observatory.StartupError.report(reason)
     end
@@ -16,6 +16,15 @@ defmodule Observatory.Application do
       if Observatory.StartupError.halt?(),
         do: Observatory.StartupError.report(exception),
         else: reraise(exception, __STACKTRACE__)
+  end
+
+  # Before anything touches the data directory: refuse one other users can read (said
+  # by Observatory.StartupError).
+  defp prepare_data_dir do
+    case Observatory.DataDir.prepare() do
+      :ok -> :ok
+      {:error, message} -> {:error, {:data_dir_refused, message}}
+    end
   end
 
   defp start_tree do
@@ -121,12 +130,37 @@ defmodule Observatory.Application do
     unless Application.get_env(:observatory, :secret_key_base) do
       key = :crypto.strong_rand_bytes(48) |> Base.encode64()
       Application.put_env(:observatory, :secret_key_base, key)
+      :persistent_term.put({__MODULE__, :generated_secret_key_base}, key)
 
-      ObservatoryWeb.Endpoint.server?() &&
-        Logger.warning(
-          "no OBSERVATORY_SECRET_KEY_BASE set: generated one, so dashboard sign-ins end " <>
-            "when the gateway restarts; set one, e.g. OBSERVATORY_SECRET_KEY_BASE=$(openssl rand -base64 48)"
-        )
+      cond do
+        # Each node would seal with a key of its own: none could read the webhook URLs
+        # and notification sinks another node stored (Observatory.AtRest).
+        Observatory.Cluster.enabled?() ->
+          Logger.warning(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE) on a cluster " <>
+              "node: set the same one on every node, or the nodes cannot read the webhook " <>
+              "URLs and notification sinks each other stored, nor each other's sign-ins"
+          )
+
+        ObservatoryWeb.Endpoint.server?() ->
+          Logger.warning(
+            "no OBSERVATORY_SECRET_KEY_BASE set: generated one, so dashboard sign-ins end " <>
+              "when the gateway restarts; set one, e.g. OBSERVATORY_SECRET_KEY_BASE=$(openssl rand -base64 48)"
+          )
+
+        true ->
+          :ok
+      end
+    end
+  end
+
+  @doc false
+  # Whether :secret_key_base was configured, not generated at start (Observatory.AtRest
+  # derives its key from a configured one only: a generated one changes at restart).
+  def secret_key_base_configured? do
+    case Application.get_env(:observatory, :secret_key_base) do
+      nil -> false
+      key -> key != :persistent_term.get({__MODULE__, :generated_secret_key_base}, nil)
     end
   end
 

@@ -53,11 +53,14 @@ defmodule Observatory.StartupError do
       "check OBSERVATORY_IP and OBSERVATORY_PORT"
   end
 
-  def message({:data_dir_locked, dir, holder}) do
-    "the data directory #{dir} is in use by another Observatory (OS process #{holder} " <>
-      "holds #{Path.join(dir, "LOCK")}): stop it, or give this one its own directory, " <>
-      "e.g. OBSERVATORY_DATA_DIR=#{dir}-2"
+  # `holders`: the OS processes the kernel lists for the lock (Observatory.DataDirLock).
+  def message({:data_dir_locked, dir, holders}) when is_list(holders) do
+    "the data directory #{dir} is locked: #{Observatory.DataDirLock.describe(holders, dir)}; " <>
+      "stop it, or give this one its own directory, e.g. OBSERVATORY_DATA_DIR=#{dir}-2"
   end
+
+  # A data directory other users could read (Observatory.DataDir): its own sentence.
+  def message({:data_dir_refused, message}) when is_binary(message), do: message
 
   def message({:data_dir_lock_failed, path, reason}) do
     "cannot lock #{path} (#{reason}): make the data directory writable, or choose another " <>

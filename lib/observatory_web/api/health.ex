@@ -18,7 +18,7 @@ defmodule ObservatoryWeb.API.Health do
 
     case Observatory.Health.check() do
       {:ok, checks} ->
-        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        sessions = Observatory.Gateway.EntropyTracker.session_count()
 
         Conn.json(
           conn,
