@@ -91,7 +91,7 @@ defmodule Observatory.Gateway.LoopVerdict do
   alias Observatory.Native
 
   @thresholds [
-    history: 16,
+    history: 32,
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,
@@ -100,7 +100,16 @@ defmodule Observatory.Gateway.LoopVerdict do
     cycle_loop: 3,
     failure_suspect: 3,
     failure_loop: :never,
-    entropy_rule: true
+    entropy_rule: true,
+    near_bits: 12,
+    near_repeat_suspect: 3,
+    near_repeat_loop: 4,
+    blank_near_repeat_loop: 6,
+    failure_run_suspect: 3,
+    failure_run_loop: 4,
+    revisit_window: 6,
+    revisit_suspect: 2,
+    revisit_loop: 3
   ]
   @normalization [
     volatile_keys: :default,
@@ -112,18 +121,23 @@ defmodule Observatory.Gateway.LoopVerdict do
   ]
   @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
   @rules_text "each suspect threshold must be >= 2 and <= its loop threshold (or :never " <>
-                "for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"
+                "for failure_loop, failure_run_loop, revisit_loop), blank_repeat_loop and " <>
+                "blank_near_repeat_loop >= 2, history 2..64, max_period 1..8, near_bits 0..32, " <>
+                "revisit_window 2..64"
 
   @type level :: :progress | :suspect | :loop
-  @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
+  @type rule ::
+          :none | :repeat | :cycle | :near_repeat | :failure_run | :revisit | :same_failure | :entropy
   @typedoc """
   What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  lines, flags}` (64-bit hashes, a 128-byte line sketch, and flag bits: has a result,
-  failed, blank, long). Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
+  sketches, flags, {tool, shape}}` (64-bit hashes, the result's line and number
+  sketches, flag bits: has a result, failed, blank; the tool's hash and the input's
+  SimHash).
+  Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
   @type keys ::
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
-           non_neg_integer()}
+           non_neg_integer(), {non_neg_integer(), non_neg_integer()}}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -302,7 +316,10 @@ defmodule Observatory.Gateway.LoopVerdict do
   defp to_tuple(s) do
     {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop], s[:blank_repeat_loop]},
      {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], never_as_zero(s[:failure_loop])},
-     s[:entropy_rule]}
+     s[:entropy_rule],
+     {{s[:near_bits], s[:near_repeat_suspect], s[:near_repeat_loop], s[:blank_near_repeat_loop]},
+      {s[:failure_run_suspect], never_as_zero(s[:failure_run_loop])},
+      {s[:revisit_window], s[:revisit_suspect], never_as_zero(s[:revisit_loop])}}}
   end
 
   # The NIF takes 0 for "never".
@@ -310,8 +327,14 @@ defmodule Observatory.Gateway.LoopVerdict do
   defp never_as_zero(0), do: -1
   defp never_as_zero(n), do: n
 
-  defp valid_config?({history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy} = tuple) do
-    Enum.all?([history, period, rs, rl, rb, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
+  defp valid_config?(
+         {history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy,
+          {{nb, ns, nl, nbl}, {frs, frl}, {rw, rvs, rvl}}} = tuple
+       ) do
+    Enum.all?(
+      [history, period, rs, rl, rb, cs, cl, fs, fl, nb, ns, nl, nbl, frs, frl, rw, rvs, rvl],
+      &(is_integer(&1) and &1 >= 0)
+    ) and
       is_boolean(entropy) and Native.verdict_config_check(tuple) == :ok
   rescue
     _ in [ArgumentError, ErlangError] -> false

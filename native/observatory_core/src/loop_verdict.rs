@@ -106,6 +106,12 @@ pub enum Rule {
     Repeat,
     /// (b) a cycle of 2..=max_period calls.
     Cycle,
+    /// (e) nearly identical calls in a row, the same result.
+    NearRepeat,
+    /// (f) calls in a row failing with the same error.
+    FailureRun,
+    /// (g) earlier calls re-run, their results unchanged.
+    Revisit,
     /// (c) the same failure under different calls.
     SameFailure,
     /// (d) the entropy tracker's severity.
@@ -118,6 +124,9 @@ impl Rule {
             Rule::None => "none",
             Rule::Repeat => "repeat",
             Rule::Cycle => "cycle",
+            Rule::NearRepeat => "near_repeat",
+            Rule::FailureRun => "failure_run",
+            Rule::Revisit => "revisit",
             Rule::SameFailure => "same_failure",
             Rule::Entropy => "entropy",
         }
@@ -138,6 +147,14 @@ pub enum Reason {
     Cycle { period: u32, blocks: u32 },
     /// (b) a cycle of `period` calls, `blocks` times, an outcome changed.
     CycleProgress { period: u32, blocks: u32 },
+    /// (e) `times` nearly identical calls in a row with the same result (each time
+    /// blank: `blank`).
+    NearRepeat { times: u32, blank: bool },
+    /// (f) `times` calls in a row failed with the same error.
+    FailureRun { times: u32 },
+    /// (g) `revisits` of the last `window` steps repeated an earlier call with the same
+    /// result.
+    Revisit { revisits: u32, window: u32 },
     /// (c) `calls` different calls ended in the same failure.
     SameFailure { calls: u32 },
     /// (d) low entropy, but every call or outcome differs.
@@ -177,6 +194,24 @@ impl fmt::Display for Reason {
             Reason::CycleProgress { period, blocks } => write!(
                 f,
                 "a cycle of {period} calls repeated {blocks} times, but a result changed: progress"
+            ),
+            Reason::NearRepeat {
+                times,
+                blank: false,
+            } => write!(
+                f,
+                "{times} nearly identical calls in a row (the same tool, most of the input the same), each with the same result"
+            ),
+            Reason::NearRepeat { times, blank: true } => write!(
+                f,
+                "{times} nearly identical calls in a row, each with an empty result"
+            ),
+            Reason::FailureRun { times } => {
+                write!(f, "{times} calls in a row failed with the same error")
+            }
+            Reason::Revisit { revisits, window } => write!(
+                f,
+                "{revisits} of the last {window} steps repeated an earlier call (or a nearly identical one) and got the same result as before"
             ),
             Reason::SameFailure { calls } => {
                 write!(f, "{calls} different calls failed with the same result")
@@ -247,6 +282,10 @@ pub struct Verdict {
 pub struct StepKeys {
     /// Tool name and normalized canonical input, whitespace in strings collapsed.
     pub call: u64,
+    /// The tool name alone.
+    pub tool: u64,
+    /// SimHash of the collapsed input: near-identical inputs are a few bits apart.
+    pub shape: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
     /// Status and the set of the result's lines, digits masked ([`shape`]).
@@ -267,9 +306,13 @@ pub struct StepKeys {
 impl StepKeys {
     /// Keys from a call and an outcome hash alone, as if the result were one line:
     /// every view of the outcome is the outcome itself.
+    /// The tool is the call itself and so is the shape: no two different calls are
+    /// near-identical (set `tool` and `shape` for that).
     pub fn exact(call: u64, outcome: u64, has_result: bool, failure: bool) -> Self {
         Self {
             call,
+            tool: call,
+            shape: call,
             outcome,
             gist: outcome,
             skeleton: outcome,
@@ -319,12 +362,30 @@ pub struct Config {
     pub failure_loop: Option<u32>,
     /// (d) on or off.
     pub entropy: bool,
+    /// Two inputs of the same tool are nearly identical when their shapes differ in at
+    /// most this many of 64 bits (0: only identical calls compare, rules (e)–(g) see
+    /// identical calls alone).
+    pub near_bits: u32,
+    /// (e) nearly identical calls in a row with the same result: suspect / loop.
+    pub near_repeat_suspect: u32,
+    pub near_repeat_loop: u32,
+    /// (e) the same, every result blank (an empty answer says little): loop.
+    pub blank_near_repeat_loop: u32,
+    /// (f) calls in a row failing with the same non-blank error: suspect / loop
+    /// (`None`: never loop).
+    pub failure_run_suspect: u32,
+    pub failure_run_loop: Option<u32>,
+    /// (g) revisits among the last `revisit_window` steps (at most `history`): suspect /
+    /// loop (`None`: never loop).
+    pub revisit_window: usize,
+    pub revisit_suspect: u32,
+    pub revisit_loop: Option<u32>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            history: 16,
+            history: 32,
             repeat_suspect: 2,
             repeat_loop: 3,
             blank_repeat_loop: 4,
@@ -334,23 +395,40 @@ impl Default for Config {
             failure_suspect: 3,
             failure_loop: None,
             entropy: true,
+            near_bits: 12,
+            near_repeat_suspect: 3,
+            near_repeat_loop: 4,
+            blank_near_repeat_loop: 6,
+            failure_run_suspect: 3,
+            failure_run_loop: Some(4),
+            revisit_window: 6,
+            revisit_suspect: 2,
+            revisit_loop: Some(3),
         }
     }
 }
 
 impl Config {
     /// Each suspect threshold at least 2 (once is not a repetition) and at most its
-    /// loop threshold (equal: no suspect stage), the blank repeat threshold at least 2
-    /// (below `repeat_loop` it has no effect); history and period in range.
+    /// loop threshold (equal: no suspect stage), the blank thresholds at least 2
+    /// (below their loop threshold they have no effect); history, period, near bits
+    /// (0..=32) and revisit window (2..=[`MAX_HISTORY`], at most the history in use) in
+    /// range.
     pub fn validate(&self) -> Result<(), Error> {
         let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
+        let optional = |suspect: u32, lp: Option<u32>| suspect >= 2 && lp.is_none_or(|l| l >= suspect);
         let ok = (2..=MAX_HISTORY).contains(&self.history)
             && (1..=MAX_PERIOD).contains(&self.max_period)
             && pair(self.repeat_suspect, self.repeat_loop)
             && self.blank_repeat_loop >= 2
             && pair(self.cycle_suspect, self.cycle_loop)
-            && self.failure_suspect >= 2
-            && self.failure_loop.is_none_or(|l| l >= self.failure_suspect);
+            && optional(self.failure_suspect, self.failure_loop)
+            && self.near_bits <= 32
+            && pair(self.near_repeat_suspect, self.near_repeat_loop)
+            && self.blank_near_repeat_loop >= 2
+            && optional(self.failure_run_suspect, self.failure_run_loop)
+            && (2..=MAX_HISTORY).contains(&self.revisit_window)
+            && optional(self.revisit_suspect, self.revisit_loop);
         if ok {
             Ok(())
         } else {
@@ -362,6 +440,8 @@ impl Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     call: u64,
+    tool: u64,
+    shape: u64,
     outcome: u64,
     /// What cycles compare: the gist of a failure (its numbers are counters), the exact
     /// outcome of a success.
@@ -373,6 +453,25 @@ struct Entry {
     blank: bool,
     /// The same call as the step before, and its result said nothing new.
     stale: bool,
+    /// The step number of the earlier step this one repeats (the same or a nearly
+    /// identical call, the same non-blank result), 0 if none.
+    revisit_of: u32,
+}
+
+impl Entry {
+    /// The same tool, and inputs at most `near_bits` apart (identical calls too).
+    fn near(&self, other: &Entry, near_bits: u32) -> bool {
+        self.call == other.call
+            || (near_bits > 0
+                && self.tool == other.tool
+                && (self.shape ^ other.shape).count_ones() <= near_bits)
+    }
+
+    /// The same answer: a failure by its lines (numbers in errors are counters), a
+    /// success exactly (ids normalized), blank only with blank.
+    fn same_answer(&self, other: &Entry) -> bool {
+        (self.blank && other.blank) || (self.fuzzy == other.fuzzy && self.blank == other.blank)
+    }
 }
 
 /// A rule's finding.
@@ -422,8 +521,10 @@ impl VerdictState {
             self.run_lines = keys.lines;
         }
         self.newest_numbers = keys.numbers;
-        self.ring.push_back(Entry {
+        let mut entry = Entry {
             call: keys.call,
+            tool: keys.tool,
+            shape: keys.shape,
             outcome: keys.outcome,
             fuzzy: if keys.failure {
                 keys.gist
@@ -436,11 +537,17 @@ impl VerdictState {
             failure: keys.failure,
             blank: keys.blank,
             stale,
-        });
+            revisit_of: 0,
+        };
+        entry.revisit_of = self.revisit_of(&entry, config);
+        self.ring.push_back(entry);
 
         let specific = [
             self.repeat(config),
             self.cycle(config),
+            self.near_repeat(config),
+            self.failure_run(config),
+            self.revisit(config),
             self.same_failure(config),
         ]
         .into_iter()
@@ -604,6 +711,139 @@ impl VerdictState {
             });
         }
         None
+    }
+
+    /// Rule (e): the newest steps, each a nearly identical call of the step before with
+    /// the same answer (or the same call saying nothing new), at least one of them not
+    /// identical (identical calls alone are rule (a)'s).
+    fn near_repeat(&self, config: &Config) -> Option<Finding> {
+        let mut times = 1;
+        let mut blank = self.at(0).blank;
+        let mut any_near = false;
+        while times < self.ring.len() {
+            let (newer, older) = (self.at(times - 1), self.at(times));
+            let linked = if newer.call == older.call {
+                newer.stale
+            } else {
+                newer.near(older, config.near_bits) && newer.same_answer(older)
+            };
+            if !linked {
+                break;
+            }
+            any_near |= newer.call != older.call;
+            blank &= older.blank;
+            times += 1;
+        }
+        if !any_near {
+            return None;
+        }
+        let times = times as u32;
+        let loop_at = if blank {
+            config.blank_near_repeat_loop.max(config.near_repeat_loop)
+        } else {
+            config.near_repeat_loop
+        };
+        let level = if times >= loop_at {
+            Level::Loop
+        } else if times >= config.near_repeat_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::NearRepeat,
+            reason: Reason::NearRepeat { times, blank },
+            evidence: self.newest(times as usize),
+        })
+    }
+
+    /// Rule (f): the newest steps all failed with this step's non-blank error, whatever
+    /// their calls.
+    fn failure_run(&self, config: &Config) -> Option<Finding> {
+        let current = self.at(0);
+        if !current.failure || current.blank {
+            return None;
+        }
+        let times = self
+            .ring
+            .iter()
+            .rev()
+            .take_while(|e| e.failure && !e.blank && e.fuzzy == current.fuzzy)
+            .count() as u32;
+        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
+            Level::Loop
+        } else if times >= config.failure_run_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::FailureRun,
+            reason: Reason::FailureRun { times },
+            evidence: self.newest(times as usize),
+        })
+    }
+
+    /// The newest earlier step `entry` repeats: the same or a nearly identical call with
+    /// the same non-blank answer, anywhere in the history. 0 if none.
+    fn revisit_of(&self, entry: &Entry, config: &Config) -> u32 {
+        if entry.blank {
+            return 0;
+        }
+        self.ring
+            .iter()
+            .rev()
+            .find(|e| e.same_answer(entry) && e.near(entry, config.near_bits))
+            .map_or(0, |e| e.step)
+    }
+
+    /// Rule (g): the newest step repeats an earlier one, and so do others among the last
+    /// `revisit_window` steps.
+    fn revisit(&self, config: &Config) -> Option<Finding> {
+        if self.at(0).revisit_of == 0 {
+            return None;
+        }
+        let window = config.revisit_window.min(self.ring.len());
+        let revisits = (0..window).filter(|&k| self.at(k).revisit_of != 0).count() as u32;
+        let level = if config.revisit_loop.is_some_and(|l| revisits >= l) {
+            Level::Loop
+        } else if revisits >= config.revisit_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        // The revisiting steps and the steps they repeat, oldest first.
+        let mut steps = [0u32; 2 * MAX_HISTORY];
+        let mut count = 0;
+        for k in 0..window {
+            let e = self.at(k);
+            if e.revisit_of != 0 {
+                steps[count] = e.step;
+                steps[count + 1] = e.revisit_of;
+                count += 2;
+            }
+        }
+        let steps = &mut steps[..count];
+        steps.sort_unstable();
+        let mut unique = [0u32; 2 * MAX_HISTORY];
+        let mut n = 0;
+        for &step in steps.iter() {
+            if n == 0 || unique[n - 1] != step {
+                unique[n] = step;
+                n += 1;
+            }
+        }
+        Some(Finding {
+            level,
+            rule: Rule::Revisit,
+            reason: Reason::Revisit {
+                revisits,
+                window: window as u32,
+            },
+            evidence: Evidence::from_iter(unique[..n].iter().copied()),
+        })
     }
 
     /// Rule (c): distinct calls among the recent steps that failed with this step's

@@ -30,9 +30,15 @@ pub fn hamming(a: u64, b: u64) -> u32 {
 /// SimHash of `text` as given (no normalization). The empty text, and any text with no
 /// word, hashes to 0.
 pub fn simhash(text: &str) -> u64 {
+    simhash_bytes(text.as_bytes())
+}
+
+/// [`simhash`] of bytes (the loop verdict hashes the canonical JSON of a tool input it
+/// already holds as bytes).
+pub fn simhash_bytes(text: &[u8]) -> u64 {
     let mut votes = BitVotes::new();
     let mut previous: Option<u64> = None;
-    for word in text.as_bytes().split(|&b| !is_word_byte(b)) {
+    for word in text.split(|&b| !is_word_byte(b)) {
         if word.is_empty() {
             continue;
         }
@@ -260,6 +266,13 @@ mod tests {
         assert_ne!(unigram, pair);
         assert_eq!(simhash(&text), unigram);
         assert_eq!(simhash(word), unigram);
+    }
+
+    #[test]
+    fn bytes_and_text_hash_alike() {
+        for text in DIFFERENT {
+            assert_eq!(simhash_bytes(text.as_bytes()), simhash(text));
+        }
     }
 
     fn words() -> impl Strategy<Value = Vec<String>> {

@@ -3,7 +3,11 @@
 //!
 //! * **call** = hash of `action.tool_call` and the normalized canonical
 //!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
-//!   (`python  run.py ` is `python run.py`);
+//!   (`python  run.py ` is `python run.py`); **tool** = hash of the tool name alone,
+//!   and the call's **shape** = the [SimHash](crate::simhash) of that collapsed input:
+//!   two inputs that share most of their words and word pairs are a few bits apart, so
+//!   the verdict can tell a near-identical call (a flag added, a quote changed, a line
+//!   moved) from a different one;
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
 //!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
 //!   number sketches and blankness come from the same normalized text.
@@ -41,6 +45,7 @@ use serde_json::Value;
 use super::shape::{collapse_whitespace, shape, Scratch};
 use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
+use crate::simhash::simhash_bytes;
 use crate::stable_json::stable_stringify;
 
 /// Ends the tool or status name in the hashed bytes (never part of UTF-8).
@@ -49,6 +54,7 @@ const SEPARATOR: u8 = 0xFF;
 const ABSENT: u8 = 0xFE;
 const CALL_SEED: u64 = 0x243f_6a88_85a3_08d3;
 const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
+const TOOL_SEED: u64 = 0x3707_3440_a409_3822;
 
 /// How inputs and results are normalized before hashing (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -102,6 +108,7 @@ pub fn keys_from_canonical(
         normalize_json_ids_into(input, &rules.input, text);
         collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
+        let shape_of_call = simhash_bytes(&buf[tool.len() + 1..]);
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
@@ -129,6 +136,8 @@ pub fn keys_from_canonical(
         }
         StepKeys {
             call,
+            tool: hash64(tool.as_bytes(), TOOL_SEED),
+            shape: shape_of_call,
             outcome,
             // Without a result, the status is all there is: every view is the outcome.
             gist: result_shape.map_or(outcome, |s| s.gist),
