@@ -174,7 +174,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_loop: 3)
       :ok
       iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_suspect: 4, repeat_loop: 3)
-      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"}
+      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop, failure_run_loop, revisit_loop), blank_repeat_loop and blank_near_repeat_loop >= 2, history 2..64, max_period 1..8, near_bits 0..32, revisit_window 2..64"}
   """
   @spec check_thresholds(keyword()) :: :ok | {:error, String.t()}
   def check_thresholds(thresholds) when is_list(thresholds) do

@@ -416,7 +416,8 @@ impl Config {
     /// range.
     pub fn validate(&self) -> Result<(), Error> {
         let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
-        let optional = |suspect: u32, lp: Option<u32>| suspect >= 2 && lp.is_none_or(|l| l >= suspect);
+        let optional =
+            |suspect: u32, lp: Option<u32>| suspect >= 2 && lp.is_none_or(|l| l >= suspect);
         let ok = (2..=MAX_HISTORY).contains(&self.history)
             && (1..=MAX_PERIOD).contains(&self.max_period)
             && pair(self.repeat_suspect, self.repeat_loop)

@@ -102,6 +102,105 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     end
   end
 
+  describe "stuck, not only repeating: rules (e) near repeat, (f) failure run, (g) revisit" do
+    # An SQL agent re-sending a query with a changed LIMIT: each time the same error.
+    defp near_query(n) do
+      %{
+        "tool_call" => "sql",
+        "tool_input" => %{
+          "query" => "SELECT code FROM template WHERE description = 'Book' LIMIT #{n}"
+        },
+        "result" => "Error: Table 'docs.template' doesn't exist"
+      }
+    end
+
+    test "(e) nearly identical calls with the same answer: suspect at 3, loop at 4", %{sid: sid} do
+      assert %{verdict: :progress} = ingest(sid, near_query(1))
+      assert %{verdict: :progress} = ingest(sid, near_query(10))
+      assert %{verdict: :suspect, rule: :near_repeat} = ingest(sid, near_query(100))
+
+      assert %{verdict: :loop, rule: :near_repeat, evidence: [1, 2, 3, 4], reason: reason} =
+               ingest(sid, near_query(1000))
+
+      assert reason =~ "4 nearly identical calls in a row"
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, rule: :near_repeat}
+    end
+
+    test "(e) near_bits: 0 compares identical calls only", %{sid: sid} do
+      put_config(near_bits: 0, failure_run_loop: :never)
+      for n <- [1, 10, 100], do: ingest(sid, near_query(n))
+      refute match?(%{verdict: :loop}, ingest(sid, near_query(1000)))
+    end
+
+    test "(f) different calls failing with the same error in a row: loop at 4", %{sid: sid} do
+      call = fn args ->
+        %{
+          "tool_call" => "search_api",
+          "tool_input" => args,
+          "result" => %{"error" => "invalid arguments: expected {\"term\": string}"}
+        }
+      end
+
+      ingest(sid, call.(%{"q" => "refund policy"}))
+      ingest(sid, call.(%{"query" => "refund policy for cancelled flights"}))
+      assert %{verdict: :suspect, rule: :failure_run} = ingest(sid, call.(%{"text" => "refund"}))
+
+      assert %{verdict: :loop, rule: :failure_run, reason: reason} =
+               ingest(sid, call.(%{"search" => %{"words" => ["refund", "policy"]}}))
+
+      assert reason == "4 calls in a row failed with the same error"
+    end
+
+    test "(f) failure_run_loop: :never keeps it amber", %{sid: sid} do
+      put_config(failure_run_loop: :never)
+
+      for n <- 1..3,
+          do: ingest(sid, %{"tool_input" => %{"path" => "f#{n}"}, "result" => "EACCES"})
+
+      assert %{verdict: :suspect, rule: :failure_run} =
+               ingest(sid, %{"tool_input" => %{"path" => "f4"}, "result" => "EACCES"})
+    end
+
+    test "(g) earlier lookups re-run with unchanged results: loop at the third revisit", %{
+      sid: sid
+    } do
+      look = fn what ->
+        %{
+          "tool_call" => "get_#{what}",
+          "tool_input" => %{"id" => "#{what}-7"},
+          "status" => "success",
+          "result" => %{"#{what}" => "the same #{what} details"}
+        }
+      end
+
+      for what <- ["user", "order", "invoice", "user", "shipment"], do: ingest(sid, look.(what))
+      assert %{verdict: :suspect, rule: :revisit} = ingest(sid, look.("order"))
+
+      assert %{verdict: :loop, rule: :revisit, evidence: evidence, reason: reason} =
+               ingest(sid, look.("invoice"))
+
+      # The revisits (4, 6, 7) and the steps they repeat (1, 2, 3).
+      assert evidence == [1, 2, 3, 4, 6, 7]
+      assert reason =~ "3 of the last 6 steps repeated an earlier call"
+    end
+
+    test "(g) revisit_loop: :never and an invalid window", %{sid: sid} do
+      put_config(revisit_loop: :never)
+
+      look = fn n ->
+        %{"tool_input" => %{"path" => "f#{n}"}, "status" => "success", "result" => "#{n}"}
+      end
+
+      for n <- [1, 2, 3, 1, 4, 2, 3], do: ingest(sid, look.(n))
+      assert %{verdict: :suspect, rule: :revisit} = LoopVerdict.session(sid)
+
+      assert {:error, _} = LoopVerdict.check_thresholds(revisit_window: 1)
+      assert {:error, _} = LoopVerdict.check_thresholds(near_bits: 33)
+      assert {:error, _} = LoopVerdict.check_thresholds(failure_run_suspect: 5)
+      assert :ok = LoopVerdict.check_thresholds(revisit_loop: :never, near_bits: 0)
+    end
+  end
+
   describe "thresholds are read on every step" do
     test "a raised loop threshold takes effect on the next step", %{sid: sid} do
       put_config(repeat_loop: 5)
@@ -156,17 +255,30 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the line and number sketches and flags" do
-      assert {call, outcome, gist, skeleton, sketches, flags} = keys(@fail)
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool and the input's shape" do
+      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape}} = keys(@fail)
 
-      for hash <- [call, outcome, gist, skeleton],
+      for hash <- [call, outcome, gist, skeleton, tool, shape],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
       # 1024 bits of lines, 256 bits and a count of numbers
       assert byte_size(sketches) == 128 + 32 + 4
       # has a result (1) and failed (2), not blank (4)
       assert flags == 3
-      assert {_, _, _, _, _, 4} = keys(%{"status" => "success"})
+      assert {_, _, _, _, _, 4, _} = keys(%{"status" => "success"})
+    end
+
+    test "near-identical inputs have shapes a few bits apart, different ones far apart" do
+      shape = fn input -> keys(%{"tool_input" => input}) |> elem(6) |> elem(1) end
+      bits = fn a, b -> Bitwise.bxor(a, b) |> Integer.digits(2) |> Enum.sum() end
+
+      query = "SELECT name FROM users WHERE city = 'Paris' ORDER BY name"
+      near = shape.(%{"sql" => query <> " LIMIT 10"})
+      assert bits.(shape.(%{"sql" => query <> " LIMIT 1"}), near) <= 12
+      assert bits.(shape.(%{"sql" => "DESCRIBE orders"}), near) > 12
+      # The tool is part of the call, not of its shape.
+      assert elem(elem(keys(%{"tool_call" => "a"}), 6), 0) !=
+               elem(elem(keys(%{"tool_call" => "b"}), 6), 0)
     end
 
     test "whitespace inside the input's strings does not make a new call" do

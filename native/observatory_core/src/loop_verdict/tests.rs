@@ -662,7 +662,9 @@ fn bits(n: u32) -> u64 {
 #[test]
 fn e_nearly_identical_calls_with_the_same_answer_are_suspect_at_3_and_loop_at_4() {
     // The same edit re-applied with a character changed, the same test failure each time.
-    let steps: Vec<_> = (1..=5).map(|k| shaped(k, bits(k as u32), 7, true)).collect();
+    let steps: Vec<_> = (1..=5)
+        .map(|k| shaped(k, bits(k as u32), 7, true))
+        .collect();
     let v = run(&steps);
     assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop]);
     assert_eq!(v[3].rule, Rule::NearRepeat);
@@ -679,14 +681,18 @@ fn e_nearly_identical_calls_with_the_same_answer_are_suspect_at_3_and_loop_at_4(
         "4 nearly identical calls in a row (the same tool, most of the input the same), each with the same result"
     );
     // The same with a success that does not move: the same answer.
-    let steps: Vec<_> = (1..=4).map(|k| shaped(k, bits(k as u32), 7, false)).collect();
+    let steps: Vec<_> = (1..=4)
+        .map(|k| shaped(k, bits(k as u32), 7, false))
+        .collect();
     assert_eq!(run(&steps)[3].level, Loop);
 }
 
 #[test]
 fn e_near_calls_whose_answer_changes_are_progress() {
     // An edit-test cycle whose failure changes each time: the agent is getting somewhere.
-    let steps: Vec<_> = (1..=6).map(|k| shaped(k, bits(k as u32), 100 + k, true)).collect();
+    let steps: Vec<_> = (1..=6)
+        .map(|k| shaped(k, bits(k as u32), 100 + k, true))
+        .collect();
     assert_eq!(levels(&run(&steps)), [Progress; 6]);
 }
 
@@ -707,7 +713,9 @@ fn e_far_inputs_or_other_tools_are_not_near() {
         .collect();
     assert!(run(&tools).iter().all(|v| v.rule != Rule::NearRepeat));
     // near_bits 0: only identical calls compare.
-    let steps: Vec<_> = (1..=5).map(|k| shaped(k, bits(k as u32), 7, true)).collect();
+    let steps: Vec<_> = (1..=5)
+        .map(|k| shaped(k, bits(k as u32), 7, true))
+        .collect();
     let exact_only = Config {
         near_bits: 0,
         failure_run_loop: None,
@@ -770,7 +778,9 @@ fn f_calls_in_a_row_failing_with_the_same_error_loop_at_4() {
 #[test]
 fn f_a_success_another_error_or_an_empty_answer_breaks_the_run() {
     let v = run(&[fail(1, 7), fail(2, 7), ok(3, 3), fail(4, 7), fail(5, 7)]);
-    assert!(v.iter().all(|v| v.rule != Rule::FailureRun || v.level < Loop));
+    assert!(v
+        .iter()
+        .all(|v| v.rule != Rule::FailureRun || v.level < Loop));
     let v = run(&[fail(1, 7), fail(2, 7), fail(3, 8), fail(4, 7), fail(5, 7)]);
     assert!(v.iter().all(|v| v.rule != Rule::FailureRun));
     // grep, rg, find, ack for a missing symbol: four empty answers are answers.
@@ -883,10 +893,7 @@ fn g_revisits_fall_out_of_the_window_and_can_be_turned_off() {
 fn defaults_an_alternation_is_a_loop_by_its_revisits_before_the_cycle_completes() {
     // edit → ok, build → the same failure: by the third edit, three revisits.
     let v = run(&[ok(1, 1), fail(2, 2), ok(1, 1), fail(2, 2), ok(1, 1)]);
-    assert_eq!(
-        levels(&v),
-        [Progress, Progress, Progress, Suspect, Loop]
-    );
+    assert_eq!(levels(&v), [Progress, Progress, Progress, Suspect, Loop]);
     assert_eq!(v[4].rule, Rule::Revisit);
 }
 
