@@ -468,10 +468,12 @@ impl Entry {
                 && (self.shape ^ other.shape).count_ones() <= near_bits)
     }
 
-    /// The same answer: a failure by its lines (numbers in errors are counters), a
-    /// success exactly (ids normalized), blank only with blank.
+    /// The same answer, compared exactly (ids normalized, numbers kept: across different
+    /// calls or steps apart, a number that changed in an error is news, "limit 10 is too
+    /// small" then "limit 20"); any blank answer is the same as any other blank answer,
+    /// whatever the status (an empty `grep` fails, an empty `find` succeeds).
     fn same_answer(&self, other: &Entry) -> bool {
-        (self.blank && other.blank) || (self.fuzzy == other.fuzzy && self.blank == other.blank)
+        (self.blank && other.blank) || (self.outcome == other.outcome && self.blank == other.blank)
     }
 }
 
