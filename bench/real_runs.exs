@@ -166,7 +166,8 @@ defmodule Observatory.Bench.RealRuns do
       stuck_caught: caught,
       fine: length(fine),
       fine_alarmed: length(false_alarms),
-      precision: if(caught + length(false_alarms) > 0, do: caught / (caught + length(false_alarms))),
+      precision:
+        if(caught + length(false_alarms) > 0, do: caught / (caught + length(false_alarms))),
       missed: missed,
       false_alarms: false_alarms
     }

@@ -126,7 +126,7 @@ defmodule Observatory.Replay do
       counts as `alarmed` (both are always reported)
     * the loop verdict's thresholds: `:history`, `:max_period`, `:repeat_suspect`,
       `:repeat_loop`, `:blank_repeat_loop`, `:cycle_suspect`, `:cycle_loop`,
-      `:failure_suspect`, `:failure_loop` (an integer or `:never`), `:near_bits`,
+      `:failure_suspect`, `:failure_loop` (an integer or `:never`), `:near_share`,
       `:near_repeat_suspect`, `:near_repeat_loop`, `:blank_near_repeat_loop`,
       `:failure_run_suspect`, `:failure_run_loop`, `:revisit_window`,
       `:revisit_suspect`, `:revisit_loop` (the last two loops an integer or `:never`);
@@ -187,7 +187,12 @@ defmodule Observatory.Replay do
   defp validate!(key, n) when key in @step_overrides and is_integer(n) and n >= 1, do: :ok
   defp validate!(:alert_source, source) when source in [:entropy, :verdict], do: :ok
   defp validate!(key, :never) when key in @never_keys, do: :ok
-  defp validate!(:near_bits, n) when is_integer(n) and n >= 0, do: :ok
+  defp validate!(:near_share, n) when is_integer(n) and n in 50..100, do: :ok
+
+  defp validate!(:near_share, value),
+    do:
+      raise(ArgumentError, "expected near_share to be an integer 50..100, got: #{inspect(value)}")
+
   defp validate!(key, n) when key in @verdict_overrides and is_integer(n) and n >= 1, do: :ok
 
   defp validate!(:extra_volatile_keys, words) when is_list(words) and words != [] do

@@ -59,8 +59,8 @@ defmodule Mix.Tasks.Observatory.Replay do
       (the same, every result empty; 4), `--max-period N` (longest cycle, 1..8; 5),
       `--cycle-suspect N`, `--cycle-loop N` (2 and 3), `--failure-suspect N`,
       `--failure-loop N|never` (different calls, the same failure; 3 and never),
-      `--near-bits N` (how many of 64 bits two near-identical inputs may differ in,
-      0..32; 12), `--near-repeat-suspect N`, `--near-repeat-loop N` (nearly identical
+      `--near-share N` (the percent of input word pairs two nearly identical calls
+      share, 50..100; 75; 100: identical calls only), `--near-repeat-suspect N`, `--near-repeat-loop N` (nearly identical
       calls in a row, the same result; 3 and 4), `--blank-near-repeat-loop N` (the
       same, every result empty; 6), `--failure-run-suspect N`,
       `--failure-run-loop N|never` (calls in a row failing with the same error; 3 and
@@ -120,7 +120,7 @@ defmodule Mix.Tasks.Observatory.Replay do
     cycle_loop: :integer,
     failure_suspect: :integer,
     failure_loop: :string,
-    near_bits: :integer,
+    near_share: :integer,
     near_repeat_suspect: :integer,
     near_repeat_loop: :integer,
     blank_near_repeat_loop: :integer,
@@ -149,7 +149,7 @@ defmodule Mix.Tasks.Observatory.Replay do
     :cycle_loop,
     :failure_suspect,
     :failure_loop,
-    :near_bits,
+    :near_share,
     :near_repeat_suspect,
     :near_repeat_loop,
     :blank_near_repeat_loop,

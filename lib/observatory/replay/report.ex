@@ -148,7 +148,7 @@ defmodule Observatory.Replay.Report do
     [
       "verdict: repeat suspect #{v.repeat_suspect} loop #{v.repeat_loop} ",
       "(blank results #{v.blank_repeat_loop}), cycles up to #{v.max_period} calls ",
-      "suspect #{v.cycle_suspect} loop #{v.cycle_loop}, near repeat (#{v.near_bits} bits) ",
+      "suspect #{v.cycle_suspect} loop #{v.cycle_loop}, near repeat (#{v.near_share} % shared) ",
       "suspect #{v.near_repeat_suspect} loop #{v.near_repeat_loop} ",
       "(blank results #{v.blank_near_repeat_loop}), failure run suspect ",
       "#{v.failure_run_suspect} loop #{never.(v.failure_run_loop)}, revisits in ",

@@ -28,7 +28,7 @@ impl rustler::Resource for VerdictRules {}
 
 /// `{history, max_period, {repeat_suspect, repeat_loop, blank_repeat_loop},
 /// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop (0: never)}, entropy_rule,
-/// {{near_bits, near_repeat_suspect, near_repeat_loop, blank_near_repeat_loop},
+/// {{near_share, near_repeat_suspect, near_repeat_loop, blank_near_repeat_loop},
 /// {failure_run_suspect, failure_run_loop (0: never)},
 /// {revisit_window, revisit_suspect, revisit_loop (0: never)}}}`.
 type ConfigTuple = (
@@ -42,9 +42,9 @@ type ConfigTuple = (
 );
 
 /// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
-/// flags, {tool, shape}}`, `sketches` the line and number sketches (see
+/// flags, {tool, shape, exact}}`, `sketches` the line and number sketches (see
 /// [`sketches_to_bytes`]), `flags` has_result (1), failure (2), blank (4).
-type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64));
+type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64));
 
 const HAS_RESULT: u8 = 1;
 const FAILURE: u8 = 2;
@@ -67,19 +67,20 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         keys.skeleton,
         crate::json::binary(env, &sketches_to_bytes(keys)),
         flags,
-        (keys.tool, keys.shape),
+        (keys.tool, keys.shape, keys.exact),
     )
         .encode(env)
 }
 
 fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
-    let (call, outcome, gist, skeleton, lines, flags, (tool, shape)) = t;
+    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact)) = t;
     let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
         tool,
         shape,
         outcome,
+        exact,
         gist,
         skeleton,
         lines,
@@ -249,7 +250,7 @@ fn to_config(t: ConfigTuple) -> NifResult<Config> {
         failure_suspect: failure.0,
         failure_loop: never_as_zero(failure.1),
         entropy,
-        near_bits: near.0,
+        near_share: near.0,
         near_repeat_suspect: near.1,
         near_repeat_loop: near.2,
         blank_near_repeat_loop: near.3,

@@ -29,6 +29,12 @@ defmodule Observatory.Gateway.LoopVerdictTest do
 
   defp keys(action), do: elem(DecisionLog.from_map(envelope("sess-keys", action)), 2).verdict_keys
 
+  # The keys but the result word for word (before normalization, so ids stay in it).
+  defp normalized_keys(action) do
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact}} = keys(action)
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape}}
+  end
+
   defp ingest(sid, action) do
     {:ok, result} = SchemaInterceptor.ingest(envelope(sid, action))
     result.verdict
@@ -126,10 +132,67 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert_receive %{event_type: "loop_verdict", session_id: ^sid, rule: :near_repeat}
     end
 
-    test "(e) near_bits: 0 compares identical calls only", %{sid: sid} do
-      put_config(near_bits: 0, failure_run_loop: :never)
+    test "(e) near_share: 100 compares identical calls only", %{sid: sid} do
+      put_config(near_share: 100, failure_run_loop: :never)
       for n <- [1, 10, 100], do: ingest(sid, near_query(n))
       refute match?(%{verdict: :loop}, ingest(sid, near_query(1000)))
+    end
+
+    test "(e) nearly identical pipelines whose checksums differ are progress", %{sid: sid} do
+      pipeline = fn stage, sum ->
+        %{
+          "tool_call" => "bash",
+          "status" => "success",
+          "tool_input" => %{
+            "command" =>
+              "find /testbed/dir1/subdir1 -name '*.py' -type f -exec md5sum {} + | #{stage} | md5sum"
+          },
+          "result" => "#{sum}  -\n"
+        }
+      end
+
+      sums = ["df3b03a223a32744829fe026fa679cbb", "909665ab1e8bb4ddfa3f64bb5383af55"]
+      sums = sums ++ ["534c0016a34e49982f00b9e35a700eba", "abd1db025ea1e9dbef827b574c500bdb"]
+      stages = ["sort", "sort -k 2", "sort -k 2 | awk '{print $1}'"]
+      stages = stages ++ ["sort -k 2 | awk '{print $1}' | sort"]
+
+      for {stage, sum} <- Enum.zip(stages, sums),
+          do: assert(%{verdict: :progress} = ingest(sid, pipeline.(stage, sum)))
+
+      # The same checksum each time: the same answer, a loop at the fourth.
+      other = sid <> "-same"
+      for stage <- Enum.take(stages, 3), do: ingest(other, pipeline.(stage, hd(sums)))
+
+      assert %{verdict: :loop, rule: :near_repeat} =
+               ingest(other, pipeline.(List.last(stages), hd(sums)))
+    end
+
+    test "(g) the identical call with an empty answer again, only failures between", %{sid: sid} do
+      copy = %{
+        "tool_input" => %{"command" => "cp -r src/* dst/"},
+        "status" => "success",
+        "result" => ""
+      }
+
+      miss = fn n ->
+        %{"tool_input" => %{"command" => "cp f#{n} dst/"}, "result" => "no f#{n}"}
+      end
+
+      for step <- [copy, miss.(1), copy, miss.(2), copy, miss.(3)], do: ingest(sid, step)
+      assert %{verdict: :loop, rule: :revisit, evidence: [1, 3, 5, 7]} = ingest(sid, copy)
+
+      # `sleep` between polls that move: an answer came between.
+      other = sid <> "-poll"
+      sleep = %{"tool_input" => %{"command" => "sleep 5"}, "status" => "success", "result" => ""}
+
+      poll = fn p ->
+        %{"tool_input" => %{"job" => 7}, "status" => "success", "result" => "#{p} %"}
+      end
+
+      for step <- [sleep, poll.(10), sleep, poll.(40), sleep, poll.(70), sleep] do
+        refute match?(%{verdict: :loop}, ingest(other, step))
+        refute match?(%{rule: :revisit}, LoopVerdict.session(other))
+      end
     end
 
     test "(f) different calls failing with the same error in a row: loop at 4", %{sid: sid} do
@@ -195,9 +258,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert %{verdict: :suspect, rule: :revisit} = LoopVerdict.session(sid)
 
       assert {:error, _} = LoopVerdict.check_thresholds(revisit_window: 1)
-      assert {:error, _} = LoopVerdict.check_thresholds(near_bits: 33)
+      assert {:error, _} = LoopVerdict.check_thresholds(near_share: 49)
       assert {:error, _} = LoopVerdict.check_thresholds(failure_run_suspect: 5)
-      assert :ok = LoopVerdict.check_thresholds(revisit_loop: :never, near_bits: 0)
+      assert :ok = LoopVerdict.check_thresholds(revisit_loop: :never, near_share: 100)
     end
   end
 
@@ -236,7 +299,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   describe "normalization (the parse computes the keys)" do
     test "per-call ids go, plain numbers stay" do
       run = fn pid, at, ms ->
-        keys(%{
+        normalized_keys(%{
           "tool_call" => "run_server",
           "tool_input" => %{"cmd" => "npm start", "request_id" => "req-#{pid}"},
           "result" => %{
@@ -255,10 +318,10 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the sketches, flags, the tool and the input's shape" do
-      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape}} = keys(@fail)
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and the exact result" do
+      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact}} = keys(@fail)
 
-      for hash <- [call, outcome, gist, skeleton, tool, shape],
+      for hash <- [call, outcome, gist, skeleton, tool, shape, exact],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
       # 1024 bits of lines, 256 bits and a count of numbers
@@ -268,17 +331,31 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert {_, _, _, _, _, 4, _} = keys(%{"status" => "success"})
     end
 
-    test "near-identical inputs have shapes a few bits apart, different ones far apart" do
+    test "near-identical inputs share most of their word pairs, different ones few" do
       shape = fn input -> keys(%{"tool_input" => input}) |> elem(6) |> elem(1) end
-      bits = fn a, b -> Bitwise.bxor(a, b) |> Integer.digits(2) |> Enum.sum() end
+      bits = fn n -> n |> Integer.digits(2) |> Enum.sum() end
+      # the share of set bits two shapes have in common, in percent
+      share = fn a, b ->
+        div(100 * bits.(Bitwise.band(a, b)), max(bits.(Bitwise.bor(a, b)), 1))
+      end
 
       query = "SELECT name FROM users WHERE city = 'Paris' ORDER BY name"
       near = shape.(%{"sql" => query <> " LIMIT 10"})
-      assert bits.(shape.(%{"sql" => query <> " LIMIT 1"}), near) <= 12
-      assert bits.(shape.(%{"sql" => "DESCRIBE orders"}), near) > 12
+      assert share.(shape.(%{"sql" => query <> " LIMIT 1"}), near) >= 75
+      assert share.(shape.(%{"sql" => "DESCRIBE orders"}), near) < 50
       # The tool is part of the call, not of its shape.
       assert elem(elem(keys(%{"tool_call" => "a"}), 6), 0) !=
                elem(elem(keys(%{"tool_call" => "b"}), 6), 0)
+    end
+
+    test "issue 26: the exact result keeps what normalization hides (a checksum, an id)" do
+      exact = fn result -> keys(%{"result" => result}) |> elem(6) |> elem(2) end
+      outcome = fn result -> keys(%{"result" => result}) |> elem(1) end
+      a = "df3b03a223a32744829fe026fa679cbb  -\n"
+      b = "909665ab1e8bb4ddfa3f64bb5383af55  -\n"
+      assert outcome.(a) == outcome.(b)
+      assert exact.(a) != exact.(b)
+      assert exact.(a) == exact.(a)
     end
 
     test "whitespace inside the input's strings does not make a new call" do
@@ -291,7 +368,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     test "reload_rules/0 applies new volatile keys and number rules" do
       token = fn t -> keys(%{"tool_input" => %{"job_token" => "tok-#{t}"}}) end
       assert token.(1) != token.(2)
-      poll = fn p -> keys(%{"result" => %{"progress" => p}}) end
+      poll = fn p -> normalized_keys(%{"result" => %{"progress" => p}}) end
 
       put_config(extra_volatile_keys: ["job_token"], normalize_result_numbers: true)
       :ok = LoopVerdict.reload_rules()

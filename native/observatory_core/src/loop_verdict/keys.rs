@@ -4,10 +4,11 @@
 //! * **call** = hash of `action.tool_call` and the normalized canonical
 //!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
 //!   (`python  run.py ` is `python run.py`); **tool** = hash of the tool name alone,
-//!   and the call's **shape** = the [SimHash](crate::simhash) of that collapsed input:
-//!   two inputs that share most of their words and word pairs are a few bits apart, so
-//!   the verdict can tell a near-identical call (a flag added, a quote changed, a line
-//!   moved) from a different one;
+//!   and the call's **shape** = the set of the words of that collapsed input (its first
+//!   [`SHAPE_BYTES`] bytes), one bit of 64 each ([`call_shape`]): two inputs whose
+//!   shapes share most of their bits share most of their words, so the verdict can
+//!   tell a near-identical call (a flag added, a quote changed, another `LIMIT`) from a
+//!   different one;
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
 //!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
 //!   number sketches and blankness come from the same normalized text.
@@ -45,7 +46,7 @@ use serde_json::Value;
 use super::shape::{collapse_whitespace, shape, Scratch};
 use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
-use crate::simhash::simhash_bytes;
+use crate::simhash::words;
 use crate::stable_json::stable_stringify;
 
 /// Ends the tool or status name in the hashed bytes (never part of UTF-8).
@@ -55,6 +56,15 @@ const ABSENT: u8 = 0xFE;
 const CALL_SEED: u64 = 0x243f_6a88_85a3_08d3;
 const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
 const TOOL_SEED: u64 = 0x3707_3440_a409_3822;
+const WORD_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
+const EXACT_SEED: u64 = 0x452_821e_638d_0137;
+/// The word-for-word key reads the first this many bytes of the result (and its length):
+/// enough for the short answers where a changed checksum or id is the whole news.
+pub const EXACT_BYTES: usize = 256;
+/// The call's shape reads the first this many bytes of its collapsed input: a command
+/// and its arguments; a long input (a file's new content) is judged by its beginning,
+/// so a step's cost stays bounded.
+pub const SHAPE_BYTES: usize = 128;
 
 /// How inputs and results are normalized before hashing (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -108,7 +118,7 @@ pub fn keys_from_canonical(
         normalize_json_ids_into(input, &rules.input, text);
         collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
-        let shape_of_call = simhash_bytes(&buf[tool.len() + 1..]);
+        let shape_of_call = call_shape(&buf[tool.len() + 1..]);
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
@@ -126,6 +136,12 @@ pub fn keys_from_canonical(
             }
         };
         let outcome = hash64(buf, OUTCOME_SEED);
+        let exact = result.map_or(outcome, |r| {
+            hash64(
+                &r.as_bytes()[..r.len().min(EXACT_BYTES)],
+                EXACT_SEED ^ r.len() as u64,
+            )
+        });
         for kept in [&mut *buf, &mut *text] {
             if kept.capacity() > MAX_KEPT_BUFFER {
                 *kept = Vec::new();
@@ -139,6 +155,7 @@ pub fn keys_from_canonical(
             tool: hash64(tool.as_bytes(), TOOL_SEED),
             shape: shape_of_call,
             outcome,
+            exact,
             // Without a result, the status is all there is: every view is the outcome.
             gist: result_shape.map_or(outcome, |s| s.gist),
             skeleton: result_shape.map_or(outcome, |s| s.skeleton),
@@ -149,6 +166,36 @@ pub fn keys_from_canonical(
             numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
         }
     })
+}
+
+/// The shape of a call's collapsed input: the set of its word pairs (words are runs of
+/// letters, digits, `_` and non-ASCII bytes; the first word pairs with nothing) in its
+/// first [`SHAPE_BYTES`] bytes, one bit of 64 per pair. Two calls whose shapes share
+/// most of their bits say most of the same words in the same order: a flag added, a
+/// quote changed, another `LIMIT`, one more pipeline stage. Pairs rather than single
+/// words, so that a target named in several places (`page-1.html`, `Page 1`) moves
+/// several bits. A bit set costs a few cycles a word where a SimHash costs a vote per
+/// bit.
+pub fn call_shape(input: &[u8]) -> u64 {
+    let mut previous = 0;
+    words(&input[..input.len().min(SHAPE_BYTES)]).fold(0, |shape, word| {
+        let hash = word_hash(word);
+        let pair = (previous ^ hash.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        previous = hash;
+        shape | 1 << (pair >> 58)
+    })
+}
+
+/// A fast hash of a short word, eight bytes a multiply.
+fn word_hash(word: &[u8]) -> u64 {
+    let mut h = WORD_SEED ^ word.len() as u64;
+    for chunk in word.chunks(8) {
+        let mut bytes = [0u8; 8];
+        bytes[..chunk.len()].copy_from_slice(chunk);
+        h = (h ^ u64::from_le_bytes(bytes)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+    }
+    h.wrapping_mul(0xbf58_476d_1ce4_e5b9)
 }
 
 /// A buffer per thread (per scheduler, in the NIF) for the normalized text, so a step
@@ -382,7 +429,9 @@ mod tests {
             298,
             "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
         );
-        assert_eq!(a, b);
+        // Everything but the result word for word, which keeps the ids.
+        assert_eq!(StepKeys { exact: 0, ..a }, StepKeys { exact: 0, ..b });
+        assert_ne!(a.exact, b.exact);
         assert!(a.failure && a.has_result);
     }
 
@@ -441,6 +490,36 @@ mod tests {
         for s in ["success", "pending", "skipped", "cancelled"] {
             assert!(!is_failure(s));
         }
+    }
+
+    #[test]
+    fn call_shapes_are_word_pair_sets_of_the_input_beginning() {
+        let shape = |text: &str| call_shape(text.as_bytes());
+        // Punctuation is not a word; repeated pairs count once.
+        assert_eq!(shape("ls -la /tmp"), shape("ls la tmp"));
+        assert_eq!(shape("ls la ls la"), shape("ls la ls"));
+        assert_eq!(shape(""), 0);
+        assert_eq!(shape("{\"\":[]}"), 0);
+        // Word order counts.
+        assert_ne!(shape("ls -la /tmp"), shape("/tmp la ls"));
+        // One word more at the end sets at most one bit more.
+        let limit = shape("SELECT code FROM template WHERE name = 'Book'");
+        let more = shape("SELECT code FROM template WHERE name = 'Book' LIMIT");
+        assert_eq!(limit & more, limit);
+        assert!((more ^ limit).count_ones() <= 1);
+        // A target named in three places moves several bits.
+        let page = |k: u32| {
+            shape(&format!(
+                "site/page-{k}.html <h1>Page {k}</h1> Section {k} of"
+            ))
+        };
+        assert!((page(1) ^ page(2)).count_ones() >= 6);
+        // Only the first SHAPE_BYTES bytes are read.
+        let head = "x".repeat(SHAPE_BYTES);
+        assert_eq!(shape(&(head.clone() + " tail")), shape(&head));
+        // Sixteen different words set several bits.
+        let words: String = (0..16).map(|k| format!("word{k} ")).collect();
+        assert!(shape(&words).count_ones() >= 10);
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn run_with(steps: &[StepKeys], config: &Config) -> Vec<Verdict> {
 /// others, and `defaults_` tests how they play together.
 fn classic() -> Config {
     Config {
-        near_bits: 0,
+        near_share: 100,
         failure_run_suspect: u32::MAX,
         failure_run_loop: None,
         revisit_suspect: u32::MAX,
@@ -600,6 +600,37 @@ proptest! {
         }
     }
 
+    /// The runs kept as the steps come agree with counting them in the history.
+    #[test]
+    fn runs_kept_step_by_step_agree_with_the_history(
+        steps in prop::collection::vec((0u64..3, 0u64..3, any::<bool>(), any::<bool>(), 0u64..4), 1..80),
+        shrink_at in 0usize..80,
+    ) {
+        let mut state = VerdictState::new();
+        for (i, &(c, o, failure, blank, shape)) in steps.iter().enumerate() {
+            let history = if i >= shrink_at { 6 } else { 32 };
+            let config = Config { history, ..Config::default() };
+            let mut keys = shaped(c, shape, o, failure);
+            keys.blank = blank;
+            state.observe(keys, None, &config);
+            let ring = &state.ring;
+            let newest = ring.back().unwrap();
+            let same = ring.iter().rev().take_while(|e| e.call == newest.call).count();
+            let stale = ring.iter().rev().take_while(|e| e.stale).count().min(same - 1);
+            prop_assert_eq!((state.same_run as usize).min(ring.len()), same);
+            prop_assert_eq!((state.stale_run as usize).min(same - 1), stale);
+            if stale == state.stale_run as usize {
+                prop_assert_eq!(state.stale_blank, ring.iter().rev().take(stale + 1).all(|e| e.blank));
+            }
+            let failures = if newest.failure && !newest.blank {
+                ring.iter().rev().take_while(|e| e.failure && !e.blank && e.fuzzy == newest.fuzzy).count()
+            } else { 0 };
+            prop_assert_eq!((state.failure_run as usize).min(ring.len()), failures);
+            prop_assert_eq!(state.outcomes.iter().copied().collect::<Vec<_>>(),
+                            ring.iter().map(|e| fold(e.outcome)).collect::<Vec<_>>());
+        }
+    }
+
     /// The same call with the same outcome forever ends as a loop.
     #[test]
     fn a_pure_repeat_always_ends_as_a_loop(n in 3usize..30, c in any::<u64>(), o in any::<u64>(), failure in any::<bool>()) {
@@ -609,9 +640,11 @@ proptest! {
 }
 
 #[test]
-fn a_history_entry_is_sixty_four_bytes() {
-    // Six hashes, two step numbers and four flags: what a session pays per step kept.
-    assert_eq!(std::mem::size_of::<Entry>(), 64);
+fn a_history_entry_is_forty_bytes_and_its_outcome_four_more() {
+    // Three hashes, two folded to 32 bits (what cycles compare, the exact result), the
+    // tool's 16-bit hash, how far back a revisit reaches and four flags, and the outcome
+    // again (32 bits) in the ring rule (g) scans: what a session pays per step kept.
+    assert_eq!(std::mem::size_of::<Entry>(), 40);
 }
 
 #[test]
@@ -637,8 +670,8 @@ fn a_a_repeat_below_the_suspect_threshold_is_progress_but_says_why() {
 // Issue 26: stuck, not only repeating. Rules (e) near-identical calls in a row, (f) the
 // same error in a row, (g) revisits.
 
-/// Call `c` of tool 1 whose input shape is `shape`: shapes a few bits apart are
-/// nearly identical inputs.
+/// Call `c` of tool 1 whose input shape (its set of words) is `shape`: shapes sharing
+/// most of their bits are nearly identical inputs.
 fn shaped(c: u64, shape: u64, o: u64, failure: bool) -> StepKeys {
     StepKeys {
         tool: 1,
@@ -653,10 +686,9 @@ fn blank(mut keys: StepKeys) -> StepKeys {
     keys
 }
 
-/// `0b1`, `0b11`, `0b111`…: each shape one bit from the one before, all within 12 bits
-/// of each other.
+/// Sixteen words in common and one of its own: any two of these share 16 of 18 words.
 fn bits(n: u32) -> u64 {
-    (1u64 << n) - 1
+    0xFFFF | 1 << (16 + n)
 }
 
 #[test]
@@ -697,10 +729,33 @@ fn e_near_calls_whose_answer_changes_are_progress() {
 }
 
 #[test]
+fn e_near_calls_whose_answers_differ_word_for_word_are_progress() {
+    // `sort | md5sum`, then `sort -k 2 | md5sum`, …: the checksum normalizes to the same
+    // `<ID>`, but it is the answer itself, and it changed with the call.
+    let checksum = |k: u64| StepKeys {
+        exact: 1000 + k,
+        ..shaped(k, bits(k as u32), 7, false)
+    };
+    let v = run(&(1..=5).map(checksum).collect::<Vec<_>>());
+    assert_eq!(levels(&v), [Progress; 5]);
+    // The same call re-sent: an id that changes is noise (rule (a) by the outcome).
+    let resent: Vec<_> = (1..=3)
+        .map(|k| StepKeys {
+            exact: 1000 + k,
+            ..ok(1, 7)
+        })
+        .collect();
+    assert_eq!(run(&resent)[2].level, Loop);
+    // Empty answers are alike whatever their bytes (`""`, `"\n"`).
+    let empty: Vec<_> = (1..=6).map(|k| blank(checksum(k))).collect();
+    assert_eq!(run(&empty)[5].level, Loop);
+}
+
+#[test]
 fn e_far_inputs_or_other_tools_are_not_near() {
-    // Shapes 13 bits apart: different inputs (another file, another query).
+    // Shapes with no word in common: different inputs (another file, another query).
     let far: Vec<_> = (0..5)
-        .map(|k| shaped(k + 1, bits(13) << (13 * (k % 4)), 7, false))
+        .map(|k| shaped(k + 1, 0xFF << (8 * k), 7, false))
         .collect();
     assert!(run(&far).iter().all(|v| v.rule != Rule::NearRepeat));
     // The same shape under another tool: not the same call either.
@@ -712,12 +767,12 @@ fn e_far_inputs_or_other_tools_are_not_near() {
         })
         .collect();
     assert!(run(&tools).iter().all(|v| v.rule != Rule::NearRepeat));
-    // near_bits 0: only identical calls compare.
+    // near_share 100: only identical calls compare.
     let steps: Vec<_> = (1..=5)
         .map(|k| shaped(k, bits(k as u32), 7, true))
         .collect();
     let exact_only = Config {
-        near_bits: 0,
+        near_share: 100,
         failure_run_loop: None,
         ..Config::default()
     };
@@ -848,6 +903,16 @@ fn g_a_re_read_after_a_change_or_an_empty_answer_is_no_revisit() {
     let cd = blank(ok(9, 9));
     let v = run(&[cd, ok(1, 1), cd, ok(2, 2), cd, ok(3, 3), cd]);
     assert!(v.iter().all(|v| v.rule != Rule::Revisit));
+    // A nearly identical lookup whose answer differs word for word (another checksum).
+    let v = run(&[
+        shaped(1, bits(3), 1, false),
+        ok(20, 20),
+        StepKeys {
+            exact: 99,
+            ..shaped(2, bits(4), 1, false)
+        },
+    ]);
+    assert_eq!(v[2].level, Progress);
     // A nearly identical call (another line range of the same file) with the same
     // answer is a revisit too.
     let v = run(&[
@@ -860,6 +925,35 @@ fn g_a_re_read_after_a_change_or_an_empty_answer_is_no_revisit() {
         shaped(4, bits(6), 1, false),
     ]);
     assert_eq!((v[6].level, v[6].rule), (Loop, Rule::Revisit));
+}
+
+#[test]
+fn g_an_empty_answer_counts_when_the_identical_call_got_it_with_only_failures_since() {
+    // `cp -r src/* dst/` (nothing printed), a failing variant, the same cp again, …:
+    // nothing but failures and empty answers between the identical calls.
+    let copy = blank(ok(1, 1));
+    let v = run(&[copy, fail(2, 2), copy, fail(3, 3), copy, fail(4, 4), copy]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Progress, Suspect, Progress, Loop]
+    );
+    assert_eq!(v[6].rule, Rule::Revisit);
+    assert_eq!(v[6].evidence.as_slice(), [1, 3, 5, 7]);
+    // `sleep 5` between polls that move: an answer came between, no revisit.
+    let sleep = blank(ok(9, 9));
+    let v = run(&[sleep, ok(1, 10), sleep, ok(1, 20), sleep, ok(1, 30), sleep]);
+    assert!(v.iter().all(|v| v.rule != Rule::Revisit));
+    // Only the identical call: a nearly identical one with an empty answer is not enough.
+    let v = run(&[
+        blank(shaped(1, bits(1), 1, false)),
+        fail(7, 7),
+        blank(shaped(2, bits(2), 1, false)),
+        fail(8, 8),
+        blank(shaped(3, bits(3), 1, false)),
+        fail(9, 9),
+        blank(shaped(4, bits(4), 1, false)),
+    ]);
+    assert!(v.iter().all(|v| v.rule != Rule::Revisit));
 }
 
 #[test]
@@ -902,7 +996,11 @@ fn new_configs_are_checked() {
     let ok = Config::default();
     let bad = [
         Config {
-            near_bits: 33,
+            near_share: 101,
+            ..ok
+        },
+        Config {
+            near_share: 49,
             ..ok
         },
         Config {
@@ -948,7 +1046,7 @@ fn new_configs_are_checked() {
     }
     assert_eq!(
         Config {
-            near_bits: 0,
+            near_share: 100,
             failure_run_loop: None,
             revisit_loop: None,
             revisit_window: MAX_HISTORY,
