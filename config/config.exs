@@ -53,8 +53,11 @@ config :observatory,
   llm_upstream_api_key: nil,
   # PEM file of the CAs an HTTPS upstream's certificate is checked against (nil: the system's).
   llm_upstream_cacertfile: nil,
-  llm_timeout_ms: 120_000,
+  # What the official SDKs wait (600 s): a whole non-streamed call, or each silence of
+  # a stream. A stream lasts at most llm_max_stream_ms.
+  llm_timeout_ms: 600_000,
   llm_connect_timeout_ms: 5_000,
+  llm_max_stream_ms: 1_800_000,
   # Agent keys are issued per agent (Observatory.AgentKeys); these seed fixed ones at
   # start (dev/test). Shared keys (:agent_keys) let any agent act as any other: the
   # application refuses them unless insecure_shared_agent_keys is true.
@@ -66,15 +69,28 @@ config :observatory,
   # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
   anthropic_upstream: nil,
   anthropic_upstream_api_key: nil,
-  # Caps of the proxy: an upstream answer's bytes (streamed or not), upstream calls in flight.
+  # Caps of the proxy: a request body (a whole conversation), an upstream answer's bytes
+  # (streamed or not), one server-sent event, upstream calls in flight.
+  llm_max_request_bytes: 32 * 1024 * 1024,
+  # Request bodies the proxy holds at once while it reads and takes them apart.
+  llm_max_request_bytes_in_flight: 256 * 1024 * 1024,
   llm_max_response_bytes: 8 * 1024 * 1024,
+  llm_max_event_bytes: 4 * 1024 * 1024,
   llm_max_concurrent: 256,
-  # Step keys the proxy remembers so that a re-sent conversation counts each step once.
+  # Step keys the proxy remembers so that a re-sent conversation counts each step once:
+  # in all, and per agent (an agent's new keys only ever push out its own old ones).
   proxy_step_memory: 100_000,
+  proxy_step_memory_per_agent: 10_000,
   # Defaults for agents registered from now on; each agent's own settings are durable.
+  # threshold = (window_size - 1) × 1.0 + 1.5: similar prompts in the whole window and
+  # one repeated call can never exceed it; the same call answered alike (2.5 each)
+  # does on its fourth repeat.
   kill_switch: [
-    window_size: 10,
-    threshold: 10.0,
+    window_size: 5,
+    threshold: 5.5,
+    # A request's prompt: :newest_input (the tool results of a tool turn, else the last
+    # user text) or :last_user_message (the spec's letter: the task, in a tool loop).
+    prompt: :newest_input,
     max_agents: 10_000,
     notification_webhook: nil,
     # Webhooks may not point at loopback/private/link-local addresses unless true.

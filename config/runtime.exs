@@ -63,6 +63,58 @@ if key = System.get_env("OBSERVATORY_ANTHROPIC_API_KEY") do
   config :observatory, anthropic_upstream_api_key: key
 end
 
+# OBSERVATORY_ALERT_SOURCE=entropy|verdict — which signal raises alerts: the FRD-009
+# entropy ratio (the default) or the loop verdict (docs/dashboard.md, "Choose what raises
+# the alerts").
+if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
+  alert_source =
+    case source |> String.trim() |> String.downcase() do
+      "entropy" ->
+        :entropy
+
+      "verdict" ->
+        :verdict
+
+      _other ->
+        raise "OBSERVATORY_ALERT_SOURCE must be \"entropy\" or \"verdict\", got: " <>
+                inspect(source)
+    end
+
+  config :observatory, alert_source: alert_source
+end
+
+#   OBSERVATORY_LLM_TIMEOUT_MS=600000  OBSERVATORY_LLM_MAX_STREAM_MS=1800000
+#   OBSERVATORY_LLM_MAX_REQUEST_BYTES=33554432
+for {var, key} <- [
+      {"OBSERVATORY_LLM_TIMEOUT_MS", :llm_timeout_ms},
+      {"OBSERVATORY_LLM_MAX_STREAM_MS", :llm_max_stream_ms},
+      {"OBSERVATORY_LLM_MAX_REQUEST_BYTES", :llm_max_request_bytes}
+    ],
+    value = System.get_env(var) do
+  case Integer.parse(value) do
+    {n, ""} when n > 0 -> config :observatory, [{key, n}]
+    _ -> raise "#{var} must be a positive integer, got: #{inspect(value)}"
+  end
+end
+
+#   OBSERVATORY_KILL_SWITCH_PROMPT=newest_input|last_user_message  what a request's prompt
+#     is for the kill switch (README "Kill switch — How it scores")
+if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
+  source =
+    case prompt do
+      "newest_input" ->
+        :newest_input
+
+      "last_user_message" ->
+        :last_user_message
+
+      other ->
+        raise "OBSERVATORY_KILL_SWITCH_PROMPT must be newest_input or last_user_message, got: #{inspect(other)}"
+    end
+
+  config :observatory, :kill_switch, prompt: source
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end

@@ -262,7 +262,9 @@ defmodule Observatory.AgentKeys do
     for {@table, hash, ^agent_id, _} <- :mnesia.index_read(@table, agent_id, :agent_id), do: hash
   end
 
-  defp hash(key), do: :crypto.hash(:sha256, key)
+  @doc "The digest a key is stored under (the proxy follows revocations by it)."
+  @spec hash(String.t()) :: binary()
+  def hash(key), do: :crypto.hash(:sha256, key)
 
   defp key_id(hash), do: hash |> binary_part(0, 8) |> Base.encode16(case: :lower)
 

@@ -6,6 +6,7 @@ defmodule Observatory.Application do
   @impl true
   def start(_type, _args) do
     Observatory.Metrics.setup()
+    Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright

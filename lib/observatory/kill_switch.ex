@@ -6,9 +6,10 @@ defmodule Observatory.KillSwitch do
   Agents reach their LLM through Observatory's OpenAI-compatible proxy
   (`POST /v1/chat/completions`, see `ObservatoryWeb.API.ChatCompletions`). For an
   agent with the switch enabled, each request is fingerprinted — the SimHash of its
-  last user message, normalized so numbers, timestamps and ids do not matter, and the
-  signatures of the tool calls it is answering — and enters the agent's window of its
-  last `window_size` requests; the text of the model's answer is fingerprinted into
+  newest user-side input (the tool results of a tool turn, else the last user text),
+  normalized so numbers, timestamps and ids do not matter, and the signatures of the
+  tool calls it answers (identical calls share one) — and enters the agent's window of
+  its last `window_size` requests; the text of the model's answer is fingerprinted into
   the same entry. Each request is scored against the window:
 
       score = similar_prompts × 1.0 + similar_responses × 2.0 + repeated_tool_calls × 1.5
@@ -56,6 +57,7 @@ defmodule Observatory.KillSwitch do
 
   @dirty_bytes 64 * 1024
   @max_agent_id_bytes 256
+  @prompt_sources [:newest_input, :last_user_message]
 
   @type fingerprint :: %{
           prompt_hash: non_neg_integer() | nil,
@@ -100,23 +102,46 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Reads a request body: the fingerprint of its last user message (`nil` when it has
-  no text), the signatures of the tool calls of the current turn, and whether it asks
-  for streaming. `api` is `:chat_completions` (OpenAI, the default) or `:messages`
-  (Anthropic: text blocks, `tool_use` blocks; a user message of tool results only is
-  not a prompt).
+  Reads a request body: the fingerprint of its prompt (`nil` when it has no text), the
+  signatures of the tool calls its newest input answers, and whether it asks for
+  streaming. `api` is `:chat_completions` (OpenAI, the default) or `:messages`
+  (Anthropic).
+
+  The prompt is the newest input from the user's side: for a turn that answers tool
+  calls, the tool results (OpenAI `role: "tool"` messages, Anthropic `tool_result`
+  blocks); otherwise the last user text. In a tool loop the last message with role
+  `user` is the original task, the same on every turn; read literally, every request
+  of a healthy agent would be a "similar prompt".
+
+  ## Options
+    * `:prompt` — `:newest_input` (the default) or `:last_user_message`, the text of
+      the last user message on every turn (the kill switch specification's letter).
+      Defaults to the `:kill_switch` `:prompt` setting (`prompt_source/0`).
   """
-  @spec fingerprint_request(binary(), :chat_completions | :messages) ::
+  @spec fingerprint_request(binary(), :chat_completions | :messages, keyword()) ::
           {:ok, fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
-  def fingerprint_request(body, api \\ :chat_completions) when is_binary(body) do
+  def fingerprint_request(body, api \\ :chat_completions, opts \\ []) when is_binary(body) do
     dirty? = byte_size(body) > @dirty_bytes
+    source = Keyword.get_lazy(opts, :prompt, &prompt_source/0)
+
+    unless source in @prompt_sources do
+      raise ArgumentError,
+            "expected :prompt to be one of #{inspect(@prompt_sources)}, got: #{inspect(source)}"
+    end
 
     result =
       case api do
-        :chat_completions when dirty? -> Native.kill_switch_request_fingerprint_dirty(body)
-        :chat_completions -> Native.kill_switch_request_fingerprint(body)
-        :messages when dirty? -> Native.kill_switch_anthropic_request_fingerprint_dirty(body)
-        :messages -> Native.kill_switch_anthropic_request_fingerprint(body)
+        :chat_completions when dirty? ->
+          Native.kill_switch_request_fingerprint_dirty(body, source)
+
+        :chat_completions ->
+          Native.kill_switch_request_fingerprint(body, source)
+
+        :messages when dirty? ->
+          Native.kill_switch_anthropic_request_fingerprint_dirty(body, source)
+
+        :messages ->
+          Native.kill_switch_anthropic_request_fingerprint(body, source)
       end
 
     case result do
@@ -127,6 +152,37 @@ defmodule Observatory.KillSwitch do
         error
     end
   end
+
+  @doc """
+  How requests' prompts are read: `config :observatory, :kill_switch, prompt:`
+  (`OBSERVATORY_KILL_SWITCH_PROMPT`), `:newest_input` unless set. The value is checked
+  when the application starts (`check_config!/0`); one set to anything else later
+  reads as `:newest_input`.
+  """
+  @spec prompt_source() :: :newest_input | :last_user_message
+  def prompt_source do
+    case configured_prompt_source() do
+      source when source in @prompt_sources -> source
+      _other -> :newest_input
+    end
+  end
+
+  @doc "Raises `ArgumentError` when the `:kill_switch` `:prompt` setting is not a known one."
+  @spec check_config!() :: :ok
+  def check_config! do
+    case configured_prompt_source() do
+      source when source in @prompt_sources ->
+        :ok
+
+      other ->
+        raise ArgumentError,
+              "expected config :observatory, :kill_switch, :prompt to be one of " <>
+                "#{inspect(@prompt_sources)}, got: #{inspect(other)}"
+    end
+  end
+
+  defp configured_prompt_source,
+    do: Keyword.get(Application.get_env(:observatory, :kill_switch, []), :prompt, :newest_input)
 
   @doc """
   Reads a response body: `{:ok, fingerprint | nil}` (nil when it has no text — a

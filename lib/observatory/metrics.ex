@@ -23,6 +23,8 @@ defmodule Observatory.Metrics do
     proxy_client_gone: "observatory_proxy_client_disconnects_total",
     proxy_steps: "observatory_proxy_steps_total",
     proxy_paused: "observatory_proxy_paused_responses_total",
+    proxy_blocked: "observatory_proxy_blocked_responses_total",
+    proxy_cancelled: "observatory_proxy_cancelled_requests_total",
     kill_switch_trips: "observatory_kill_switch_trips_total",
     verdict_errors: "observatory_verdict_errors_total",
     normal: nil,

@@ -84,13 +84,18 @@ defmodule Observatory.Native do
 
   def kill_switch_new(_shards, _max_agents), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_tick(_store, _now_ms), do: :erlang.nif_error(:nif_not_loaded)
-  def kill_switch_request_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
-  def kill_switch_request_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def kill_switch_request_fingerprint(_body, _source), do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_request_fingerprint_dirty(_body, _source),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def kill_switch_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_response_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
-  def kill_switch_anthropic_request_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
 
-  def kill_switch_anthropic_request_fingerprint_dirty(_body),
+  def kill_switch_anthropic_request_fingerprint(_body, _source),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def kill_switch_anthropic_request_fingerprint_dirty(_body, _source),
     do: :erlang.nif_error(:nif_not_loaded)
 
   def kill_switch_anthropic_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
@@ -117,6 +122,15 @@ defmodule Observatory.Native do
   def kill_switch_status(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_window(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
+
+  # Observatory.Proxy.Responses
+  def responses_request_fingerprint(_body, _source), do: :erlang.nif_error(:nif_not_loaded)
+
+  def responses_request_fingerprint_dirty(_body, _source),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def responses_response_fingerprint(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def responses_response_fingerprint_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
 
   def data_dir_lock(_path), do: :erlang.nif_error(:nif_not_loaded)
   def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)

@@ -3,8 +3,8 @@ defmodule Observatory.Storage do
   Mnesia, started and watched. On start it runs `Observatory.KillSwitch.Agents.setup/0`
   (Mnesia started in `<:data_dir>/mnesia/<node>`, agent tables loaded) and creates the
   gateway's durable tables (`Observatory.Gateway.HITL`'s pauses and audit log,
-  `Observatory.Gateway.StepDetector`'s blocks); it comes before every process that
-  reads them.
+  `Observatory.Gateway.StepDetector`'s blocks, the proxy's session-id secret:
+  `Observatory.Proxy.SessionId`); it comes before every process that reads them.
 
   Then it watches Mnesia's supervisor. Mnesia is a temporary application: when it
   dies (`:mnesia_sup` killed, a disc error) nothing restarts it, and every read of
@@ -61,7 +61,9 @@ defmodule Observatory.Storage do
     :ok = Observatory.KillSwitch.Agents.setup()
 
     tables =
-      Observatory.Gateway.HITL.create_tables() ++ Observatory.Gateway.StepDetector.create_tables()
+      Observatory.Gateway.HITL.create_tables() ++
+        Observatory.Gateway.StepDetector.create_tables() ++
+        Observatory.Proxy.SessionId.create_tables()
 
     case :mnesia.wait_for_tables(tables, 30_000) do
       :ok -> :ok

@@ -130,7 +130,7 @@ defmodule ObservatoryWeb.AgentDetail do
 
         message =
           cond do
-            not on? -> "Kill switch off: nothing is scored or blocked."
+            not on? -> "Kill switch off: nothing is scored or stopped."
             prompt? -> "Kill switch on. No alert notification is configured."
             true -> "Kill switch on."
           end

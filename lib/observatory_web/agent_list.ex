@@ -110,7 +110,7 @@ defmodule ObservatoryWeb.AgentList do
     [
       ~s(<div class="table-wrap"><table class="agents-table"><thead><tr>),
       ~s(<th scope="col">Agent</th><th scope="col">Status</th><th scope="col">Kill switch</th>),
-      ~s(<th scope="col" class="num">Score</th><th scope="col">Alerts</th><th scope="col">Updated</th>),
+      ~s(<th scope="col" class="num">Score</th><th scope="col">Notifications</th><th scope="col">Updated</th>),
       "</tr></thead><tbody>",
       Enum.map(rows, &row(&1, path)),
       "</tbody></table></div>"

@@ -95,6 +95,10 @@ defmodule ObservatoryWeb.Auth do
 
   defp count_failure(result, _conn, _presented), do: result
 
+  @doc "The agent key a request presents (`Authorization: Bearer`, `X-Agent-Key` or `X-Api-Key`), or nil."
+  @spec presented_key(Conn.t()) :: String.t() | nil
+  def presented_key(conn), do: agent_key(conn)
+
   defp agent_key(conn),
     do: bearer(conn) || Conn.header(conn, "x-agent-key") || Conn.header(conn, "x-api-key")
 

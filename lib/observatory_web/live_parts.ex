@@ -58,13 +58,16 @@ defmodule ObservatoryWeb.LiveParts do
 
   @doc """
   The navigation between the mounted pages (`ObservatoryWeb.LiveRouter`): links to
-  the manager and to the agents list under `prefix`; `current` is `:cluster` or
-  `:agents`. Empty when the pages were mounted by hand (no prefix in the session).
+  the manager and to the agents list under `prefix`, and the alert source in force
+  (as the standalone pages' header shows it); `current` is `:cluster` or `:agents`.
+  Empty when the pages were mounted by hand (no prefix in the session).
   """
   @spec nav(String.t() | nil, :cluster | :agents) :: iodata()
   def nav(nil, _current), do: ""
 
   def nav(prefix, current) do
+    source = Observatory.Gateway.AlertSource.current()
+
     links = [
       {:cluster, home(prefix), "Session Cluster Manager"},
       {:agents, prefix <> "/agents", "Agents"}
@@ -83,7 +86,11 @@ defmodule ObservatoryWeb.LiveParts do
           "</a> "
         ]
       end,
-      "</nav>"
+      ~s(<span class="scm-source" data-source="),
+      Atom.to_string(source),
+      ~s(">Alerts from <strong>),
+      Observatory.Gateway.AlertSource.describe(source),
+      "</strong></span></nav>"
     ]
   end
 

@@ -6,7 +6,9 @@ defmodule ObservatoryWeb.Router do
   | method | path | auth | handler |
   |---|---|---|---|
   | POST | /api/v1/decision_logs | agent key | `ObservatoryWeb.API.DecisionLogs` |
+  | GET | /api/v1/sessions | operator | `ObservatoryWeb.API.SessionList` |
   | GET | /api/v1/sessions/:id | agent key or operator | `ObservatoryWeb.API.Sessions` |
+  | GET | /api/v1/sessions/:id/steps/:step | agent key or operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/pause | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/resume | operator | `ObservatoryWeb.API.Sessions` |
   | POST | /api/v1/sessions/:id/step_detector/reset | operator | `ObservatoryWeb.API.Sessions` |
@@ -20,7 +22,10 @@ defmodule ObservatoryWeb.Router do
   | POST | /dashboard/events | sign-in + CSRF token | `ObservatoryWeb.Dashboard.EventStream` |
   | GET | /assets/{dashboard.js,dashboard.css,manager.css} | none | `ObservatoryWeb.Dashboard.Assets` |
   | POST | /v1/chat/completions | agent key | `ObservatoryWeb.API.ChatCompletions` |
+  | POST | /v1/responses | agent key | `ObservatoryWeb.API.Responses` |
   | POST | /v1/messages | agent key | `ObservatoryWeb.API.Messages` |
+  | POST | /v1/messages/count_tokens | agent key | `ObservatoryWeb.API.PassThrough` |
+  | GET | /v1/models, /v1/models/:id | agent key | `ObservatoryWeb.API.PassThrough` |
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
@@ -38,7 +43,18 @@ defmodule ObservatoryWeb.Router do
 
   @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
 
-  alias ObservatoryWeb.API.{Agents, ChatCompletions, DecisionLogs, Messages, Sessions, ToolCalls}
+  alias ObservatoryWeb.API.{
+    Agents,
+    ChatCompletions,
+    DecisionLogs,
+    Messages,
+    PassThrough,
+    Responses,
+    SessionList,
+    Sessions,
+    ToolCalls
+  }
+
   alias ObservatoryWeb.{Auth, AuthThrottle, Conn}
   alias ObservatoryWeb.Dashboard.{Assets, EventStream, Login, Page}
 
@@ -110,7 +126,12 @@ defmodule ObservatoryWeb.Router do
   end
 
   defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)
+  defp route(conn, "GET", ["api", "v1", "sessions"]), do: SessionList.index(conn)
   defp route(conn, "GET", ["api", "v1", "sessions", id]), do: Sessions.show(conn, id)
+
+  defp route(conn, "GET", ["api", "v1", "sessions", id, "steps", step]),
+    do: Sessions.step(conn, id, step)
+
   defp route(conn, "POST", ["api", "v1", "sessions", id, "pause"]), do: Sessions.pause(conn, id)
   defp route(conn, "POST", ["api", "v1", "sessions", id, "resume"]), do: Sessions.resume(conn, id)
   defp route(conn, "GET", ["api", "v1", "hitl", "audit"]), do: Sessions.audit(conn)
@@ -131,6 +152,10 @@ defmodule ObservatoryWeb.Router do
 
   defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
   defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
+  defp route(conn, "POST", ["v1", "responses"]), do: Responses.create(conn)
+  defp route(conn, "POST", ["v1", "messages", "count_tokens"]), do: PassThrough.count_tokens(conn)
+  defp route(conn, "GET", ["v1", "models"]), do: PassThrough.models(conn)
+  defp route(conn, "GET", ["v1", "models", id]), do: PassThrough.models(conn, id)
   defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
   defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
 
@@ -174,7 +199,7 @@ defmodule ObservatoryWeb.Router do
   end
 
   defp known_path?(["api", "v1", "decision_logs"]), do: true
-  defp known_path?(["api", "v1", "sessions", _ | _]), do: true
+  defp known_path?(["api", "v1", "sessions" | _]), do: true
   defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
   defp known_path?([]), do: true
   defp known_path?(["agents"]), do: true

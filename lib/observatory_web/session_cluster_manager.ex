@@ -1,8 +1,8 @@
 defmodule ObservatoryWeb.SessionClusterManager do
   @moduledoc """
-  The Session Cluster Manager (FR-9.10): the Entropy Alerts panel, the fleet
-  topology and Pause and Inspect, written as LiveView callbacks that are plain
-  functions.
+  The Session Cluster Manager (FR-9.10): the alerts panel, the fleet topology, Pause
+  and Inspect and the evidence behind an alert, written as LiveView callbacks that are
+  plain functions.
 
       {:ok, socket} = mount(%{}, %{"operator" => "alice"}, Socket.new(connected?: true))
       # an EntropyAlertEvent arrives on "gateway:entropy_alerts"
@@ -13,22 +13,27 @@ defmodule ObservatoryWeb.SessionClusterManager do
   ## Callbacks
 
     * `mount/3` — when connected, subscribes to `"gateway:entropy_alerts"`,
-      `"gateway:topology"`, `"gateway:hitl"`, `"gateway:loop_detection"` and
-      `"gateway:loop_verdict"`, and schedules a periodic refresh;
-      loads the topology snapshot from `EntropyTracker.sessions/1`, the loop verdicts
-      (`LoopVerdict.flagged/1`) and the pauses in force. With
+      `"gateway:topology"`, `"gateway:hitl"`, `"gateway:loop_detection"`,
+      `"gateway:loop_verdict"` and `"gateway:alerts"`, and schedules a periodic
+      refresh; loads the sessions alerted now (`Observatory.Gateway.Alerts`, from every
+      member of a cluster), the topology snapshot from `EntropyTracker.sessions/1`, the
+      loop verdicts (`LoopVerdict.flagged/1`) and the pauses in force. With
       `config :observatory, :alert_source, :verdict` a node's state follows its verdict
       (loop → `alert_entropy`, suspect → `blocked`) instead of its entropy severity. The
       operator's name comes from the session's `"operator"` key and is what the HITL
       audit log records for the dashboard's commands; `"agents_path"` (default
       `"/agents"`) is where fleet nodes' agent names link to.
-    * `handle_info/2` — alerts go to the panel (one row per session), topology and HITL
-      events to the fleet, and events about the inspected session reload the Inspect
-      panel. Messages it does not know are logged at debug level and ignored.
+    * `handle_info/2` — an `EntropyAlertEvent` adds or updates its session's row (one
+      row per session), `alert_raised` / `alert_cleared` add and remove rows, topology
+      and HITL events go to the fleet, and events about the inspected session reload
+      the Inspect panel (a burst of them, once). The refresh re-reads the alert list
+      and the fleet. Messages it does not know are logged at debug level and ignored.
     * `handle_event/3` — `"pause_inspect"` issues the HITL Pause for the row's session
-      and opens the Inspect panel (its window and its pause, with Resume);
-      `"resume"`, `"close_inspect"`, and `"reset_step"` (lifts a step-detector block,
-      seed 002). Each takes `%{"session_id" => id}`.
+      and opens the Inspect panel; `"inspect"` opens it without pausing (any fleet
+      node, a paused row); `"resume"`, `"close_inspect"`, `"toggle_step"` (shows a
+      step's arguments and result whole, or cut again; `"step"` is its number) and
+      `"reset_step"` (lifts a step-detector block, seed 002). Each takes
+      `%{"session_id" => id}`.
     * `render/1` — the whole manager as safe HTML iodata (`ObservatoryWeb.HTML` escapes
       every agent-supplied string); buttons carry `phx-click` and `phx-value-*`.
 
@@ -51,8 +56,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
   alias Observatory.Gateway.{AlertSource, EntropyTracker, Events, HITL, LoopVerdict, StepDetector}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet, Inspector, Socket, View}
 
-  @events ["pause_inspect", "resume", "close_inspect", "reset_step"]
+  @events ["pause_inspect", "inspect", "resume", "close_inspect", "toggle_step", "reset_step"]
   @refresh {__MODULE__, :refresh}
+  @reload {__MODULE__, :reload_inspect}
   @snapshot_limit 500
 
   @type socket :: Socket.t() | struct()
@@ -69,7 +75,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
       Events.topology(),
       HITL.topic(),
       StepDetector.topic(),
-      LoopVerdict.topic()
+      LoopVerdict.topic(),
+      Observatory.Gateway.Alerts.topic()
     ]
 
   @doc "Mounts the manager; see the module doc."
@@ -85,11 +92,15 @@ defmodule ObservatoryWeb.SessionClusterManager do
       socket
       |> Socket.assign(:operator, LivePage.operator(session))
       |> Socket.assign(:agents_path, ObservatoryWeb.AgentDetail.agents_path(session))
-      |> Socket.assign(:alerts, Alerts.new())
-      # A page opens on the fleet as it is now; its refreshes share one listing.
+      |> Socket.assign(:alert_source, AlertSource.current())
+      # A page opens on the alerts and the fleet as they are now; its refreshes share
+      # one listing.
+      |> Socket.assign(:alerts, Alerts.replace(Alerts.new(), alert_list()))
       |> Socket.assign(:fleet, fleet_snapshot())
       |> Socket.assign(:steps, step_list())
       |> Socket.assign(:inspect, nil)
+      |> Socket.assign(:expanded, [])
+      |> Socket.assign(:reload_pending, false)
       |> Socket.assign(:following, nil)
       |> Socket.assign(:notice, nil)
 
@@ -108,24 +119,45 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> noreply()
   end
 
+  def handle_info(%{event_type: "alert_raised"} = event, socket) do
+    socket
+    |> Socket.assign(:alerts, Alerts.raised(socket.assigns.alerts, event))
+    |> schedule_reload(event.session_id)
+    |> noreply()
+  end
+
+  def handle_info(%{event_type: "alert_cleared", session_id: id}, socket) do
+    socket
+    |> Socket.assign(:alerts, Alerts.delete(socket.assigns.alerts, id))
+    |> schedule_reload(id)
+    |> noreply()
+  end
+
+  def handle_info(@reload, socket) do
+    socket
+    |> Socket.assign(:reload_pending, false)
+    |> reload_now()
+    |> noreply()
+  end
+
   def handle_info(%{event_type: "topology_update", session_id: id} = update, socket) do
     socket
     |> Socket.assign(:fleet, Fleet.apply_update(socket.assigns.fleet, update))
-    |> reload_inspect(id)
+    |> schedule_reload(id)
     |> noreply()
   end
 
   def handle_info(%{event_type: "hitl_pause", session_id: id}, socket) do
     socket
     |> Socket.assign(:fleet, Fleet.pause(socket.assigns.fleet, id))
-    |> reload_inspect(id)
+    |> schedule_reload(id)
     |> noreply()
   end
 
   def handle_info(%{event_type: "hitl_resume", session_id: id}, socket) do
     socket
     |> Socket.assign(:fleet, Fleet.resume(socket.assigns.fleet, id))
-    |> reload_inspect(id)
+    |> schedule_reload(id)
     |> noreply()
   end
 
@@ -136,21 +168,23 @@ defmodule ObservatoryWeb.SessionClusterManager do
   def handle_info(%{event_type: "loop_verdict", session_id: id} = event, socket) do
     socket
     |> Socket.assign(:fleet, Fleet.put_verdict(socket.assigns.fleet, id, event))
-    |> reload_inspect(id)
+    |> schedule_reload(id)
     |> noreply()
   end
 
   def handle_info(%{event_type: "decision_log", session_id: id}, socket) do
-    {:noreply, reload_inspect(socket, id)}
+    {:noreply, schedule_reload(socket, id)}
   end
 
   def handle_info(@refresh, socket) do
     LivePage.schedule_refresh(@refresh)
 
     socket
+    |> Socket.assign(:alert_source, AlertSource.current())
+    |> Socket.assign(:alerts, Alerts.replace(socket.assigns.alerts, alerts_snapshot()))
     |> Socket.assign(:fleet, snapshot())
     |> Socket.assign(:steps, steps())
-    |> reload_inspect(inspected(socket))
+    |> schedule_reload(inspected(socket))
     |> noreply()
   end
 
@@ -168,6 +202,31 @@ defmodule ObservatoryWeb.SessionClusterManager do
       {:ok, _entry} -> inspect_paused(socket, id, {:info, "Paused. The agent is told to wait."})
       {:error, :already_paused} -> inspect_paused(socket, id, {:info, "Already paused."})
       {:error, reason} -> notice(socket, {:error, "Could not pause: #{reason}."})
+    end
+  end
+
+  def handle_event("inspect", %{"session_id" => id}, socket) when is_binary(id) do
+    socket
+    |> open_inspect(id)
+    |> notice(nil)
+  end
+
+  def handle_event("toggle_step", %{"session_id" => id, "step" => step}, socket)
+      when is_binary(id) and is_binary(step) do
+    case {inspected(socket), Integer.parse(step)} do
+      {^id, {n, ""}} ->
+        expanded = socket.assigns.expanded
+
+        expanded =
+          if n in expanded, do: List.delete(expanded, n), else: Enum.take([n | expanded], 20)
+
+        socket
+        |> Socket.assign(:expanded, expanded)
+        |> reload_now()
+        |> notice(socket.assigns.notice)
+
+      _other ->
+        notice(socket, {:error, "That step is not in the Inspect panel."})
     end
   end
 
@@ -193,6 +252,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
     socket
     |> follow(nil)
     |> Socket.assign(:inspect, nil)
+    |> Socket.assign(:expanded, [])
     |> notice(nil)
   end
 
@@ -223,9 +283,19 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp inspect_paused(socket, id, message) do
     socket
     |> Socket.assign(:fleet, Fleet.pause(socket.assigns.fleet, id))
-    |> follow(id)
-    |> Socket.assign(:inspect, Inspector.load(id))
+    |> open_inspect(id)
     |> notice(message)
+  end
+
+  # Opens the Inspect panel on a session (a step shown whole stays so only while the
+  # same session is inspected).
+  defp open_inspect(socket, id) do
+    expanded = if inspected(socket) == id, do: socket.assigns.expanded, else: []
+
+    socket
+    |> follow(id)
+    |> Socket.assign(:expanded, expanded)
+    |> Socket.assign(:inspect, Inspector.load(id, full: expanded))
   end
 
   # Follows "gateway:decision_logs" while a session is inspected, so its window stays
@@ -256,9 +326,30 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp reload_inspect(socket, nil), do: socket
 
   defp reload_inspect(socket, id) do
-    if inspected(socket) == id,
-      do: Socket.assign(socket, :inspect, Inspector.load(id)),
-      else: socket
+    if inspected(socket) == id, do: reload_now(socket), else: socket
+  end
+
+  defp reload_now(socket) do
+    case inspected(socket) do
+      nil -> socket
+      id -> Socket.assign(socket, :inspect, Inspector.load(id, full: socket.assigns.expanded))
+    end
+  end
+
+  # Events about the inspected session come in bursts (each of its steps brings a
+  # decision log, maybe a verdict and a topology update): the panel is reloaded once,
+  # when the process gets to the message sent here, after the burst.
+  defp schedule_reload(socket, id) do
+    cond do
+      id == nil or inspected(socket) != id -> socket
+      socket.assigns.reload_pending -> socket
+      true -> request_reload(socket)
+    end
+  end
+
+  defp request_reload(socket) do
+    send(self(), @reload)
+    Socket.assign(socket, :reload_pending, true)
   end
 
   defp inspected(%{assigns: %{inspect: %{session_id: id}}}), do: id
@@ -273,6 +364,12 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   defp steps,
     do: SnapshotCache.fetch({__MODULE__, :steps}, max_age(), fn -> step_list() end)
+
+  defp alerts_snapshot,
+    do: SnapshotCache.fetch({__MODULE__, :alerts}, max_age(), &alert_list/0)
+
+  # Every member's alerted sessions (issue 14): each is on its session's owner.
+  defp alert_list, do: Observatory.Gateway.Alerts.gather(limit: @snapshot_limit)
 
   defp max_age,
     do: div(Application.get_env(:observatory, :dashboard_refresh_ms, 2_000) * 9, 10)

@@ -11,6 +11,8 @@
 // - Sends clicks on [phx-click] elements, with their phx-value-* attributes as
 //   params, and submits of form[phx-submit], with the form's fields as params, to
 //   POST /dashboard/events with the page's CSRF token.
+// - After Inspect (or Pause and Inspect), scrolls the Inspect panel into view when it
+//   is off screen (on a phone it sits above the fleet the click came from).
 //
 // The HTML comes from the server, where every agent-supplied string is escaped; it
 // is parsed in an inert <template> and never evaluated as script.
@@ -23,6 +25,7 @@
   const statusEl = document.getElementById("live-status");
   let pageId = null;
   let source = null;
+  let revealFor = null; // the session whose Inspect panel should be scrolled to
 
   function setStatus(state, text) {
     document.body.dataset.live = state;
@@ -92,6 +95,15 @@
     const kept = morph(current, next);
     if (kept !== current) current.replaceWith(kept);
     document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
+    reveal();
+  }
+
+  function reveal() {
+    const panel = document.getElementById("inspector");
+    if (!revealFor || !panel || panel.dataset.sessionId !== revealFor) return;
+    revealFor = null;
+    const top = panel.getBoundingClientRect().top;
+    if (top < 0 || top > window.innerHeight * 0.6) panel.scrollIntoView({ block: "start" });
   }
 
   // ---- Event stream ---------------------------------------------------------------
@@ -152,6 +164,7 @@
       });
       if (res.status === 401) location.assign("/login");
       else if (!res.ok) showNotice(`The action failed (HTTP ${res.status}).`);
+      else reveal();
     } catch (_networkError) {
       showNotice("The gateway did not answer: the action may not have been applied.");
     } finally {
@@ -167,7 +180,9 @@
     for (const name of el.getAttributeNames()) {
       if (name.startsWith("phx-value-")) params[name.slice("phx-value-".length)] = el.getAttribute(name);
     }
-    push(el.getAttribute("phx-click"), params, el);
+    const event = el.getAttribute("phx-click");
+    if (event === "inspect" || event === "pause_inspect") revealFor = params.session_id;
+    push(event, params, el);
   });
 
   document.addEventListener("submit", (e) => {

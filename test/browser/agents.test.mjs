@@ -123,8 +123,8 @@ describe("Agent Detail and the kill switch in chromium", { timeout: 300_000 }, (
     assert.ok(await toggle(page).isVisible());
     assert.ok(await page.getByLabel("Window size").isVisible());
     assert.ok(await page.getByLabel("Threshold").isVisible());
-    assert.equal(await page.getByLabel("Window size").inputValue(), "10");
-    assert.equal(await page.getByLabel("Threshold").inputValue(), "10.0");
+    assert.equal(await page.getByLabel("Window size").inputValue(), "5");
+    assert.equal(await page.getByLabel("Threshold").inputValue(), "5.5");
     assert.equal(await status(page).textContent(), "Active");
   });
 
@@ -137,7 +137,7 @@ describe("Agent Detail and the kill switch in chromium", { timeout: 300_000 }, (
       "Window size must be an integer from 2 to 1000, got: 1",
     );
     assert.equal(await page.getByLabel("Window size").getAttribute("aria-invalid"), "true");
-    assert.equal((await gateway.agent("agent-deploy")).body.kill_switch.window_size, 10);
+    assert.equal((await gateway.agent("agent-deploy")).body.kill_switch.window_size, 5);
 
     await page.getByLabel("Window size").fill("5");
     await page.getByLabel("Threshold").fill("8");

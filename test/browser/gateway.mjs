@@ -116,6 +116,41 @@ export class Gateway {
     return res.json();
   }
 
+  // One step with a tool input and a result, as a coding agent sends it.
+  async call(sessionId, agentId, { intent, tool, input, status, result }) {
+    const key = await this.keyFor(agentId);
+    const res = await fetch(`${this.base}/api/v1/decision_logs`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+      body: JSON.stringify({
+        meta: {
+          step_id: `${sessionId}-${Math.random().toString(36).slice(2)}`,
+          session_id: sessionId,
+          agent_id: agentId,
+          timestamp: new Date().toISOString(),
+        },
+        cognition: { intent },
+        action: { tool_call: tool, tool_input: input, status, result },
+      }),
+    });
+    if (res.status !== 200) throw new Error(`decision_log answered ${res.status}: ${await res.text()}`);
+    return res.json();
+  }
+
+  async calls(sessionId, agentId, calls) {
+    const answers = [];
+    for (const c of calls) answers.push(await this.call(sessionId, agentId, c));
+    return answers;
+  }
+
+  async pause(sessionId) {
+    const res = await fetch(`${this.base}/api/v1/sessions/${encodeURIComponent(sessionId)}/pause`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${OPERATOR_TOKEN}` },
+    });
+    if (res.status !== 200) throw new Error(`pause answered ${res.status}: ${await res.text()}`);
+  }
+
   async steps(sessionId, agentId, steps) {
     const answers = [];
     for (const s of steps) answers.push(await this.step(sessionId, agentId, s));
@@ -153,6 +188,32 @@ export class Gateway {
     return { status: res.status, body: await res.json() };
   }
 }
+
+// A coding agent re-running the same failing test: the command, the same failure.
+export const PYTEST_FAILURE = [
+  "============================= test session starts ==============================",
+  "collected 4 items",
+  "",
+  "tests/test_auth.py ...F",
+  "",
+  "    def test_login_returns_token(client):",
+  '        resp = client.post("/login", json={"user": "ada", "password": "pw"})',
+  ">       assert resp.status_code == 200",
+  "E       assert 401 == 200",
+  "",
+  "tests/test_auth.py:31: AssertionError",
+  "FAILED tests/test_auth.py::test_login_returns_token - assert 401 == 200",
+  "========================= 1 failed, 3 passed in 0.42s ==========================",
+].join("\n");
+
+export const pytestLoop = (n, intents = ["Let me re-run the tests", "Running pytest again to check"]) =>
+  Array.from({ length: n }, (_, i) => ({
+    intent: intents[i % intents.length],
+    tool: "bash",
+    input: { command: "pytest tests/test_auth.py -x" },
+    status: "failure",
+    result: { exit_code: 1, stdout: PYTEST_FAILURE },
+  }));
 
 export const LOOP_STEP = ["search", "read_file", "failure"];
 export const loop = (n) => Array.from({ length: n }, () => LOOP_STEP);

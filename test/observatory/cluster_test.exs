@@ -330,6 +330,47 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "issue 18: alerts and the sessions list from every member" do
+    test "every node lists every member's alerted sessions, once, and the sessions API names their node",
+         %{nodes: [a, b, c] = nodes} do
+      ids = for n <- nodes, do: owned_by(n, nodes, "sess-alert-#{n}")
+      # Three different calls, then the same failing call five times: an entropy LOOP.
+      for id <- ids,
+          e <- steps(id, 8),
+          do: {:ok, _} = :erpc.call(a, SchemaInterceptor, :ingest, [e])
+
+      for n <- nodes do
+        listed = :erpc.call(n, Observatory.Gateway.Alerts, :gather, [[]])
+        mine = Enum.filter(listed, &(&1.session_id in ids))
+        assert Enum.sort(Enum.map(mine, & &1.session_id)) == Enum.sort(ids)
+        assert Enum.all?(mine, &(&1.node == Cluster.rendezvous(&1.session_id, nodes)))
+      end
+
+      # A page opened on c lists them all (the Session Cluster Manager's mount).
+      {:ok, socket} =
+        :erpc.call(c, ObservatoryWeb.SessionClusterManager, :mount, [
+          %{},
+          %{"operator" => "ops"},
+          ObservatoryWeb.SessionClusterManager.Socket.new()
+        ])
+
+      for id <- ids,
+          do: assert(ObservatoryWeb.SessionClusterManager.Alerts.get(socket.assigns.alerts, id))
+
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+
+      assert %{status: 200, body: body} =
+               http(:get, port, "/api/v1/sessions?state=alert&limit=200")
+
+      {:ok, %{"sessions" => rows}} = JSON.decode(body)
+
+      for id <- ids do
+        assert %{"node" => node, "alerted" => true} = Enum.find(rows, &(&1["session_id"] == id))
+        assert node == Atom.to_string(Cluster.rendezvous(id, [a, b, c]))
+      end
+    end
+  end
+
   describe "issue 14: replicated agent state" do
     test "agent records, events, keys, pauses and the audit log survive a node's loss and reach a node that joins later",
          %{nodes: [a, b, c], peers: [peer_a | _], all: all, shorts: shorts, root: root} do
@@ -387,6 +428,66 @@ defmodule Observatory.ClusterDistributedTest do
 
       assert %{status: 403, body: body} = chat(port, key)
       assert body =~ "agent_inactive"
+    end
+  end
+
+  describe "issue 19 item 6 / issue 20 findings 4 and 9 in a cluster" do
+    test "a deactivation on node A ends the agent's open stream on node C at once",
+         %{nodes: [a, _b, c]} do
+      agent = "agent-stream-#{System.unique_integer([:positive])}"
+      {:ok, %{key: key}} = :erpc.call(a, Observatory.AgentKeys, :issue, [agent])
+      test = self()
+
+      upstream =
+        Observatory.Test.Upstream.start(fn _ ->
+          {:chunked, 200, "text/event-stream",
+           fn resp ->
+             Observatory.Test.Upstream.write_chunk(
+               resp,
+               Observatory.Test.Upstream.chunk_event("Hel")
+             )
+
+             send(test, :streaming)
+
+             receive do
+               :go -> :ok
+             after
+               10_000 -> :ok
+             end
+           end}
+        end)
+
+      :ok = :erpc.call(c, Application, :put_env, [:observatory, :llm_upstream, upstream.url])
+      port = :erpc.call(c, ObservatoryWeb.Endpoint, :port, [])
+      body = ~s({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+
+      headers = [
+        {"authorization", "Bearer " <> key},
+        {"content-type", "application/json"}
+      ]
+
+      alias Observatory.Proxy.{HTTPClient, SSE}
+      url = "http://127.0.0.1:#{port}/v1/chat/completions"
+      {:ok, conn} = HTTPClient.request(url, headers, body, timeout: 5_000)
+      {:ok, 200, _, conn} = HTTPClient.read_head(conn)
+      assert_receive :streaming, 5_000
+
+      {:ok, _} = :erpc.call(a, Observatory.KillSwitch, :deactivate, [agent, [operator: "alice"]])
+      {:ok, raw, _} = HTTPClient.read_all(conn)
+      {events, _, _} = SSE.parse(SSE.new(), raw)
+      assert %{data: %{"error" => %{"code" => "agent_inactive"}}} = List.last(events)
+    end
+
+    test "a derived session id is the same on every node (one secret, replicated)",
+         %{nodes: nodes} do
+      body = %{"messages" => [%{"role" => "user", "content" => "fix the build"}]}
+
+      ids =
+        for node <- nodes,
+            do: :erpc.call(node, Observatory.Proxy.SessionId, :derive, ["agent-x", body])
+
+      assert [id] = Enum.uniq(ids)
+      assert "proxy-" <> _ = id
     end
   end
 

@@ -347,7 +347,9 @@ defmodule Observatory.ReplayTest do
         })
 
       report = run_lines([line])
-      derived = Observatory.Proxy.Steps.session_id("agent-a", body)
+      derived = Observatory.Replay.ProxyRequest.session_id("agent-a", body)
+      # Stable across runs: keyed with a fixed key, not this gateway's secret.
+      refute derived == Observatory.Proxy.SessionId.derive("agent-a", body)
       assert %{steps: 1, first_verdict_loop: nil} = session(report, derived)
     end
 

@@ -100,7 +100,7 @@ defmodule Observatory.TelemetryTest do
 
       assert_receive {:telemetry, [:observatory, :kill_switch, :trip],
                       %{score: score, threshold: 1.0},
-                      %{agent_id: ^agent, window_size: 10, window_len: len}}
+                      %{agent_id: ^agent, window_size: 5, window_len: len}}
 
       assert score > 1.0 and len >= 2
     end

@@ -134,10 +134,10 @@ defmodule ObservatoryWeb.AgentDetailTest do
                ~s(<form id="kill-switch-settings" class="ad-form" phx-submit="save_settings" novalidate>)
 
       assert page =~
-               ~r/<input id="ks-window_size" name="window_size" type="number"[^>]* value="10"/
+               ~r/<input id="ks-window_size" name="window_size" type="number"[^>]* value="5"/
 
-      assert page =~ ~r/<input id="ks-threshold" name="threshold" type="number"[^>]* value="10.0"/
-      assert page =~ "Off: nothing is scored or blocked."
+      assert page =~ ~r/<input id="ks-threshold" name="threshold" type="number"[^>]* value="5.5"/
+      assert page =~ "Off: nothing is scored or stopped."
     end
 
     test "an enabled switch shows as on, with the settings it has", %{agent: id} do
@@ -161,7 +161,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
       page = html(socket)
       assert page =~ ~s(aria-checked="false")
       assert page =~ ~s(id="kill-switch-settings")
-      assert socket.assigns.notice == {:info, "Kill switch off: nothing is scored or blocked."}
+      assert socket.assigns.notice == {:info, "Kill switch off: nothing is scored or stopped."}
       assert page =~ "The switch is off: no window, no score."
     end
 
@@ -377,7 +377,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
 
       assert page =~ ~s(value="&lt;b&gt;8&lt;/b&gt;")
       refute page =~ "<b>8</b>"
-      assert %{kill_switch: %{window_size: 10, threshold: 10.0}} = Agents.get(id)
+      assert %{kill_switch: %{window_size: 5, threshold: 5.5}} = Agents.get(id)
     end
 
     test "a threshold the window can never exceed is pointed out", %{agent: id} do

@@ -51,9 +51,9 @@ defmodule ObservatoryWeb.AgentsAPITest do
                "active" => true,
                "kill_switch" => %{
                  "enabled" => false,
-                 "window_size" => 10,
-                 "threshold" => 10.0,
-                 "max_score" => 40.5
+                 "window_size" => 5,
+                 "threshold" => 5.5,
+                 "max_score" => 18.0
                },
                "score" => nil,
                "events" => []

@@ -8,7 +8,7 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
   alias Observatory.{JSON, KillSwitch}
   alias Observatory.KillSwitch.{Agents, Windows}
   alias ObservatoryWeb.API.ChatCompletions
-  alias Observatory.Test.{HTTP, Upstream}
+  alias Observatory.Test.{HTTP, ToolConversation, Upstream}
 
   @keys [:llm_upstream, :llm_upstream_api_key, :llm_timeout_ms]
 
@@ -29,11 +29,18 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
     HTTP.post("/v1/chat/completions", body, headers: headers ++ extra_headers)
   end
 
+  # The request a looping tool agent sends after its k-th turn: the same call, the
+  # same result, every time.
   defp looping(k),
     do:
-      Upstream.request("Attempt #{k} at 2024-06-01T12:0#{rem(k, 10)}:00Z: deploy build 4821.",
-        tool_calls: [{"deploy", %{build: 4821, attempt: k}}]
+      ToolConversation.body(
+        :chat_completions,
+        "Deploy build 4821.",
+        List.duplicate({"deploy", %{build: 4821}, "error: timeout"}, k)
       )
+
+  # A prompt without tools, the same up to its numbers.
+  defp asking(k), do: Upstream.request("Attempt #{k} at 2024-06-01T12:0#{rem(k, 10)}:00Z.")
 
   defp enable(agent, settings),
     do: {:ok, _} = KillSwitch.configure(agent, Map.put(settings, :enabled, true))
@@ -46,6 +53,13 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
     end
   end
 
+  # The stub reports a request once it has answered it, which may be just after the
+  # agent has the answer: wait for the `n` expected, then count any more.
+  defp upstream_calls(n) do
+    for _ <- 1..n//1, do: assert_receive({:upstream_request, _, _}, 1_000)
+    n + upstream_calls()
+  end
+
   describe "Kill Switch Enforcement" do
     test "Deactivate on threshold exceeded", %{agent: agent} do
       use_upstream(Upstream.answering("Deployment failed: timeout."))
@@ -54,10 +68,11 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
       {statuses, log} = with_log(fn -> for k <- 1..6, do: chat(agent, looping(k)).status end)
       assert log =~ "kill switch deactivated agent #{inspect(agent)}"
 
-      # Request k scores (k - 1) × (1.0 + 1.5) + (k - 2) × 2.0: 7.0 at the third, 11.5 at
-      # the fourth, which is refused and never reaches the upstream.
-      assert statuses == [200, 200, 200, 403, 403, 403]
-      assert upstream_calls() == 3
+      # Request k answers the k-th identical call with the same result: (k - 1) × (1.0
+      # + 1.5), 7.5 at the fourth, 10 at the fifth, which is refused and never reaches
+      # the upstream.
+      assert statuses == [200, 200, 200, 200, 403, 403]
+      assert upstream_calls(4) == 4
 
       assert %{active: false, deactivated_by: :kill_switch} = Agents.get(agent)
       body = HTTP.get("/api/v1/agents/#{agent}", HTTP.operator_headers()).body
@@ -106,23 +121,25 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
     test "Record kill switch event", %{agent: agent} do
       use_upstream(Upstream.answering("Deployment failed: timeout."))
       enable(agent, %{window_size: 5, threshold: 8})
-      capture_log(fn -> for k <- 1..4, do: chat(agent, looping(k)) end)
+      capture_log(fn -> for k <- 1..5, do: chat(agent, looping(k)) end)
 
       [event] = for e <- KillSwitch.events(agent_id: agent), e.event_type == "kill_switch", do: e
 
+      # The model's text answers are not compared: each was followed by a request that
+      # answers tool calls (in a real loop, the answer was the call).
       assert %{
-               score: 11.5,
+               score: 10.0,
                threshold: 8.0,
                window_size: 5,
-               window_len: 4,
-               similar_prompts: 3,
-               similar_responses: 2,
-               repeated_tool_calls: 3
+               window_len: 5,
+               similar_prompts: 4,
+               similar_responses: 0,
+               repeated_tool_calls: 4
              } = event.details
 
       json = HTTP.get("/api/v1/agents/#{agent}", HTTP.operator_headers()).body
 
-      assert [%{"event_type" => "kill_switch", "details" => %{"score" => 11.5}} | _] =
+      assert [%{"event_type" => "kill_switch", "details" => %{"score" => 10.0}} | _] =
                json["events"]
     end
   end
@@ -142,6 +159,17 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
     end
 
     test "Disable kill switch", %{agent: agent} do
+      # Thirty identical steps: the step detector's block is out of the way here.
+      saved = Application.get_env(:observatory, :step_detection)
+      on_exit(fn -> Application.put_env(:observatory, :step_detection, saved || []) end)
+
+      Application.put_env(:observatory, :step_detection,
+        stagnation_warn: 1_000,
+        stagnation_block: 1_000,
+        stuck_warn: 1_000,
+        stuck_block: 1_000
+      )
+
       use_upstream(Upstream.answering("Deployment failed: timeout."))
 
       for k <- 1..30 do
@@ -153,7 +181,7 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
       assert %{active: true, deactivated_by: nil, kill_switch: %{enabled: false}} =
                Agents.get(agent)
 
-      assert upstream_calls() == 30
+      assert upstream_calls(30) == 30
     end
   end
 
@@ -175,8 +203,8 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
         JSON.encode!(%{choices: [%{message: %{role: "assistant", content: nil, tool_calls: []}}]})
 
       use_upstream(Upstream.start(fn _ -> {200, "application/json", tools_only} end))
-      assert chat(agent, looping(2)).status == 200
-      assert [_, %{response_hash: nil}] = Windows.entries(agent)
+      assert chat(agent, asking(2)).status == 200
+      assert [%{response_hash: ^hash}, %{response_hash: nil}] = Windows.entries(agent)
     end
   end
 
@@ -307,15 +335,15 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
       })
 
       use_upstream(Upstream.answering("fine"))
-      assert chat(agent, looping(1)).status == 200
+      assert chat(agent, asking(1)).status == 200
       before = Agents.get(agent)
       events = KillSwitch.events(agent_id: agent)
 
       capture_log(fn ->
         use_upstream(Upstream.closed_url())
-        assert chat(agent, looping(2)).status == 502
+        assert chat(agent, asking(2)).status == 502
         use_upstream(Upstream.start(fn _ -> {200, "text/html", "garbage"} end))
-        assert chat(agent, looping(3)).status == 502
+        assert chat(agent, asking(3)).status == 502
         assert chat(agent, "{bad").status == 400
       end)
 

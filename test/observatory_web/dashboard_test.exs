@@ -85,6 +85,11 @@ defmodule ObservatoryWeb.DashboardTest do
 
       assert page.body =~ ~s(<meta name="csrf-token")
       assert page.body =~ ~s(id="alerts-panel")
+      # Issue 18: the header says which signal raises the alerts.
+      assert page.body =~
+               ~s(<span id="alert-source" class="alert-source" data-source="entropy")
+
+      assert page.body =~ "Alerts from <strong>entropy ratio</strong>"
       assert page.body =~ ~s(<script src="/assets/dashboard.js" defer></script>)
     end
 

@@ -100,6 +100,37 @@ defmodule ObservatoryWeb.LivePartsTest do
       assert LiveParts.changed(before, snapshot(socket, &View.parts/1)) == [:html_notice]
     end
 
+    test "issue 18: Inspect, and a step shown whole, resend the Inspect panel only" do
+      sid = "sess-parts-inspect-#{System.unique_integer([:positive])}"
+      long = Enum.map_join(1..30, "\n", &"line #{&1}")
+
+      {:ok, _} =
+        Observatory.Gateway.SchemaInterceptor.ingest(
+          Observatory.Test.HTTP.envelope(%{
+            "meta" => %{"session_id" => sid},
+            "action" => %{"tool_input" => %{"command" => "make"}, "result" => long}
+          })
+        )
+
+      socket = manager()
+      before = snapshot(socket, &View.parts/1)
+
+      {:noreply, socket} =
+        SessionClusterManager.handle_event("inspect", %{"session_id" => sid}, socket)
+
+      inspected = snapshot(socket, &View.parts/1)
+      assert LiveParts.changed(before, inspected) == [:html_inspect]
+
+      {:noreply, socket} =
+        SessionClusterManager.handle_event(
+          "toggle_step",
+          %{"session_id" => sid, "step" => "1"},
+          socket
+        )
+
+      assert LiveParts.changed(inspected, snapshot(socket, &View.parts/1)) == [:html_inspect]
+    end
+
     test "changed_bytes counts a part that is new or different, never an equal one" do
       assert LiveParts.changed_bytes(%{a: "xx", b: "y"}, %{a: "xx", b: "zz", c: "123"}) == 5
       assert LiveParts.changed(%{a: "xx"}, %{a: "xx"}) == []

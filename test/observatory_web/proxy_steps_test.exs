@@ -4,10 +4,12 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   # interceptor and HITL. Changes :llm_upstream: not async.
   use ExUnit.Case, async: false
 
-  alias Observatory.Gateway.{HITL, SessionLog}
+  alias Observatory.Gateway.{Events, HITL, SessionLog}
   alias Observatory.JSON
   alias Observatory.Proxy.Steps
   alias Observatory.Test.{HTTP, Upstream}
+
+  doctest Steps
   alias ObservatoryWeb.SessionClusterManager, as: Manager
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Socket}
 
@@ -27,10 +29,15 @@ defmodule ObservatoryWeb.ProxyStepsTest do
 
   # The conversation an OpenAI-style agent re-sends after `turns` turns, each one
   # assistant tool call and its result.
+  # `call` gives each turn's call, and its result (the same error by default).
   defp conversation(task, turns, call \\ fn k -> {"read_file", %{path: "build-#{k}.log"}} end) do
     history =
       Enum.flat_map(1..turns//1, fn k ->
-        {name, args} = call.(k)
+        {name, args, result} =
+          case call.(k) do
+            {name, args} -> {name, args, "error: file not found"}
+            {_name, _args, _result} = given -> given
+          end
 
         [
           %{
@@ -44,7 +51,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
               }
             ]
           },
-          %{role: "tool", tool_call_id: "call_#{k}", content: "error: file not found"}
+          %{role: "tool", tool_call_id: "call_#{k}", content: result}
         ]
       end)
 
@@ -82,9 +89,13 @@ defmodule ObservatoryWeb.ProxyStepsTest do
 
       [envelope | _] = Enum.reverse(SessionLog.recent(session))
       assert envelope["meta"]["agent_id"] == agent
-      assert envelope["cognition"]["intent"] == "Fix build #{n}"
+      # The step's intent is its call (OpenAI tool turns have no text of their own).
+      assert envelope["cognition"]["intent"] == ~s(read_file {"path":"build-3.log"})
+      refute Map.has_key?(envelope["cognition"], "reasoning_chain")
       assert envelope["proxy"] == %{"api" => "chat_completions", "tool_call_id" => "call_3"}
       assert is_float(envelope["cognition"]["entropy_score"])
+      # Three different calls: three tuples, nothing repeats.
+      assert envelope["cognition"]["entropy_score"] == 1.0
 
       # A retry of the same turn (the SDK after a timeout) adds nothing.
       assert chat(agent, conversation("Fix build #{n}", 3), headers).status == 200
@@ -144,7 +155,82 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       refute_received {:upstream_request, _, _}
 
       {:ok, _} = HITL.resume(session, operator: "alice")
-      assert chat(agent, conversation("Loop #{n}", 8, same)).status == 200
+
+      # Seven identical calls with the same result: the step detector has blocked the
+      # session too, and its block refuses the next request the way a pause does.
+      blocked = chat(agent, conversation("Loop #{n}", 8, same))
+      assert blocked.status == 403
+      assert blocked.body["error"]["code"] == "session_blocked"
+      :ok = Observatory.Gateway.StepDetector.reset(session, operator: "alice")
+      assert chat(agent, conversation("Loop #{n}", 9, same)).status == 200
+    end
+  end
+
+  describe "issue 19: proxied steps that score right (FRD-009's tuple is the call)" do
+    test "a healthy agent reading a different file each turn is not a LOOP under the default alert source",
+         %{agent: agent, n: n} do
+      assert Application.get_env(:observatory, :alert_source) == :entropy
+      Events.subscribe(Events.entropy_alerts())
+      session = "sess-healthy-#{n}"
+      # Each file its own text (the same error twelve times would be "stuck": the step
+      # detector blocks new approaches that keep getting one result).
+      files = fn k ->
+        {"read_file", %{path: "src/handlers/h_#{k}.py"}, "def handler_#{k}(request): ..."}
+      end
+
+      for turns <- 1..12 do
+        assert chat(agent, conversation("Read the handlers #{n}", turns, files), [
+                 {"x-session-id", session}
+               ]).status == 200
+      end
+
+      envelopes = SessionLog.recent(session)
+      assert length(envelopes) == 12
+      # Twelve different calls: twelve different tuples, the ratio never moves from 1.0.
+      assert Enum.all?(envelopes, &(&1["cognition"]["entropy_score"] == 1.0))
+
+      assert hd(envelopes)["cognition"]["intent"] ==
+               ~s(read_file {"path":"src/handlers/h_1.py"})
+
+      refute_received %{event_type: "entropy_alert", session_id: ^session}
+    end
+
+    test "the same call with the same result is a LOOP, however the model words its turns",
+         %{agent: agent, n: n} do
+      Events.subscribe(Events.entropy_alerts())
+      session = "sess-reworded-#{n}"
+      use_anthropic(Upstream.start(fn _ -> {200, "application/json", Upstream.message("ok")} end))
+
+      words = ["Let me read the log.", "Trying again.", "One more time.", "Again.", "Retrying."]
+
+      for turns <- 1..5 do
+        body = anthropic_loop(Enum.take(words, turns))
+        assert messages(agent, body, [{"x-session-id", session}]).status == 200
+      end
+
+      envelopes = SessionLog.recent(session)
+      assert length(envelopes) == 5
+
+      assert Enum.uniq(for e <- envelopes, do: e["cognition"]["intent"]) == [
+               ~s(read_file {"path":"build.log"})
+             ]
+
+      # The model's own words are kept beside the step, not in its intent.
+      assert for(e <- envelopes, do: e["cognition"]["reasoning_chain"]) == Enum.map(words, &[&1])
+      assert_received %{event_type: "entropy_alert", session_id: ^session}
+    end
+
+    test "an intent is at most 1 KiB, and long calls that differ stay different" do
+      long = fn tail -> %{"content" => String.duplicate("x", 2000) <> tail, "path" => "a.txt"} end
+      a = Steps.intent("write_file", long.("a"))
+      b = Steps.intent("write_file", long.("b"))
+      assert byte_size(a) <= 1024 and byte_size(b) <= 1024
+      assert a != b
+      assert a == Steps.intent("write_file", long.("a"))
+      assert String.starts_with?(a, ~s(write_file {"content":"xxx))
+      assert Steps.intent("run", "not json") == "run not json"
+      # Cut on a character boundary.
+      assert String.valid?(Steps.intent("say", %{"text" => String.duplicate("é", 1000)}))
     end
   end
 
@@ -197,7 +283,7 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
       [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      assert Observatory.Proxy.StepMemory.claim(session, key)
+      assert Observatory.Proxy.StepMemory.claim("#{victim}-other", session, key)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1
@@ -214,4 +300,49 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   end
 
   defp decode(json), do: elem(JSON.decode(json), 1)
+
+  defp use_anthropic(upstream) do
+    saved = Application.get_env(:observatory, :anthropic_upstream)
+    on_exit(fn -> Application.put_env(:observatory, :anthropic_upstream, saved) end)
+    Application.put_env(:observatory, :anthropic_upstream, "http://127.0.0.1:#{upstream.port}")
+  end
+
+  defp messages(agent, body, headers) do
+    headers = HTTP.agent_headers(agent) ++ headers
+    HTTP.post("/v1/messages", JSON.encode!(body), headers: headers)
+  end
+
+  # An Anthropic agent's conversation: each turn says its words beside the same call,
+  # which gets the same result.
+  defp anthropic_loop(words) do
+    history =
+      words
+      |> Enum.with_index(1)
+      |> Enum.flat_map(fn {said, k} ->
+        [
+          %{
+            role: "assistant",
+            content: [
+              %{type: "text", text: said},
+              %{
+                type: "tool_use",
+                id: "toolu_#{k}",
+                name: "read_file",
+                input: %{path: "build.log"}
+              }
+            ]
+          },
+          %{
+            role: "user",
+            content: [%{type: "tool_result", tool_use_id: "toolu_#{k}", content: "no such file"}]
+          }
+        ]
+      end)
+
+    %{
+      model: "claude-test",
+      max_tokens: 100,
+      messages: [%{role: "user", content: "Fix it."} | history]
+    }
+  end
 end

@@ -7,13 +7,15 @@ defmodule ObservatoryWeb.PythonSDKTest do
 
   @moduletag :python
 
-  alias Observatory.Gateway.{Events, SessionLog}
-  alias Observatory.JSON
+  alias Observatory.Gateway.{Events, LoopVerdict, SessionLog}
+  alias Observatory.{JSON, KillSwitch}
+  alias Observatory.KillSwitch.Agents
   alias Observatory.Test.{HTTP, Upstream}
 
   @python Path.expand("../python/.venv/bin/python", __DIR__)
   @script Path.expand("../python/sdk_agents.py", __DIR__)
-  @keys [:llm_upstream, :anthropic_upstream]
+  @tool_script Path.expand("../python/sdk_tool_agents.py", __DIR__)
+  @keys [:llm_upstream, :anthropic_upstream, :alert_source]
 
   setup do
     saved = for key <- @keys, do: {key, Application.get_env(:observatory, key)}
@@ -49,38 +51,15 @@ defmodule ObservatoryWeb.PythonSDKTest do
            end}
 
         request["tools"] ->
-          {200, "application/json", tool_call_completion()}
+          id = "call_#{System.unique_integer([:positive])}"
+
+          {200, "application/json",
+           Upstream.tool_call_completion(id, "read_file", %{path: "build.log"})}
 
         true ->
           {200, "application/json", Upstream.completion("Hello.")}
       end
     end)
-  end
-
-  defp tool_call_completion do
-    JSON.encode!(%{
-      id: "chatcmpl-test",
-      object: "chat.completion",
-      created: 1_700_000_000,
-      model: "test-model",
-      choices: [
-        %{
-          index: 0,
-          finish_reason: "tool_calls",
-          message: %{
-            role: "assistant",
-            content: nil,
-            tool_calls: [
-              %{
-                id: "call_#{System.unique_integer([:positive])}",
-                type: "function",
-                function: %{name: "read_file", arguments: ~s({"path": "build.log"})}
-              }
-            ]
-          }
-        }
-      ]
-    })
   end
 
   defp anthropic_upstream(id) do
@@ -156,8 +135,10 @@ defmodule ObservatoryWeb.PythonSDKTest do
                "loop" => %{"session" => anthropic_session, "statuses" => anthropic_statuses}
              } = seen["anthropic"]
 
-      assert openai_statuses == List.duplicate(200, 7)
-      assert anthropic_statuses == List.duplicate(200, 7)
+      # The seventh turn carries the sixth identical step: the step detector blocks the
+      # session, and its block refuses that request (the way a pause does).
+      assert openai_statuses == List.duplicate(200, 6) ++ [403]
+      assert anthropic_statuses == List.duplicate(200, 6) ++ [403]
 
       # Seven turns re-sending a growing conversation: six tool calls answered, six steps.
       openai_steps = for e <- SessionLog.recent(openai_session), do: e["action"]
@@ -175,6 +156,204 @@ defmodule ObservatoryWeb.PythonSDKTest do
 
       for session <- [openai_session, anthropic_session] do
         assert_received %{event_type: "entropy_alert", session_id: ^session, agent_id: ^agent}
+      end
+    end
+  end
+
+  ## Issue 19: tool-calling agents at the kill switch's defaults
+
+  # The stub model: asks for one file per turn. For "Read every handler module." the
+  # next handler (h_1, h_2, …: calls that differ only in a number), re-reading h_18 once
+  # at turn 20; for anything else build.log, every time. Streams when asked to.
+  # Anthropic turns say a sentence beside the call, as Claude does.
+  defp model_upstream do
+    Upstream.start(fn body ->
+      {:ok, request} = JSON.decode(body)
+      messages = request["messages"]
+      answered = Enum.count(messages, &(&1["role"] == "tool")) + anthropic_results(messages)
+      n = answered + 1
+
+      path =
+        cond do
+          hd(messages)["content"] != "Read every handler module." -> "build.log"
+          n == 20 -> "src/handlers/h_18.py"
+          true -> "src/handlers/h_#{n}.py"
+        end
+
+      cond do
+        request["max_tokens"] && request["stream"] ->
+          {:chunked, 200, "text/event-stream",
+           fn resp ->
+             for e <-
+                   Upstream.tool_use_events("Reading #{path}.", "toolu_#{n}", "read_file", %{
+                     path: path
+                   }),
+                 do: Upstream.write_chunk(resp, e)
+           end}
+
+        request["max_tokens"] ->
+          {200, "application/json",
+           Upstream.message("Reading #{path}.", [{"toolu_#{n}", "read_file", %{path: path}}])}
+
+        request["stream"] ->
+          {:chunked, 200, "text/event-stream",
+           fn resp ->
+             for e <- Upstream.tool_call_chunks("call_#{n}", "read_file", %{path: path}),
+                 do: Upstream.write_chunk(resp, e)
+           end}
+
+        true ->
+          {200, "application/json",
+           Upstream.tool_call_completion("call_#{n}", "read_file", %{path: path})}
+      end
+    end)
+  end
+
+  defp anthropic_results(messages) do
+    Enum.sum(
+      for %{"role" => "user", "content" => blocks} when is_list(blocks) <- messages,
+          do: Enum.count(blocks, &(&1["type"] == "tool_result"))
+    )
+  end
+
+  defp use_model do
+    upstream = model_upstream()
+    Application.put_env(:observatory, :llm_upstream, upstream.url)
+    Application.put_env(:observatory, :anthropic_upstream, "http://127.0.0.1:#{upstream.port}")
+  end
+
+  # A run of sdk_tool_agents.py for a new agent with the kill switch as given: its
+  # agent id and session, and the plan entry.
+  defp tool_run(api, kind, kill_switch) do
+    n = System.unique_integer([:positive])
+    agent = "agent-tools-#{api}-#{n}"
+    key = HTTP.key_for(agent)
+    if kill_switch, do: {:ok, _} = KillSwitch.configure(agent, %{"enabled" => true})
+
+    {task, tools, turns} =
+      case kind do
+        :healthy -> {"Read every handler module.", "files", 30}
+        :looping -> {"Fix the build.", "broken", 8}
+      end
+
+    %{
+      agent: agent,
+      session: "#{agent}-session",
+      plan: %{
+        api: api,
+        key: key,
+        session: "#{agent}-session",
+        task: task,
+        turns: turns,
+        tools: tools
+      }
+    }
+  end
+
+  defp run_tools(runs) do
+    env =
+      for var <- ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_BASE_URL),
+          do: {var, nil}
+
+    plan = JSON.encode!(Enum.map(runs, & &1.plan))
+
+    {out, status} =
+      System.cmd(@python, [@tool_script, ObservatoryWeb.Endpoint.url(), plan],
+        env: env,
+        stderr_to_stdout: true
+      )
+
+    assert status == 0, out
+    {:ok, seen} = out |> String.split("\n", trim: true) |> List.last() |> JSON.decode()
+    Enum.zip(runs, seen)
+  end
+
+  defp entropy_scores(session),
+    do: for(e <- SessionLog.recent(session), do: e["cognition"]["entropy_score"])
+
+  # A healthy agent must never be stopped nor alarmed; a looping one must be alarmed,
+  # and stopped once its kill switch is on.
+  defp check_healthy(source, run, seen) do
+    assert seen == %{"statuses" => List.duplicate(200, 30), "error" => nil}, "#{source}"
+    assert %{active: true, deactivated_by: nil} = Agents.get(run.agent)
+
+    assert for(e <- KillSwitch.events(agent_id: run.agent), do: e.event_type) == [
+             "settings_changed"
+           ]
+
+    # Its results differ only in their numbers: similar prompts, 4 of 4 at most; its
+    # calls all differ but one re-read (1.5). The window never went past 5.5.
+    assert %{score: score} = KillSwitch.status(run.agent)
+    assert score <= 4.0
+
+    # 29 calls answered, one step each, each its own call but the re-read: the entropy
+    # ratio stays normal (the re-read makes 4 tuples of 5) and the verdict says
+    # progress. (The session log keeps the latest steps.)
+    assert SessionLog.count(run.session) == 29
+    steps = SessionLog.recent(run.session)
+    intents = for s <- steps, do: s["cognition"]["intent"]
+    assert length(Enum.uniq(intents)) == length(steps) - 1
+    assert Enum.min(entropy_scores(run.session)) == 0.8
+    assert %{verdict: :progress} = LoopVerdict.session(run.session)
+    session = run.session
+    refute_received %{event_type: "entropy_alert", session_id: ^session}
+  end
+
+  defp check_looping(source, run, seen, switch_on?) do
+    session = run.session
+    agent = run.agent
+
+    if switch_on? do
+      # Requests 2..4 answer the same call with the same result: 0, 2.5, 5.0; the
+      # fifth scores 7.5 > 5.5 and is refused with the inactive-agent answer.
+      assert seen["statuses"] == [200, 200, 200, 200, 403], "#{source}"
+      assert seen["error"] in ["agent_inactive", "Agent #{agent} is inactive"]
+      assert %{active: false, deactivated_by: :kill_switch} = Agents.get(agent)
+
+      assert [%{details: %{repeated_tool_calls: 3, similar_prompts: 3}}] =
+               for(e <- KillSwitch.events(agent_id: agent), e.event_type == "kill_switch", do: e)
+
+      # The verdict saw the loop before the switch stopped it (three repeats).
+      assert %{verdict: :loop} = LoopVerdict.session(session)
+    else
+      # The seventh request carries the sixth identical step: the step detector blocks
+      # the session, and its block refuses that request like a pause.
+      assert seen["statuses"] == List.duplicate(200, 6) ++ [403], inspect({source, seen})
+      # OpenAI's error code, or Anthropic's message.
+      assert seen["error"] == "session_blocked" or
+               seen["error"] =~ "is blocked by the step detector"
+
+      assert %{active: true} = Agents.get(agent)
+      assert_received %{event_type: "entropy_alert", session_id: ^session, agent_id: ^agent}
+    end
+  end
+
+  describe "issue 19: tool agents on the real SDKs, streamed and not, kill switch defaults" do
+    for source <- [:entropy, :verdict] do
+      @source source
+      test "#{inspect(source)}: healthy, 30 turns of different files: never deactivated nor " <>
+             "alarmed; the same call and result: alarmed, deactivated with the switch on" do
+        use_model()
+        Events.subscribe(Events.entropy_alerts())
+        Application.put_env(:observatory, :alert_source, @source)
+
+        runs =
+          for api <- ["openai", "anthropic"],
+              {kind, switch} <- [healthy: true, looping: false, looping: true],
+              do: {kind, switch, tool_run(api, kind, switch)}
+
+        {seen, log} =
+          ExUnit.CaptureLog.with_log(fn -> run_tools(for {_, _, run} <- runs, do: run) end)
+
+        # Two agents stopped, the two looping ones whose switch is on.
+        assert length(Regex.scan(~r/kill switch deactivated agent/, log)) == 2
+
+        for {{kind, switch, run}, {run, seen}} <- Enum.zip(runs, seen) do
+          case kind do
+            :healthy -> check_healthy(@source, run, seen)
+            :looping -> check_looping(@source, run, seen, switch)
+          end
+        end
       end
     end
   end

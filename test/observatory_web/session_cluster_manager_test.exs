@@ -42,6 +42,16 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
 
   defp unpause(sid), do: if(HITL.paused?(sid), do: HITL.resume(sid, operator: "test"))
 
+  # Handles the reload the manager asked itself for after events about the inspected
+  # session (it coalesces a burst into one).
+  defp settle(socket) do
+    receive do
+      {Manager, :reload_inspect} = reload -> socket |> feed([reload]) |> settle()
+    after
+      0 -> socket
+    end
+  end
+
   describe "FR-9.10 mount/3" do
     test "subscribes to gateway:entropy_alerts (and topology, hitl) when connected" do
       sid = unique_session("sess-mount")
@@ -61,7 +71,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
                "gateway:topology",
                "gateway:hitl",
                "gateway:loop_detection",
-               "gateway:loop_verdict"
+               "gateway:loop_verdict",
+               "gateway:alerts"
              ]
     end
 
@@ -109,8 +120,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       socket = feed(socket, [alert])
       page = html(socket)
 
-      assert [%{session_id: ^sid, agent_id: "agent-loop", score: 0.2, occurrence_count: 5}] =
-               Alerts.rows(socket.assigns.alerts)
+      assert %{session_id: ^sid, agent_id: "agent-loop", score: 0.2, occurrence_count: 5} =
+               Alerts.get(socket.assigns.alerts, sid)
 
       assert %{agent_id: "agent-loop", score: 0.2} = socket.assigns.fleet[sid]
 
@@ -119,7 +130,7 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert page =~ "<code>search</code>"
       assert page =~ "<code>read_file</code>"
       assert page =~ ~s(<span class="status status-failure">failure</span>)
-      assert page =~ ~s(<td class="num score">0.20</td>)
+      assert page =~ ~s(<td class="num score"><span class="cell-label">Score </span>0.20</td>)
       assert page =~ ~s(<span class="agent">agent-loop</span>)
       assert page =~ ~s(<span class="count">5 of 5 steps in the window</span>)
       assert page =~ ~r/<time datetime="[^"]+">\d\d:\d\d:\d\d UTC<\/time>/
@@ -138,10 +149,10 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert length(alerts) == 3, "5 identical steps alert, and so does each step after"
 
       socket = feed(socket, alerts ++ loop!(other))
-      rows = Alerts.rows(socket.assigns.alerts)
+      rows = Enum.filter(Alerts.rows(socket.assigns.alerts), &(&1.session_id in [sid, other]))
 
       assert [%{session_id: ^other}, %{session_id: ^sid, alerts: 3} = row] = rows
-      assert DateTime.compare(row.at, row.first_at) in [:gt, :eq]
+      assert DateTime.compare(row.at, row.since) in [:gt, :eq]
 
       page = html(socket)
       assert length(Regex.scan(~r/class="alert-row" data-session-id="#{sid}"/, page)) == 1
@@ -157,7 +168,7 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
         |> Alerts.put(event.(0.2, 5), at)
         |> Alerts.put(event.(0.1, 10), DateTime.add(at, 2, :second))
 
-      assert [%{score: 0.1, occurrence_count: 10, alerts: 2, first_at: ^at}] = Alerts.rows(alerts)
+      assert [%{score: 0.1, occurrence_count: 10, alerts: 2, since: ^at}] = Alerts.rows(alerts)
     end
 
     test "the panel keeps at most :limit sessions, dropping the least recent" do
@@ -195,7 +206,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       page = html(socket)
       assert page =~ ~s(id="inspector" class="panel inspector")
       assert page =~ ~s(data-paused="true")
-      assert length(Regex.scan(~r{<li><code>search</code>}, page)) == 5
+      assert page =~ ~s(<strong>Entropy window</strong> <span class="muted">steps 1–5</span>)
+      assert page =~ " in 5 of 5 steps"
       assert page =~ ~s(phx-click="resume" phx-value-session_id="#{sid}">Resume</button>)
       assert page =~ ~s(class="node state-paused" data-session-id="#{sid}")
     end
@@ -222,16 +234,16 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
 
       {:ok, _} = SchemaInterceptor.ingest(envelope(sid, "plan", "write_file", "success"))
       assert_receive %{event_type: "decision_log", session_id: ^sid} = log
-      socket = feed(socket, [log])
+      socket = socket |> feed([log]) |> settle()
 
       assert List.last(socket.assigns.inspect.window) == {"plan", "write_file", :success}
-      assert html(socket) =~ "<code>write_file</code>"
+      assert html(socket) =~ ~s(<code class="tool">write_file</code>)
 
       {:noreply, socket} = Manager.handle_event("close_inspect", %{}, socket)
       assert socket.assigns.inspect == nil
       {:ok, _} = SchemaInterceptor.ingest(envelope(sid, "plan", "write_file", "success"))
       refute_receive %{event_type: "decision_log", session_id: ^sid}, 50
-      assert html(socket) =~ "Choose <strong>Pause and Inspect</strong>"
+      assert html(socket) =~ "Choose <strong>Inspect</strong>"
     end
 
     test "an invalid session id is refused with a notice" do
@@ -371,14 +383,343 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert page =~ "&lt;script&gt;x()&lt;/script&gt;"
       assert page =~ "agent&quot; onclick=&quot;alert(2)"
       # Alert row, inspector, node: the id shows in each, always escaped.
-      assert length(Regex.scan(~r/data-session-id="&lt;img src=x onerror=alert\(1\)&gt;/, page)) ==
-               3
+      escaped = Regex.escape(ObservatoryWeb.HTML.escape(sid))
+      assert length(Regex.scan(~r/data-session-id="#{escaped}"/, page)) == 3
     end
 
     test "element ids are hashes, not the session id" do
       id = ObservatoryWeb.SessionClusterManager.View.dom_id("node", @hostile)
       assert id =~ ~r/\Anode-[0-9a-f]{16}\z/
     end
+  end
+
+  describe "issue 18: alerts are server state" do
+    test "a session that looped before the page opened is listed on load, once" do
+      sid = unique_session("sess-before")
+      record_all(sid, List.duplicate(@loop_step, 7), agent_id: "agent-early")
+
+      socket = mount!(connected?: false)
+      page = html(socket)
+
+      assert %{agent_id: "agent-early", rule: :entropy, alerts: 3, since: %DateTime{}} =
+               Alerts.get(socket.assigns.alerts, sid)
+
+      assert length(Regex.scan(~r/class="alert-row" data-session-id="#{sid}"/, page)) == 1
+      assert page =~ "5 of 5 steps in the window"
+    end
+
+    test "a reload lists what the last page listed; a recovered session is not listed" do
+      sid = unique_session("sess-reload")
+      record_all(sid, List.duplicate(@loop_step, 5))
+      first = mount!(connected?: false)
+      second = mount!(connected?: false)
+      assert Alerts.get(first.assigns.alerts, sid) == Alerts.get(second.assigns.alerts, sid)
+
+      record_all(sid, distinct_tuples(3))
+      assert Alerts.get(mount!(connected?: false).assigns.alerts, sid) == nil
+    end
+
+    test "alert_raised adds a row, alert_cleared removes it, the refresh re-reads the list" do
+      socket = mount!()
+      sid = unique_session("sess-events")
+      record_all(sid, List.duplicate(@loop_step, 5))
+      assert_receive %{event_type: "alert_raised", session_id: ^sid, rule: :entropy} = raised
+      socket = feed(socket, [raised])
+      assert %{source: :entropy, alerts: 0} = Alerts.get(socket.assigns.alerts, sid)
+      # The alert event that follows is the first one counted (not the second).
+      [alert] = collect_alerts(sid)
+      socket = feed(socket, [alert])
+      assert %{alerts: 1} = Alerts.get(socket.assigns.alerts, sid)
+
+      record_all(sid, distinct_tuples(3))
+      assert_receive %{event_type: "alert_cleared", session_id: ^sid} = cleared
+      socket = feed(socket, [cleared])
+      assert Alerts.get(socket.assigns.alerts, sid) == nil
+
+      # A row the page never heard of appears at the refresh (a fresh listing: no cache).
+      Application.put_env(:observatory, :dashboard_refresh_ms, 1)
+      on_exit(fn -> Application.delete_env(:observatory, :dashboard_refresh_ms) end)
+      other = unique_session("sess-missed")
+      record_all(other, List.duplicate(@loop_step, 5))
+      socket = feed(socket, [{Manager, :refresh}])
+      assert Alerts.get(socket.assigns.alerts, other)
+    end
+
+    test "a paused row offers Inspect and Resume, a running one Pause and Inspect" do
+      sid = unique_session("sess-paused-row")
+      on_exit(fn -> unpause(sid) end)
+      record_all(sid, List.duplicate(@loop_step, 5))
+      {:ok, _} = HITL.pause(sid, operator: "bob", reason: "")
+
+      page = html(mount!(connected?: false))
+
+      [row] =
+        Regex.run(~r{<tr id="[^"]+" class="alert-row" data-session-id="#{sid}".*?</tr>}s, page)
+
+      assert row =~ ~s(phx-click="resume" phx-value-session_id="#{sid}">Resume</button>)
+      assert row =~ ~s(phx-click="inspect" phx-value-session_id="#{sid}">Inspect</button>)
+      refute row =~ "Pause and Inspect"
+
+      unpause(sid)
+      page = html(mount!(connected?: false))
+
+      [row] =
+        Regex.run(~r{<tr id="[^"]+" class="alert-row" data-session-id="#{sid}".*?</tr>}s, page)
+
+      assert row =~ ">Pause and Inspect</button>"
+      refute row =~ ">Resume</button>"
+    end
+
+    test "with the verdict as the source, the panel is Verdict Alerts and lists loop verdicts" do
+      saved = Application.get_env(:observatory, :alert_source)
+      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+      Application.put_env(:observatory, :alert_source, :verdict)
+      sid = unique_session("sess-verdict-alert")
+      for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(pytest_step(sid))
+
+      socket = mount!(connected?: false)
+
+      assert %{source: :verdict, rule: :repeat, reason: reason} =
+               Alerts.get(socket.assigns.alerts, sid)
+
+      assert reason =~ "3 times in a row"
+      page = html(socket)
+      assert page =~ ~s(<h2 id="alerts-title">Verdict Alerts</h2>)
+      assert page =~ "the <strong>loop verdict</strong> calls a loop now"
+    end
+  end
+
+  describe "issue 18: the alert source is shown" do
+    test "in the standalone header, the LiveView navigation and the panel's title" do
+      saved = Application.get_env(:observatory, :alert_source)
+      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+
+      assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
+               ~s(<span class="scm-source" data-source="entropy">Alerts from <strong>entropy ratio</strong></span>)
+
+      assert html(mount!(connected?: false)) =~ ~s(<h2 id="alerts-title">Entropy Alerts</h2>)
+
+      Application.put_env(:observatory, :alert_source, :verdict)
+
+      assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
+               "Alerts from <strong>loop verdict</strong>"
+
+      assert html(mount!(connected?: false)) =~ ~s(<h2 id="alerts-title">Verdict Alerts</h2>)
+    end
+  end
+
+  describe "issue 18: a loop the entropy ratio does not see is pointed out" do
+    test "free-text intents: the verdict's loop, not alerted under :entropy, is named with the fix" do
+      sid = unique_session("sess-free-text")
+
+      for i <- 1..4 do
+        step = pytest_step(sid)
+        intent = Enum.at(["Let me re-run the tests", "Running pytest again to check"], rem(i, 2))
+
+        {:ok, %{severity: severity}} =
+          SchemaInterceptor.ingest(put_in(step, ["cognition", "intent"], intent))
+
+        refute severity == :loop
+      end
+
+      socket = mount!()
+      assert Alerts.get(socket.assigns.alerts, sid) == nil
+      page = html(socket)
+      # Every such session is counted (other tests' too); the first three are named.
+      missed =
+        for node <- Fleet.nodes(socket.assigns.fleet),
+            node.verdict == :loop,
+            Alerts.get(socket.assigns.alerts, node.session_id) == nil,
+            do: node.session_id
+
+      assert sid in missed
+      [hint] = Regex.run(~r{<p class="panel-note source-hint".*?</p>}s, page)
+      assert hint =~ ~s(data-count="#{length(missed)}")
+
+      for id <- Enum.take(missed, 3),
+          do: assert(hint =~ ~s(<span class="mono">#{id}</span>))
+
+      assert hint =~ "<code>OBSERVATORY_ALERT_SOURCE=verdict</code>"
+
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      assert html(socket) =~ "Not alerted: the alert source is the entropy ratio"
+    end
+  end
+
+  describe "issue 18: Inspect shows the evidence" do
+    test "any fleet node opens Inspect, without pausing" do
+      sid = unique_session("sess-node")
+      record_all(sid, distinct_tuples(2))
+      socket = mount!()
+
+      assert html(socket) =~
+               ~s(phx-click="inspect" phx-value-session_id="#{sid}">Inspect</button>)
+
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      assert %{session_id: ^sid, pause: nil} = socket.assigns.inspect
+      refute HITL.paused?(sid)
+
+      assert html(socket) =~
+               ~s(<aside id="inspector" class="panel inspector" aria-labelledby="inspector-title" data-session-id="#{sid}" data-paused="false">)
+    end
+
+    test "the repeated command, its failure text, and what did not change, under the same step numbers" do
+      sid = unique_session("sess-pytest")
+      for _ <- 1..6, do: {:ok, _} = SchemaInterceptor.ingest(pytest_step(sid))
+      socket = mount!()
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      page = html(socket)
+
+      %{verdict: %{verdict: :loop, rule: :repeat, evidence: evidence}} = socket.assigns.inspect
+      assert evidence == [1, 2, 3, 4, 5, 6]
+      assert page =~ ~s(<code class="call">pytest tests/test_auth.py -x</code>)
+      assert page =~ "6 times, the same failure"
+      assert page =~ "E   assert 401 == 200"
+
+      assert page =~
+               ~s(<li data-change="same"><strong>Arguments:</strong> the same each time</li>)
+
+      assert page =~ ~s(<li data-change="same"><strong>Failure:</strong> the same each time</li>)
+
+      # The steps list, the verdict's evidence and the entropy window: one numbering.
+      listed =
+        for [_, n] <- Regex.scan(~r/data-step="(\d+)" data-evidence="true"/, page),
+            do: String.to_integer(n)
+
+      assert listed == evidence
+
+      window =
+        for [_, n] <-
+              Regex.scan(~r/data-step="(\d+)" data-evidence="\w+" data-window="true"/, page),
+            do: String.to_integer(n)
+
+      assert window == [2, 3, 4, 5, 6]
+      assert page =~ ~s(<strong>Entropy window</strong> <span class="muted">steps 2–6</span>)
+      # Identical repeats are one line each, naming the first.
+      assert length(Regex.scan(~r/The same call, arguments and result as #1\./, page)) == 5
+    end
+
+    test "what changed between repeats: the numbers, shown masked with their values" do
+      sid = unique_session("sess-timeout")
+
+      for ms <- [5003, 5011, 4998] do
+        {:ok, _} =
+          SchemaInterceptor.ingest(
+            step(sid, "sql", %{"query" => "SELECT count(*) FROM orders"}, "timeout", %{
+              "error" => "canceling statement due to statement timeout",
+              "elapsed_ms" => ms
+            })
+          )
+      end
+
+      socket = mount!()
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      page = html(socket)
+      assert %{verdict: %{verdict: :loop}} = socket.assigns.inspect
+      assert page =~ "3 times, the same failure, apart from numbers"
+
+      assert page =~
+               ~s(<code>elapsed_ms: #</code> <span class="muted"># = </span>5003 → 5011 → 4998)
+    end
+
+    test "toggle_step shows a step's result whole, and cuts it again" do
+      sid = unique_session("sess-long")
+      long = Enum.map_join(1..40, "\n", &"line #{&1} of the build log")
+
+      {:ok, _} =
+        SchemaInterceptor.ingest(step(sid, "bash", %{"command" => "make"}, "failure", long))
+
+      socket = mount!()
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      refute html(socket) =~ "line 20 of the build log"
+      assert html(socket) =~ "line 40 of the build log", "a cut result keeps its last lines"
+      assert html(socket) =~ ~s(phx-value-step="1">Show all</button>)
+
+      {:noreply, socket} =
+        Manager.handle_event("toggle_step", %{"session_id" => sid, "step" => "1"}, socket)
+
+      assert html(socket) =~ "line 20 of the build log"
+      assert html(socket) =~ ~s(phx-value-step="1">Show less</button>)
+
+      # Still whole after the session's next step (the panel reloads).
+      {:ok, _} =
+        SchemaInterceptor.ingest(step(sid, "bash", %{"command" => "make"}, "failure", long))
+
+      assert_receive %{event_type: "decision_log", session_id: ^sid} = log
+      socket = socket |> feed([log]) |> settle()
+      assert html(socket) =~ "line 20 of the build log"
+
+      {:noreply, socket} =
+        Manager.handle_event("toggle_step", %{"session_id" => sid, "step" => "1"}, socket)
+
+      refute html(socket) =~ "line 20 of the build log"
+
+      {:noreply, socket} =
+        Manager.handle_event("toggle_step", %{"session_id" => "other", "step" => "1"}, socket)
+
+      assert {:error, _} = socket.assigns.notice
+    end
+
+    test "a burst of events about the inspected session reloads the panel once" do
+      sid = unique_session("sess-burst")
+      socket = mount!()
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      logs = for _ <- 1..5, do: %{event_type: "decision_log", session_id: sid}
+      socket = feed(socket, logs)
+      assert_received {Manager, :reload_inspect}
+      refute_received {Manager, :reload_inspect}
+      assert socket.assigns.reload_pending
+      socket = feed(socket, [{Manager, :reload_inspect}])
+      refute socket.assigns.reload_pending
+    end
+
+    test "agent-supplied arguments and results are escaped" do
+      sid = unique_session("sess-xss-steps")
+
+      {:ok, _} =
+        SchemaInterceptor.ingest(
+          step(
+            sid,
+            "<b>tool</b>",
+            %{"command" => "<script>alert(1)</script>"},
+            "failure",
+            "<img src=x onerror=alert(2)>"
+          )
+        )
+
+      socket = mount!()
+      {:noreply, socket} = Manager.handle_event("inspect", %{"session_id" => sid}, socket)
+      page = html(socket)
+      refute page =~ "<script>alert(1)"
+      refute page =~ "<img src=x"
+      refute page =~ "<b>tool"
+      assert page =~ "&lt;script&gt;alert(1)&lt;/script&gt;"
+      assert page =~ "&lt;img src=x onerror=alert(2)&gt;"
+    end
+  end
+
+  @pytest_failure "collected 4 items\n\ntests/test_auth.py ...F\n\n" <>
+                    ">       assert resp.status_code == 200\nE   assert 401 == 200\n\n" <>
+                    "FAILED tests/test_auth.py::test_login - assert 401 == 200\n1 failed, 3 passed in 0.42s"
+
+  defp pytest_step(sid) do
+    step(sid, "bash", %{"command" => "pytest tests/test_auth.py -x"}, "failure", %{
+      "exit_code" => 1,
+      "stdout" => @pytest_failure
+    })
+  end
+
+  defp step(sid, tool, input, status, result) do
+    Observatory.Test.HTTP.envelope(%{
+      "meta" => %{"session_id" => sid, "agent_id" => "agent-evidence"},
+      "cognition" => %{"intent" => "run the tests again"},
+      "action" => %{
+        "tool_call" => tool,
+        "tool_input" => input,
+        "status" => status,
+        "result" => result
+      }
+    })
   end
 
   defp topology(sid, state),
@@ -466,7 +807,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
 
       {:noreply, socket} = Manager.handle_event("pause_inspect", %{"session_id" => sid}, socket)
       assert %{verdict: %{verdict: :loop, evidence: [1, 2, 3]}} = socket.assigns.inspect
-      assert html(socket) =~ "(steps 1, 2, 3)"
+      assert html(socket) =~ ~s(<div class="why-verdict" data-rule="repeat">)
+      assert html(socket) =~ "steps 1–3"
     end
 
     test "the snapshot carries verdicts; with alert_source :verdict they set the state" do

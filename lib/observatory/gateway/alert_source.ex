@@ -23,16 +23,52 @@ defmodule Observatory.Gateway.AlertSource do
   `rule`, `reason` and `evidence` (the step numbers). A step whose score is unknown (the
   tracker failed) cannot fill `entropy_score`: its alert is not sent, and logged.
 
-  Read on every step. An unknown value is logged once and read as `:entropy`, and so is
-  `:verdict` while `LoopVerdict` is not running: an alert source that cannot alert
-  would silence the gateway.
+  The environment sets it too: `OBSERVATORY_ALERT_SOURCE=entropy` or `=verdict`
+  (`config/runtime.exs`); any other value stops the gateway at start with a message
+  naming the variable. The application also refuses to start with an invalid
+  `:alert_source` (`validate!/1`). The dashboard's header shows the source in force.
+
+  Read on every step. A value changed at run time to an unknown one is logged once and
+  read as `:entropy`, and so is `:verdict` while `LoopVerdict` is not running: an alert
+  source that cannot alert would silence the gateway.
   """
 
   require Logger
 
-  alias Observatory.Gateway.{EntropyAlertEvent, EntropyTracker, Events, LoopVerdict, Topology}
+  alias Observatory.Gateway.{
+    Alerts,
+    EntropyAlertEvent,
+    EntropyTracker,
+    Events,
+    LoopVerdict,
+    Topology
+  }
 
   @type t :: :entropy | :verdict
+
+  @doc """
+  Checks a configured alert source at start: `:ok`, or an `ArgumentError` that shows
+  the bad value.
+
+      iex> Observatory.Gateway.AlertSource.validate!(:verdict)
+      :ok
+      iex> Observatory.Gateway.AlertSource.validate!(:verdit)
+      ** (ArgumentError) expected :alert_source to be :entropy or :verdict (OBSERVATORY_ALERT_SOURCE=entropy|verdict), got: :verdit
+  """
+  @spec validate!(term()) :: :ok
+  def validate!(value \\ Application.get_env(:observatory, :alert_source, :entropy))
+  def validate!(value) when value in [:entropy, :verdict], do: :ok
+
+  def validate!(value) do
+    raise ArgumentError,
+          "expected :alert_source to be :entropy or :verdict " <>
+            "(OBSERVATORY_ALERT_SOURCE=entropy|verdict), got: #{inspect(value)}"
+  end
+
+  @doc "A short name of a source for people: the dashboard's header and panel."
+  @spec describe(t()) :: String.t()
+  def describe(:entropy), do: "entropy ratio"
+  def describe(:verdict), do: "loop verdict"
 
   @doc "The alert source in force (see the module doc)."
   @spec current() :: t()
@@ -75,6 +111,14 @@ defmodule Observatory.Gateway.AlertSource do
   def act(session_id, agent_id, verdict, score, opts \\ [])
 
   def act(session_id, agent_id, %{verdict: :loop} = verdict, score, opts) do
+    # The alert state first: a page that reads it on the alert event finds the session.
+    Alerts.alert(session_id, agent_id, :verdict, %{
+      rule: verdict.rule,
+      reason: verdict.reason,
+      evidence: verdict.evidence,
+      entropy_score: score
+    })
+
     result =
       with {:ok, event} <- alert_event(session_id, agent_id, verdict, score, opts),
            {:ok, event} <- EntropyAlertEvent.validate(event) do
@@ -93,14 +137,27 @@ defmodule Observatory.Gateway.AlertSource do
     result
   end
 
-  def act(session_id, agent_id, %{verdict: :suspect}, _score, _opts),
-    do: Topology.broadcast(session_id, agent_id, "blocked")
+  def act(session_id, agent_id, %{verdict: :suspect} = verdict, _score, _opts) do
+    clear_loop(session_id, verdict)
+    Topology.broadcast(session_id, agent_id, "blocked")
+  end
 
-  def act(session_id, agent_id, %{verdict: :progress, previous: previous}, _score, _opts)
-      when previous in [:suspect, :loop],
-      do: Topology.broadcast(session_id, agent_id, "active")
+  def act(
+        session_id,
+        agent_id,
+        %{verdict: :progress, previous: previous} = verdict,
+        _score,
+        _opts
+      )
+      when previous in [:suspect, :loop] do
+    clear_loop(session_id, verdict)
+    Topology.broadcast(session_id, agent_id, "active")
+  end
 
   def act(_session_id, _agent_id, _verdict, _score, _opts), do: :ok
+
+  defp clear_loop(session_id, %{previous: :loop}), do: Alerts.clear(session_id, :verdict)
+  defp clear_loop(_session_id, _verdict), do: :ok
 
   @doc false
   # The `[:observatory, :alert]` telemetry event (`Observatory.Telemetry`), for an

@@ -41,7 +41,15 @@ defmodule Observatory.Gateway.EntropyTracker do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.{ActionStatus, AlertSource, EntropyAlertEvent, EntropyConfig, Events}
+  alias Observatory.Gateway.{
+    ActionStatus,
+    Alerts,
+    AlertSource,
+    EntropyAlertEvent,
+    EntropyConfig,
+    Events
+  }
+
   alias Observatory.Gateway.Topology
   alias Observatory.Native
 
@@ -265,6 +273,7 @@ defmodule Observatory.Gateway.EntropyTracker do
 
       with {:ok, event} <- EntropyAlertEvent.validate(event) do
         Observatory.Metrics.inc(:alerts)
+        Alerts.alert(session_id, agent_id, :entropy, alert_details(event))
         Events.broadcast(Events.entropy_alerts(), event)
         AlertSource.emit_alert(event, :entropy)
         Topology.broadcast(session_id, agent_id, "alert_entropy")
@@ -273,19 +282,35 @@ defmodule Observatory.Gateway.EntropyTracker do
     end
   end
 
-  defp act({score, :warning, _previous, _len, {agent_id, _, _, _, _}}, session_id, true) do
+  defp act({score, :warning, previous, _len, {agent_id, _, _, _, _}}, session_id, true) do
+    if previous == :loop, do: Alerts.clear(session_id, :entropy)
     Topology.broadcast(session_id, agent_id, "blocked")
     {:ok, score, :warning}
   end
 
   defp act({score, :normal, previous, _len, {agent_id, _, _, _, _}}, session_id, true)
        when previous in [:warning, :loop] do
+    if previous == :loop, do: Alerts.clear(session_id, :entropy)
     Topology.broadcast(session_id, agent_id, "active")
     {:ok, score, :normal}
   end
 
   defp act({score, :normal, _previous, _len, _detail}, _session_id, true),
     do: {:ok, score, :normal}
+
+  # What the alert list shows of an entropy alert (`Observatory.Gateway.Alerts`).
+  defp alert_details(event) do
+    %{repeated_pattern: p, occurrence_count: count, window_size: size} = event
+
+    %{
+      rule: :entropy,
+      reason: Alerts.entropy_reason(event),
+      entropy_score: event.entropy_score,
+      pattern: p,
+      occurrence_count: count,
+      window_size: size
+    }
+  end
 
   ## Store access
 

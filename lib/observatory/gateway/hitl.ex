@@ -66,6 +66,10 @@ defmodule Observatory.Gateway.HITL do
   @spec paused?(String.t()) :: boolean()
   def paused?(session_id) when is_binary(session_id), do: pause_of(session_id) != nil
 
+  @doc false
+  # The pauses table (the proxy follows new pauses in it: Observatory.Proxy.OpenRequests).
+  def pauses_table, do: @paused
+
   @doc "The pause in force for a session, or nil."
   @spec pause_of(String.t()) :: audit_entry() | nil
   def pause_of(session_id) do

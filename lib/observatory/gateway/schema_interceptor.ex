@@ -224,7 +224,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
     step = analyze_step(fields)
     pause = HITL.pause_of(fields.session_id)
-    SessionLog.put(fields.session_id, envelope)
+    # Stored under the verdict's step number, which its evidence names.
+    SessionLog.put(fields.session_id, envelope, verdict && verdict.step_number)
 
     Events.broadcast(Events.decision_logs(), %{
       event_type: "decision_log",

@@ -7,6 +7,12 @@ defmodule Observatory.Gateway.SessionLog do
   `:ets.update_counter/4` and overwrites the oldest slot, so concurrent writers never
   lose each other's messages and no process is in the write path.
 
+  Each envelope is kept with its **step number** — the number the loop verdict gave
+  the step (its `evidence` names steps by it), or the log's own count when there was
+  no verdict — and the time the gateway received it, so the Inspect panel and
+  `GET /api/v1/sessions/:id` list the steps under the numbers the verdict and the
+  entropy window use (`steps/1`).
+
   ## Bounds
 
   Every size here is set by clients, so each is capped:
@@ -34,9 +40,12 @@ defmodule Observatory.Gateway.SessionLog do
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
-  @doc "Stores an accepted envelope."
-  @spec put(String.t(), map()) :: :ok
-  def put(session_id, envelope) do
+  @doc """
+  Stores an accepted envelope. `number` is the step's number in the session (the
+  loop verdict's `step_number`); nil numbers it by the log's own count.
+  """
+  @spec put(String.t(), map(), pos_integer() | nil) :: :ok
+  def put(session_id, envelope, number \\ nil) do
     size = size()
     now = System.system_time(:millisecond)
     {envelope, bytes} = bounded(envelope)
@@ -48,11 +57,11 @@ defmodule Observatory.Gateway.SessionLog do
 
     replaced =
       case :ets.lookup(@slots, key) do
-        [{_, _, _, old}] -> old
+        [{_, _, _, old, _, _}] -> old
         [] -> 0
       end
 
-    :ets.insert(@slots, {key, seq, envelope, bytes})
+    :ets.insert(@slots, {key, seq, envelope, bytes, number || seq, now})
     :counters.add(counter(), 1, bytes - replaced)
 
     if (seq == 1 and :ets.info(@heads, :size) > max_sessions()) or
@@ -71,11 +80,36 @@ defmodule Observatory.Gateway.SessionLog do
 
   @doc "The session's stored envelopes, oldest first."
   @spec recent(String.t()) :: [map()]
-  def recent(session_id) do
+  def recent(session_id), do: Enum.map(steps(session_id), & &1.envelope)
+
+  @doc """
+  The session's stored steps, oldest first: `%{number, at, envelope}`, `number` the
+  step's number in the session and `at` when the gateway received it (Unix ms).
+  """
+  @spec steps(String.t()) :: [
+          %{number: pos_integer(), at: integer(), envelope: map()}
+        ]
+  def steps(session_id) do
     0..(size() - 1)
     |> Enum.flat_map(&:ets.lookup(@slots, {session_id, &1}))
-    |> Enum.sort_by(fn {_, seq, _, _} -> seq end)
-    |> Enum.map(fn {_, _, envelope, _} -> envelope end)
+    |> Enum.sort_by(fn {_, seq, _, _, _, _} -> seq end)
+    |> Enum.map(fn {_, _, envelope, _, number, at} ->
+      %{number: number, at: at, envelope: envelope}
+    end)
+  end
+
+  @doc "The stored step numbered `number`, or nil (not stored, or no longer)."
+  @spec step(String.t(), pos_integer()) ::
+          %{number: pos_integer(), at: integer(), envelope: map()} | nil
+  def step(session_id, number), do: Enum.find(steps(session_id), &(&1.number == number))
+
+  @doc "When the gateway last received a step of the session (Unix ms), or nil."
+  @spec last_at(String.t()) :: integer() | nil
+  def last_at(session_id) do
+    case :ets.lookup(@heads, session_id) do
+      [{_, _, at, _}] -> at
+      [] -> nil
+    end
   end
 
   @doc "How many messages the session has sent since it was first seen."
@@ -179,14 +213,17 @@ defmodule Observatory.Gateway.SessionLog do
   end
 
   defp session_bytes(id) do
-    Enum.sum(for slot <- 0..(size() - 1), {_, _, _, b} <- :ets.lookup(@slots, {id, slot}), do: b)
+    Enum.sum(
+      for slot <- 0..(size() - 1), {_, _, _, b, _, _} <- :ets.lookup(@slots, {id, slot}), do: b
+    )
   end
 
   defp drop(session_ids) do
     for session_id <- session_ids do
       :ets.delete(@heads, session_id)
 
-      for slot <- 0..(size() - 1), {_, _, _, bytes} <- :ets.take(@slots, {session_id, slot}) do
+      for slot <- 0..(size() - 1),
+          {_, _, _, bytes, _, _} <- :ets.take(@slots, {session_id, slot}) do
         :counters.sub(counter(), 1, bytes)
       end
     end

@@ -125,6 +125,24 @@ defmodule Observatory.Gateway.StepDetector do
     end
   end
 
+  @doc """
+  The block in force for a session — `%{guidance: text, …}` as it fell — or nil. A
+  block past `max_sessions`, held in memory only, has no guidance kept.
+  """
+  @spec block(String.t()) :: map() | nil
+  def block(session_id) do
+    case block_of(session_id) do
+      nil ->
+        case Native.step_state(store(), session_id) do
+          {_stagnation, _stuck, true} -> %{guidance: nil}
+          _ -> nil
+        end
+
+      block ->
+        block
+    end
+  end
+
   @doc "Sessions with a streak or a block (for the dashboard)."
   @spec active(non_neg_integer()) :: [map()]
   def active(limit \\ 500) do

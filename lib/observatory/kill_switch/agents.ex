@@ -10,7 +10,7 @@ defmodule Observatory.KillSwitch.Agents do
         active: true,
         deactivated_by: nil,            # :kill_switch | :manual | nil
         deactivated_at: nil,            # DateTime | nil
-        kill_switch: %{enabled: false, window_size: 10, threshold: 10.0},
+        kill_switch: %{enabled: false, window_size: 5, threshold: 5.5},
         notification_webhook: nil,      # URL | nil
         created_at: ~U[...], updated_at: ~U[...]
       }
@@ -162,6 +162,10 @@ defmodule Observatory.KillSwitch.Agents do
 
   # disc_copies on every node of the cluster (one node when clustering is off).
   defp create_table(name, opts), do: Observatory.Cluster.Store.ensure_table(name, opts)
+
+  @doc false
+  # The agents table (the proxy follows deactivations in it: Observatory.Proxy.OpenRequests).
+  def table, do: @agents
 
   ## Reads (local, no transaction)
 
@@ -410,8 +414,8 @@ defmodule Observatory.KillSwitch.Agents do
       deactivated_at: nil,
       kill_switch: %{
         enabled: false,
-        window_size: Keyword.get(config, :window_size, 10),
-        threshold: Keyword.get(config, :threshold, 10.0) / 1
+        window_size: Keyword.get(config, :window_size, 5),
+        threshold: Keyword.get(config, :threshold, 5.5) / 1
       },
       notification_webhook: nil,
       created_at: now,

@@ -3,7 +3,8 @@ defmodule Observatory.KillSwitch.Supervisor do
   Starts the kill switch: the configured agent keys are checked and seeded in
   `init/1` (the agent store — Mnesia and its tables — is set up before, by
   `Observatory.Storage`), then the window store's owner, the task supervisor for
-  notifications, the proxy's upstream slots and its memory of ingested steps.
+  notifications, the proxy's upstream slots, its memory of ingested steps and its
+  registry of open requests (ended when their agent, key or session stops being valid).
   """
 
   use Supervisor
@@ -12,6 +13,7 @@ defmodule Observatory.KillSwitch.Supervisor do
 
   @impl true
   def init(_opts) do
+    Observatory.KillSwitch.check_config!()
     # The agent store (Mnesia and its tables) is up already (Observatory.Storage).
     :ok = Observatory.AgentKeys.setup()
 
@@ -19,7 +21,8 @@ defmodule Observatory.KillSwitch.Supervisor do
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
       Observatory.KillSwitch.Upstream,
-      Observatory.Proxy.StepMemory
+      Observatory.Proxy.StepMemory,
+      Observatory.Proxy.OpenRequests
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)

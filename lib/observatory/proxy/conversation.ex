@@ -2,8 +2,8 @@ defmodule Observatory.Proxy.Conversation do
   @moduledoc """
   What the proxy reads from the conversation an agent sends on every turn: the tool
   calls of its previous assistant turn with the results that answer them (the agent's
-  latest steps), where the conversation starts (to name a session the agent did not
-  name), and the last user text (the task, when a turn has no text of its own).
+  latest steps) and the text that turn said beside them. Where a conversation starts,
+  which names its session, is `Observatory.Proxy.SessionId`'s.
 
   Both request shapes are read: OpenAI Chat Completions (`tool_calls` on the assistant
   message, `role: "tool"` messages with `tool_call_id`) and Anthropic Messages
@@ -16,8 +16,8 @@ defmodule Observatory.Proxy.Conversation do
       ...>     "function" => %{"name" => "run", "arguments" => ~s({"cmd":"make"})}}]},
       ...>   %{"role" => "tool", "tool_call_id" => "c1", "content" => "ok"}]}
       iex> turn = Observatory.Proxy.Conversation.last_turn(:openai, body)
-      iex> {turn.position, turn.intent, turn.calls}
-      {1, "fix the build", [%{id: "c1", name: "run", input: %{"cmd" => "make"}, result: "ok", status: "success"}]}
+      iex> {turn.position, turn.text, turn.calls}
+      {1, nil, [%{id: "c1", name: "run", input: %{"cmd" => "make"}, result: "ok", status: "success"}]}
   """
 
   # Tool calls read from one assistant turn: a body of a few KiB can hold thousands of
@@ -32,11 +32,11 @@ defmodule Observatory.Proxy.Conversation do
           result: term(),
           status: String.t()
         }
-  @type turn :: %{position: non_neg_integer(), intent: String.t() | nil, calls: [call()]}
+  @type turn :: %{position: non_neg_integer(), text: String.t() | nil, calls: [call()]}
 
   @doc """
-  The previous assistant turn: its index in `messages`, the intent it states (its own
-  text, else the last user text) and its tool calls (the first #{@max_calls}), each with its result
+  The previous assistant turn: its index in `messages`, its own text (`nil` when it
+  has none, as OpenAI tool turns usually do) and its tool calls (the first #{@max_calls}), each with its result
   (`"success"`, `"failure"` for an Anthropic `is_error` result, `"pending"` while
   unanswered). `nil` when the last assistant message called no tool.
   """
@@ -50,7 +50,7 @@ defmodule Observatory.Proxy.Conversation do
 
       %{
         position: position,
-        intent: text(message["content"]) || last_user_text(format, messages),
+        text: text(message["content"]),
         calls:
           for call <- calls do
             case Map.fetch(answers, call.id) do
@@ -62,17 +62,6 @@ defmodule Observatory.Proxy.Conversation do
     else
       _ -> nil
     end
-  end
-
-  @doc """
-  The start of the conversation — the system prompt and the messages up to the first
-  user message — which stays the same on every turn of one conversation.
-  """
-  @spec start(map()) :: term()
-  def start(body) do
-    messages = messages(body)
-    first_user = Enum.find_index(messages, &(is_map(&1) and &1["role"] == "user")) || 0
-    {Map.get(body, "system"), Enum.take(messages, first_user + 1)}
   end
 
   @doc "The messages up to and including `position`: the same on a retry of one turn."
@@ -118,15 +107,6 @@ defmodule Observatory.Proxy.Conversation do
       status = if block["is_error"] == true, do: "failure", else: "success"
       {id, {text(block["content"]) || block["content"], status}}
     end
-  end
-
-  defp last_user_text(_format, messages) do
-    messages
-    |> Enum.reverse()
-    |> Enum.find_value(fn
-      %{"role" => "user", "content" => content} -> text(content)
-      _ -> nil
-    end)
   end
 
   # A string, or the text parts of a content array joined with newlines.

@@ -4,6 +4,7 @@ defmodule Observatory.Proxy.HTTPClient do
   by piece in the caller's process.
 
       {:ok, conn} = HTTPClient.request("https://api.openai.com/v1/chat/completions", headers, body)
+      # or a GET: HTTPClient.request(url, headers, "", method: "GET")
       {:ok, status, headers, conn} = HTTPClient.read_head(conn)
       {:data, piece, conn} = HTTPClient.read(conn)   # … until {:done, conn}
       :ok = HTTPClient.close(conn)
@@ -23,10 +24,15 @@ defmodule Observatory.Proxy.HTTPClient do
   upstream closes.
 
   ## Options (of `request/4`)
+    * `:method` — `"POST"` (default) or `"GET"` (sent without a body)
     * `:connect_timeout` — ms to connect (default 5 000)
-    * `:timeout` — ms any one wait for the upstream may take (default 120 000)
+    * `:timeout` — ms any one wait for the upstream may take (default 600 000); past
+      it the wait ends with `{:error, :timeout}`
     * `:deadline` — a `System.monotonic_time(:millisecond)` after which every wait
-      ends with `{:error, :timeout}` (default: none)
+      ends with `{:error, :deadline}` (default: none)
+    * `:cancel` — a reference: a message `{:cancel, ref, reason}` sent to the reading
+      process ends its wait at once with `{:error, {:cancelled, reason}}` (the caller
+      then closes the connection, which cancels the upstream request)
     * `:max_bytes` — the body's byte cap; past it `read/1` gives `{:error, :too_large}`
     * `:watch` — the agent's socket (`:gen_tcp`), already in `active: :once` mode;
       bytes from it while waiting (the agent's next request) end the watching and
@@ -39,6 +45,7 @@ defmodule Observatory.Proxy.HTTPClient do
     :watch,
     :timeout,
     :deadline,
+    :cancel,
     :max_bytes,
     buffer: "",
     body: nil,
@@ -57,7 +64,10 @@ defmodule Observatory.Proxy.HTTPClient do
   @max_head_bytes 64 * 1024
   @max_chunk_line 1024
 
-  @doc "Connects to `url` and sends a POST of `body` with `headers` (name/value strings)."
+  @doc """
+  Connects to `url` and sends the request (a POST of `body` unless `method: "GET"`)
+  with `headers` (name/value strings).
+  """
   @spec request(String.t(), [{String.t(), String.t()}], iodata(), keyword()) ::
           {:ok, t()} | {:error, reason()}
   def request(url, headers, body, opts \\ []) do
@@ -71,22 +81,32 @@ defmodule Observatory.Proxy.HTTPClient do
         socket: socket,
         transport: transport,
         watch: opts[:watch],
-        timeout: Keyword.get(opts, :timeout, 120_000),
+        timeout: Keyword.get(opts, :timeout, 600_000),
         deadline: opts[:deadline],
+        cancel: opts[:cancel],
         max_bytes: Keyword.get(opts, :max_bytes, :infinity)
       }
 
+      method = Keyword.get(opts, :method, "POST")
+
+      length =
+        if method == "GET",
+          do: [],
+          else: ["content-length: ", Integer.to_string(IO.iodata_length(body)), "\r\n"]
+
       head = [
-        "POST ",
+        method,
+        " ",
         path,
         " HTTP/1.1\r\nhost: ",
         host_header(uri),
-        "\r\nconnection: close\r\ncontent-length: ",
-        Integer.to_string(IO.iodata_length(body)),
-        "\r\n",
+        "\r\nconnection: close\r\n",
+        length,
         for({name, value} <- headers, do: [name, ": ", value, "\r\n"]),
         "\r\n"
       ]
+
+      body = if method == "GET", do: [], else: body
 
       case transport.send(socket, [head, body]) do
         :ok ->
@@ -237,9 +257,10 @@ defmodule Observatory.Proxy.HTTPClient do
 
   ## Receiving: the upstream socket and the agent's, in one receive
 
-  defp receive_more(%{transport: transport, socket: socket, watch: watch} = conn) do
+  defp receive_more(%{transport: transport, socket: socket, watch: watch, cancel: cancel} = conn) do
     :ok = setopts(transport, socket, active: :once)
     {tag, closed, error} = tags(transport)
+    {wait_ms, expired} = wait(conn)
 
     receive do
       {^tag, ^socket, data} ->
@@ -263,8 +284,11 @@ defmodule Observatory.Proxy.HTTPClient do
         # rather than read a request from the middle. Watching stops here.
         Process.put(:mochiweb_request_force_close, true)
         receive_more(%{conn | watch: nil})
+
+      {:cancel, ^cancel, reason} when cancel != nil ->
+        {:error, {:cancelled, reason}}
     after
-      wait(conn) -> {:error, :timeout}
+      wait_ms -> {:error, expired}
     end
   end
 
@@ -274,10 +298,13 @@ defmodule Observatory.Proxy.HTTPClient do
   defp setopts(:gen_tcp, socket, opts), do: :inet.setopts(socket, opts)
   defp setopts(:ssl, socket, opts), do: :ssl.setopts(socket, opts)
 
-  defp wait(%{timeout: timeout, deadline: nil}), do: timeout
+  # How long the next wait may take, and what it is called when it runs out.
+  defp wait(%{timeout: timeout, deadline: nil}), do: {timeout, :timeout}
 
-  defp wait(%{timeout: timeout, deadline: deadline}),
-    do: max(0, min(timeout, deadline - System.monotonic_time(:millisecond)))
+  defp wait(%{timeout: timeout, deadline: deadline}) do
+    left = max(0, deadline - System.monotonic_time(:millisecond))
+    if left < timeout, do: {left, :deadline}, else: {timeout, :timeout}
+  end
 
   defp over?(_received, :infinity), do: false
   defp over?(received, max), do: received > max

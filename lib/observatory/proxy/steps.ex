@@ -10,48 +10,67 @@ defmodule Observatory.Proxy.Steps do
 
   | DecisionLog field | from |
   |---|---|
-  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a hash of the agent id and the conversation's start (`session_id/2`) |
+  | `meta.session_id` | the `X-Session-Id` header, else `"proxy-"` + a keyed hash of the agent id and the conversation's start (`session_id/2`) |
   | `meta.agent_id` | the proxy's agent id |
   | `meta.step_id` | `"proxy-"` + the step's key (below) |
-  | `cognition.intent` | the assistant turn's text, else the last user text, else `"call <tool>"` (at most 1 KiB) |
+  | `cognition.intent` | the call itself: `"<tool> <arguments as JSON>"` (`intent/2`) |
+  | `cognition.reasoning_chain` | the assistant turn's text, when it has any (at most 8 KiB) |
   | `action.tool_call`, `action.tool_input` | the call's name and arguments (parsed when they are JSON) |
   | `action.status`, `action.result` | `success` with the tool result; `failure` for an Anthropic `is_error` result; `pending` while unanswered |
-  | `proxy` | `{"api", "tool_call_id"}`, kept as an unknown field |
+  | `proxy` | `{"api", "tool_call_id"}` (`api`: `chat_completions`, `messages` or `responses`), kept as an unknown field |
+
+  **What the entropy ratio compares.** FRD-009 scores the `{intent, tool_call,
+  status}` tuples of a session's window. In a hand-written DecisionLog the intent says
+  what the step is for, so different steps differ and a step taken again repeats. A
+  proxied step has no such statement: OpenAI tool turns carry no text, and the task
+  is the same on every turn, so either would make every step of a healthy agent the
+  same tuple (a LOOP after five). The call itself is what the agent chose to do: two
+  different calls are two tuples, the same call again (and its same status) is the
+  same tuple. The assistant's text, when there is any, is kept in the reasoning chain
+  rather than the intent: a stuck model rewords it ("let me try again", "once more")
+  while it makes the same call.
 
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
   for the next turn even when the model repeats the same call with the same id.
-  `Observatory.Proxy.StepMemory` remembers the keys ingested per session.
+  `Observatory.Proxy.StepMemory` remembers the keys ingested per agent and session.
+
+  The Responses API's `function_call` and `function_call_output` items are read as
+  the Chat Completions tool calls and `role: "tool"` messages they are
+  (`Observatory.Proxy.Responses.chat_body/1`).
   """
 
   require Logger
 
   alias Observatory.Gateway.SchemaInterceptor
   alias Observatory.Metrics
-  alias Observatory.Proxy.{Conversation, StepMemory}
+  alias Observatory.Proxy.{Conversation, Responses, SessionId, StepMemory}
 
   @max_field_bytes 1024
+  @max_reasoning_bytes 8 * 1024
+  # Bytes of an intent kept before a digest of the whole call replaces the rest.
+  @intent_prefix_bytes @max_field_bytes - 20
 
   @doc """
   The session of a request that names none: a stable id derived from the agent and
-  the start of the conversation, the same on every turn.
+  the start of the conversation, the same on every turn, keyed with a server secret
+  (`Observatory.Proxy.SessionId`).
   """
   @spec session_id(String.t(), map()) :: String.t()
-  def session_id(agent_id, body) do
-    "proxy-" <> hash({agent_id, Conversation.start(body)}, 12)
-  end
+  defdelegate session_id(agent_id, body), to: SessionId, as: :derive
 
   @doc """
   Ingests the steps of the request's previous assistant turn that were not ingested
   before. Returns how many were.
   """
-  @spec record(Conversation.format(), String.t(), String.t(), map()) :: non_neg_integer()
+  @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          non_neg_integer()
   def record(format, agent_id, session_id, body) do
     format
     |> envelopes(agent_id, session_id, body)
     |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(session_id, key))
+      StepMemory.claim(agent_id, session_id, key) and
+        (ingest(envelope, agent_id, session_id) or release(agent_id, session_id, key))
     end)
   end
 
@@ -60,7 +79,14 @@ defmodule Observatory.Proxy.Steps do
   with its key (see the module doc: the same on every later turn that carries it).
   Nothing is ingested; `mix observatory.replay` reads recorded requests with it.
   """
-  @spec envelopes(Conversation.format(), String.t(), String.t(), map()) :: [{String.t(), map()}]
+  @spec envelopes(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          [{String.t(), map()}]
+  # The Responses API's items, read as the Chat Completions conversation they are.
+  def envelopes(:responses, agent_id, session_id, body) do
+    for {key, envelope} <- envelopes(:openai, agent_id, session_id, Responses.chat_body(body)),
+        do: {key, put_in(envelope, ["proxy", "api"], "responses")}
+  end
+
   def envelopes(format, agent_id, session_id, body) do
     case Conversation.last_turn(format, body) do
       nil ->
@@ -71,12 +97,38 @@ defmodule Observatory.Proxy.Steps do
 
         for {call, index} <- Enum.with_index(turn.calls) do
           key = prefix <> "-" <> Integer.to_string(index)
-          {key, envelope(format, agent_id, session_id, key, turn.intent, call)}
+          {key, envelope(format, agent_id, session_id, key, turn.text, call)}
         end
     end
   end
 
-  defp envelope(format, agent_id, session_id, key, intent, call) do
+  @doc """
+  A proxied step's intent: the call, as `"<tool> <arguments>"` with the arguments as
+  JSON (as parsed from the request, so their layout does not matter), or as the text
+  they were when they are not JSON. At most 1 KiB: a longer one keeps its first bytes
+  and ends with `" #"` and a digest of the whole call, so that two long calls stay
+  distinct exactly when they differ.
+
+      iex> Observatory.Proxy.Steps.intent("read_file", %{"path" => "src/a.py"})
+      ~s(read_file {"path":"src/a.py"})
+      iex> Observatory.Proxy.Steps.intent("ls", nil)
+      "ls"
+  """
+  @spec intent(String.t(), term()) :: String.t()
+  def intent(name, input) do
+    text =
+      case input do
+        nil -> name
+        text when is_binary(text) -> name <> " " <> text
+        other -> name <> " " <> Observatory.JSON.encode_lossy!(other)
+      end
+
+    if byte_size(text) <= @max_field_bytes,
+      do: text,
+      else: valid_prefix(binary_part(text, 0, @intent_prefix_bytes)) <> " #" <> hash(text, 8)
+  end
+
+  defp envelope(format, agent_id, session_id, key, text, call) do
     %{
       "meta" => %{
         "step_id" => "proxy-" <> key,
@@ -84,7 +136,7 @@ defmodule Observatory.Proxy.Steps do
         "agent_id" => agent_id,
         "timestamp" => DateTime.utc_now() |> DateTime.to_iso8601()
       },
-      "cognition" => %{"intent" => truncate(intent || "call " <> call.name)},
+      "cognition" => cognition(call, text),
       "action" => %{
         "tool_call" => truncate(call.name),
         "tool_input" => call.input,
@@ -92,6 +144,15 @@ defmodule Observatory.Proxy.Steps do
         "result" => call.result
       },
       "proxy" => %{"api" => api_name(format), "tool_call_id" => call.id}
+    }
+  end
+
+  defp cognition(call, nil), do: %{"intent" => intent(call.name, call.input)}
+
+  defp cognition(call, text) do
+    %{
+      "intent" => intent(call.name, call.input),
+      "reasoning_chain" => [truncate(text, @max_reasoning_bytes)]
     }
   end
 
@@ -127,8 +188,8 @@ defmodule Observatory.Proxy.Steps do
   end
 
   # A step that was not ingested is not remembered: the next turn carries it again.
-  defp release(session_id, key) do
-    StepMemory.release(session_id, key)
+  defp release(agent_id, session_id, key) do
+    StepMemory.release(agent_id, session_id, key)
     false
   end
 
@@ -140,9 +201,10 @@ defmodule Observatory.Proxy.Steps do
     digest |> binary_part(0, bytes) |> Base.encode16(case: :lower)
   end
 
-  # At most 1 KiB, cut on a character boundary.
-  defp truncate(text) when byte_size(text) <= @max_field_bytes, do: text
-  defp truncate(text), do: valid_prefix(binary_part(text, 0, @max_field_bytes))
+  # At most `max` bytes, cut on a character boundary.
+  defp truncate(text, max \\ @max_field_bytes)
+  defp truncate(text, max) when byte_size(text) <= max, do: text
+  defp truncate(text, max), do: valid_prefix(binary_part(text, 0, max))
 
   defp valid_prefix(text) do
     if String.valid?(text),

@@ -8,18 +8,22 @@ defmodule Observatory.Replay.ProxyRequest do
 
   `request` is the body the agent sent: OpenAI Chat Completions (`"api":
   "chat_completions"`, the default) or Anthropic Messages (`"api": "messages"`).
-  `agent_id` defaults to `"unknown-agent"`; `session_id` to the id the proxy derives
-  from the agent and the conversation's start. The tool calls of the request's
+  `agent_id` defaults to `"unknown-agent"`; `session_id` to an id derived from the
+  agent and the conversation's start as the proxy derives it
+  (`Observatory.Proxy.SessionId`), keyed with a fixed key rather than the gateway's
+  secret, so that it is the same on every run of the replay. The tool calls of the request's
   previous assistant turn, with the results that answer them, are its steps. A
   conversation is re-sent on every turn: the replay ingests each step once, as the
   proxy does (the caller keeps the keys seen, `read/2`).
   """
 
   alias Observatory.JSON
-  alias Observatory.Proxy.Steps
+  alias Observatory.Proxy.{SessionId, Steps}
   alias Observatory.Replay.Record
 
   @formats %{"chat_completions" => :openai, "messages" => :anthropic}
+  # Not a secret: replayed sessions need stable ids, not unguessable ones.
+  @replay_key "observatory replay session id"
 
   @doc """
   Reads a line: `:not_request` when it is no recorded request (an envelope or a flat
@@ -45,7 +49,7 @@ defmodule Observatory.Replay.ProxyRequest do
     with {:ok, format} <- format(Map.get(record, "api", "chat_completions")),
          :ok <- messages(request),
          :ok <- string(agent_id, "agent_id"),
-         session_id = Map.get(record, "session_id") || Steps.session_id(agent_id, request),
+         session_id = Map.get(record, "session_id") || session_id(agent_id, request),
          :ok <- string(session_id, "session_id") do
       steps =
         for {key, envelope} <- Steps.envelopes(format, agent_id, session_id, request),
@@ -54,6 +58,10 @@ defmodule Observatory.Replay.ProxyRequest do
       {:ok, session_id, steps}
     end
   end
+
+  @doc "The session of a recorded request that names none (see the module doc)."
+  @spec session_id(String.t(), map()) :: String.t()
+  def session_id(agent_id, request), do: SessionId.derive(agent_id, request, @replay_key)
 
   defp format(api) do
     case Map.fetch(@formats, api) do

@@ -150,7 +150,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
           ~s(<p class="muted">On: each request through the proxy is scored against the agent's last ) <>
             ~s(requests, and the agent is stopped when its score exceeds the threshold.</p>),
         else:
-          ~s(<p class="muted">Off: nothing is scored or blocked. The settings below apply ) <>
+          ~s(<p class="muted">Off: nothing is scored or stopped. The settings below apply ) <>
             ~s(once it is on.</p>)
       ),
       if(assigns.prompt, do: prompt(assigns), else: ""),

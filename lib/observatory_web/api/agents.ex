@@ -24,10 +24,10 @@ defmodule ObservatoryWeb.API.Agents do
       {"agent_id": "agent-7", "active": false, "deactivated_by": "kill_switch",
        "deactivated_at": "2026-02-22T10:30:00.000000Z",
        "status": "deactivated_by_kill_switch", "status_label": "Deactivated by Kill Switch",
-       "kill_switch": {"enabled": true, "window_size": 10, "threshold": 10.0, "max_score": 40.5},
+       "kill_switch": {"enabled": true, "window_size": 5, "threshold": 5.5, "max_score": 18.0},
        "notification_webhook": null, "notifications_configured": false,
-       "score": {"score": 11.5, "similar_prompts": 3, "similar_responses": 2,
-                 "repeated_tool_calls": 3, "window_len": 4, "window_size": 10},
+       "score": {"score": 7.5, "similar_prompts": 3, "similar_responses": 0,
+                 "repeated_tool_calls": 3, "window_len": 4, "window_size": 5},
        "created_at": "...", "updated_at": "..."}
 
   `status_label` is what the dashboard shows: "Deactivated by Kill Switch" when the

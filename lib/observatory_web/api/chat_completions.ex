@@ -20,8 +20,9 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   | 403 `agent_inactive` | the agent is inactive — deactivated by an operator or by the kill switch, the same answer for both; also the request that tripped the switch |
   | 403 `agent_id_mismatch` | `X-Agent-Id` names another agent than the key's |
   | 403 `unknown_agent` | the agent is not registered (deleted) |
-  | 413, 415 | body over `:max_body_bytes`; not `application/json` |
+  | 413, 415 | body over `:llm_max_request_bytes` (32 MiB); not `application/json` |
   | 403 `session_paused` | an operator paused the session (see `Observatory.Proxy.Steps`) |
+  | 403 `session_blocked` | the step detector blocked the session (the message carries its guidance) |
   | 403 `forbidden` | `X-Session-Id` names a session the gateway has recorded for another agent |
   | 502 `upstream_error` | upstream down, timing out, answering more than `:llm_max_response_bytes`, or something that is not JSON (or, on success, not a chat completion) |
   | 503 `upstream_busy` | `:llm_max_concurrent` upstream requests are in flight (with `Retry-After: 1`) |
@@ -30,7 +31,9 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   Completions dialect; the agent authentication is `ObservatoryWeb.Auth.proxy_agent/1`,
   the same for every proxied API.
 
-  When the kill switch is on, the answer carries `X-Observatory-Kill-Switch-Score`.
+  Every answer names its session in `X-Observatory-Session-Id` and carries the
+  upstream's own headers (`retry-after`, `x-request-id`, `x-ratelimit-*` …); when the
+  kill switch is on, it carries `X-Observatory-Kill-Switch-Score`.
   """
 
   @behaviour ObservatoryWeb.API.LLMProxy
@@ -64,6 +67,9 @@ defmodule ObservatoryWeb.API.ChatCompletions do
   def api, do: :chat_completions
 
   @impl LLMProxy
+  def format, do: :openai
+
+  @impl LLMProxy
   def error_body(_status, type, code, message),
     do: %{error: %{message: message, type: type, code: code, param: nil}}
 
@@ -80,11 +86,10 @@ defmodule ObservatoryWeb.API.ChatCompletions do
 
   def stream_text(_event), do: nil
 
+  @doc "OpenAI's error in a stream: `data: {\"error\": …}`, which the SDK raises."
   @impl LLMProxy
-  def stream_error(message) do
-    body = error_body(502, "upstream_error", "upstream_error", message)
-    ["data: ", Observatory.JSON.encode!(body), "\n\n"]
-  end
+  def stream_error(status, type, code, message),
+    do: ["data: ", Observatory.JSON.encode!(error_body(status, type, code, message)), "\n\n"]
 
   @impl LLMProxy
   def forward_headers(_conn), do: [{"accept", "application/json, text/event-stream"}]

@@ -1,41 +1,58 @@
 defmodule ObservatoryWeb.API.LLMProxy do
   @moduledoc """
   The request path shared by the LLM proxy's APIs — Chat Completions
-  (`ObservatoryWeb.API.ChatCompletions`) and Anthropic Messages
+  (`ObservatoryWeb.API.ChatCompletions`), the Responses API
+  (`ObservatoryWeb.API.Responses`) and Anthropic Messages
   (`ObservatoryWeb.API.Messages`). Each API is a *dialect* (this module's behaviour):
   how its bodies are fingerprinted, how its errors look, how its streams carry text.
 
   For each request, in order:
 
     1. the agent is the agent key's (`ObservatoryWeb.Auth.proxy_agent/1`, shared by
-       both APIs; `X-Agent-Id` is optional and must name that agent); an inactive
+       every API; `X-Agent-Id` is optional and must name that agent); an inactive
        agent is answered before its body is read;
-    2. the body (`application/json`, at most `:max_body_bytes`) is fingerprinted for
-       the kill switch;
-    3. the tool calls of the agent's previous turn and their results become steps
-       (`Observatory.Proxy.Steps`) — before the pause and kill-switch checks, so a
-       refused request still records what the agent did; an `X-Session-Id` naming a
-       session the gateway has recorded for another agent is refused (`403`);
-    4. a paused session is refused (`403`, the API's error shape);
+    2. the body (`application/json`, at most `:llm_max_request_bytes`, default
+       32 MiB — proxied conversations are far larger than the API's other bodies) is
+       fingerprinted for the kill switch;
+    3. the session is `X-Session-Id`, else derived from the conversation
+       (`Observatory.Proxy.SessionId`); the tool calls of the agent's previous turn
+       and their results become steps (`Observatory.Proxy.Steps`) — before the
+       checks below, so a refused request still records what the agent did; an
+       `X-Session-Id` naming a session the gateway has recorded for another agent is
+       refused (`403`);
+    4. a paused session is refused (`403 session_paused`), and so is a session the
+       step detector has blocked (`403 session_blocked`, with its guidance);
     5. the kill switch admits or refuses the request;
     6. the request goes upstream holding one of the `:llm_max_concurrent` slots
        (none free: `503`), the answer comes back — streamed as it arrives when the
        agent asked for `"stream": true` — and its text is fingerprinted into the
        agent's kill-switch window.
+
+  Every answer names its session in `X-Observatory-Session-Id` once it is known, and
+  carries the upstream's own headers (`retry-after`, `x-request-id`,
+  `x-ratelimit-*` …; see `upstream_headers/1`), error or not.
+
+  While the upstream works, the request is registered in
+  `Observatory.Proxy.OpenRequests`: a deactivation, a revoked key or a pause ends it
+  at once — before its answer with the refusal the next request would get, during a
+  stream with an error event in the API's shape. A stream ends, the same way, after
+  `:llm_max_stream_ms`.
   """
 
   require Logger
 
   alias Observatory.{JSON, KillSwitch, Metrics}
   alias Observatory.KillSwitch.Upstream
-  alias Observatory.Gateway.HITL
-  alias Observatory.Proxy.{HTTPClient, SSE, Steps}
+  alias Observatory.Gateway.{HITL, StepDetector}
+  alias Observatory.Proxy.{HTTPClient, OpenRequests, SSE, SessionId, Steps}
   alias ObservatoryWeb.{Auth, Conn}
 
-  @type error :: {:error, {pos_integer(), String.t(), String.t(), String.t()}}
+  @session_header "X-Observatory-Session-Id"
 
   @doc "Which upstream (see `Observatory.KillSwitch.Upstream.url/1`)."
   @callback api() :: Upstream.api()
+  @doc "How the conversation is read for steps (`Observatory.Proxy.Steps.record/4`)."
+  @callback format() :: :openai | :anthropic | :responses
   @doc "An error body in the API's shape, from the status, OpenAI-style type and code, message."
   @callback error_body(pos_integer(), String.t(), String.t(), String.t()) :: map()
   @doc "The answer to an inactive agent."
@@ -45,8 +62,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
   @callback fingerprint_response(binary()) :: {:ok, non_neg_integer() | nil} | {:error, term()}
   @doc "The text a decoded stream event adds to the answer, or nil."
   @callback stream_text(SSE.event()) :: String.t() | nil
-  @doc "An error event to end a stream with."
-  @callback stream_error(String.t()) :: iodata()
+  @doc "An error event to end a stream with (status, OpenAI-style type and code, message)."
+  @callback stream_error(pos_integer(), String.t(), String.t(), String.t()) :: iodata()
   @doc "Request headers passed on to the upstream."
   @callback forward_headers(Conn.t()) :: [{String.t(), String.t()}]
 
@@ -54,40 +71,171 @@ defmodule ObservatoryWeb.API.LLMProxy do
   @spec handle(Conn.t(), module()) :: :ok | :halt
   def handle(conn, dialect) do
     Metrics.inc(:proxy_requests)
+    ctx = %{conn: conn, dialect: dialect, agent_id: nil, session_id: nil, upstream: []}
 
-    with {:ok, agent_id} <- check(conn, dialect, Auth.proxy_agent(conn)),
-         :ok <- still_active(conn, dialect, agent_id),
-         :ok <- json_content(conn, dialect),
-         {:ok, body} <- body(conn, dialect),
-         {:ok, request} <- fingerprint(conn, dialect, body),
-         {:ok, session_id} <- record_steps(conn, dialect, agent_id, body),
-         :ok <- not_paused(conn, dialect, session_id),
-         {:ok, verdict} <- admit(conn, dialect, agent_id, request) do
-      forward(conn, dialect, agent_id, verdict, request, body)
+    with {:ok, agent_id} <- check(ctx, Auth.proxy_agent(conn)),
+         ctx = %{ctx | agent_id: agent_id},
+         :ok <- still_active(ctx),
+         :ok <- json_content(ctx),
+         {:forward, ctx, verdict, request, body} <- holding_body(ctx, &admitted/1) do
+      forward(ctx, verdict, request, body)
     end
   end
 
-  ## Checks
-
-  defp check(_conn, _dialect, {:ok, value}), do: {:ok, value}
-
-  defp check(conn, dialect, {:error, {status, type, code, message}}),
-    do: error(conn, dialect, status, type, code, message)
-
-  # Answer an inactive agent before reading its body.
-  defp still_active(conn, dialect, agent_id) do
-    if KillSwitch.active?(agent_id), do: :ok, else: inactive(conn, dialect, agent_id)
+  # Steps 2 to 5: the body read, fingerprinted, decoded, its steps recorded, and the
+  # request admitted or refused.
+  defp admitted(ctx) do
+    with {:ok, body} <- body(ctx),
+         {:ok, request} <- fingerprint(ctx, body),
+         {:ok, decoded} <- decode(ctx, body),
+         {:ok, session_id} <- session_id(ctx, decoded),
+         ctx = %{ctx | session_id: session_id},
+         _steps = Steps.record(ctx.dialect.format(), ctx.agent_id, session_id, decoded),
+         :ok <- not_paused(ctx),
+         :ok <- not_blocked(ctx),
+         {:ok, verdict} <- admit(ctx, request) do
+      {:forward, ctx, verdict, request, body}
+    end
   end
 
-  defp json_content(conn, dialect) do
-    case Conn.content_type(conn) do
+  @doc """
+  Passes a request the SDKs make beside the model calls (`GET /v1/models`, `POST
+  /v1/messages/count_tokens`) to `api`'s upstream: the agent authenticated and active
+  as for a model call, the body (if any) and the query as they are, the answer's
+  status, body and headers (`upstream_headers/1`) back, errors in `dialect`'s shape.
+  Nothing is fingerprinted and no step is recorded. Options: `:method` (`"GET"` or
+  `"POST"`), `:path` (appended to the upstream URL).
+  """
+  @spec pass(Conn.t(), module(), Upstream.api(), keyword()) :: :ok | :halt
+  def pass(conn, dialect, api, opts) do
+    Metrics.inc(:proxy_requests)
+    ctx = %{conn: conn, dialect: dialect, agent_id: nil, session_id: nil, upstream: []}
+
+    with {:ok, agent_id} <- check(ctx, Auth.proxy_agent(conn)),
+         ctx = %{ctx | agent_id: agent_id},
+         :ok <- still_active(ctx) do
+      if Keyword.fetch!(opts, :method) == "GET" do
+        pass_upstream(ctx, api, opts, "")
+      else
+        with :ok <- json_content(ctx) do
+          holding_body(ctx, fn ctx ->
+            with {:ok, body} <- body(ctx), do: pass_upstream(ctx, api, opts, body)
+          end)
+        end
+      end
+    end
+  end
+
+  defp pass_upstream(ctx, api, opts, body) do
+    path = Keyword.get(opts, :path, "") <> query(ctx.conn)
+    upstream_opts = [method: Keyword.fetch!(opts, :method), path: path]
+
+    result =
+      Upstream.with_slot(fn ->
+        with {:ok, status, headers, upstream} <-
+               Upstream.open(api, body, ctx.dialect.forward_headers(ctx.conn), upstream_opts) do
+          try do
+            case HTTPClient.read_all(upstream) do
+              {:ok, answer, _} -> {:ok, status, headers, answer}
+              {:error, :deadline} -> {:error, :timeout}
+              error -> error
+            end
+          after
+            HTTPClient.close(upstream)
+          end
+        end
+      end)
+
+    case result do
+      {:ok, status, headers, answer} ->
+        ctx = %{ctx | upstream: upstream_headers(headers)}
+        type = content_type(headers) || "application/json"
+        Conn.send_resp(ctx.conn, status, type, answer, answer_headers(ctx))
+
+      {:error, :busy} ->
+        busy(ctx)
+
+      {:error, reason} ->
+        upstream_error(ctx, Upstream.describe(api, reason))
+    end
+  end
+
+  # The query string as the agent sent it (`?limit=20`), for the upstream.
+  defp query(conn) do
+    raw = conn.req |> then(&:mochiweb_request.get(:raw_path, &1)) |> to_string()
+
+    case String.split(raw, "?", parts: 2) do
+      [_path, query] when query != "" -> "?" <> query
+      _ -> ""
+    end
+  end
+
+  # The body's bytes count against the gateway's budget of request bytes in flight
+  # (its Content-Length, or the cap when it is chunked) while it is read, decoded and
+  # taken apart — the part of a request that holds several copies of it — not while
+  # the upstream answers (a stream may last many minutes).
+  defp holding_body(ctx, fun) do
+    bytes =
+      case Integer.parse(Conn.header(ctx.conn, "content-length") || "") do
+        {n, ""} -> min(n, max_request_bytes())
+        _ -> max_request_bytes()
+      end
+
+    case Upstream.with_request_bytes(bytes, fn -> fun.(ctx) end) do
+      {:error, :busy} ->
+        discard_body(ctx.conn)
+        busy(ctx, :request_bytes)
+
+      result ->
+        result
+    end
+  end
+
+  # Reads a body piece by piece, keeping none of it: a client whose body is left unread
+  # when the connection closes may see a reset instead of the answer (and retry blind).
+  defp discard_body(%Conn{req: req}) do
+    ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+      :mochiweb_request.stream_body(
+        64 * 1024,
+        fn _piece, acc -> acc end,
+        nil,
+        max_request_bytes(),
+        req
+      )
+    end)
+  catch
+    :exit, _ -> :ok
+  end
+
+  @doc """
+  `:llm_max_request_bytes`, default 32 MiB: a proxied request body's cap (a long
+  conversation with large tool results is far larger than the API's other bodies,
+  which `:max_body_bytes` caps).
+  """
+  @spec max_request_bytes() :: pos_integer()
+  def max_request_bytes,
+    do: Application.get_env(:observatory, :llm_max_request_bytes, 32 * 1024 * 1024)
+
+  ## Checks
+
+  defp check(_ctx, {:ok, value}), do: {:ok, value}
+
+  defp check(ctx, {:error, {status, type, code, message}}),
+    do: error(ctx, status, type, code, message)
+
+  # Answer an inactive agent before reading its body.
+  defp still_active(ctx) do
+    if KillSwitch.active?(ctx.agent_id), do: :ok, else: refuse(ctx, :inactive)
+  end
+
+  defp json_content(ctx) do
+    case Conn.content_type(ctx.conn) do
       "application/json" ->
         :ok
 
       other ->
         error(
-          conn,
-          dialect,
+          ctx,
           415,
           "invalid_request_error",
           "unsupported_media_type",
@@ -96,76 +244,70 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  defp body(conn, dialect) do
-    case Conn.read_body(conn) do
+  defp body(ctx) do
+    max = max_request_bytes()
+
+    case read_body(ctx.conn, max) do
       {:ok, body} ->
         {:ok, body}
 
       {:error, :too_large} ->
         error(
-          conn,
-          dialect,
+          ctx,
           413,
           "invalid_request_error",
           "body_too_large",
-          "the body exceeds #{Conn.max_body_bytes()} bytes"
+          "the body exceeds #{max} bytes (config :observatory, :llm_max_request_bytes)"
         )
     end
   end
 
-  defp fingerprint(conn, dialect, body) do
-    case dialect.fingerprint_request(body) do
+  # `Conn.read_body/1` with the proxy's own cap: read once, into one binary that is
+  # fingerprinted, decoded and sent upstream as it is (never copied again).
+  defp read_body(%Conn{req: req}, max) do
+    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+           :mochiweb_request.recv_body(max, req)
+         end) do
+      :undefined -> {:ok, ""}
+      body -> {:ok, IO.iodata_to_binary(body)}
+    end
+  catch
+    :exit, {:body_too_large, _} -> {:error, :too_large}
+    :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  defp fingerprint(ctx, body) do
+    case ctx.dialect.fingerprint_request(body) do
       {:ok, request} ->
         {:ok, request}
 
       {:error, {:invalid_json, message}} ->
-        error(conn, dialect, 400, "invalid_request_error", "invalid_json", message)
+        error(ctx, 400, "invalid_request_error", "invalid_json", message)
 
       {:error, :not_an_object} ->
-        error(
-          conn,
-          dialect,
-          400,
-          "invalid_request_error",
-          "invalid_body",
-          "the body must be a JSON object"
-        )
-    end
-  end
-
-  defp record_steps(conn, dialect, agent_id, body) do
-    format = if dialect.api() == :messages, do: :anthropic, else: :openai
-
-    with {:ok, decoded} <- decode(conn, dialect, body),
-         {:ok, session_id} <- session_id(conn, dialect, agent_id, decoded) do
-      Steps.record(format, agent_id, session_id, decoded)
-      {:ok, session_id}
+        error(ctx, 400, "invalid_request_error", "invalid_body", "the body must be a JSON object")
     end
   end
 
   # The fingerprint has read the body already; this decoder also bounds nesting.
-  defp decode(conn, dialect, body) do
+  defp decode(ctx, body) do
     case JSON.decode(body) do
-      {:ok, decoded} when is_map(decoded) ->
-        {:ok, decoded}
-
-      {:error, message} ->
-        error(conn, dialect, 400, "invalid_request_error", "invalid_json", message)
+      {:ok, decoded} when is_map(decoded) -> {:ok, decoded}
+      {:error, message} -> error(ctx, 400, "invalid_request_error", "invalid_json", message)
     end
   end
 
-  defp session_id(conn, dialect, agent_id, decoded) do
-    case Conn.header(conn, "x-session-id") do
+  defp session_id(ctx, decoded) do
+    case Conn.header(ctx.conn, "x-session-id") do
       nil ->
-        {:ok, Steps.session_id(agent_id, decoded)}
+        {:ok, SessionId.derive(ctx.agent_id, decoded)}
 
       id ->
         if KillSwitch.valid_agent_id?(id),
-          do: own_session(conn, dialect, agent_id, id),
+          do: own_session(ctx, id),
           else:
             error(
-              conn,
-              dialect,
+              ctx,
               400,
               "invalid_request_error",
               "invalid_session_id",
@@ -174,28 +316,20 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  # An agent acts only in its own sessions (issue 13): no steps into, and no pause
-  # probing of, another agent's session. Whose it is is asked of the session's owner;
-  # one that does not answer is a 503, never a yes.
-  defp own_session(conn, dialect, agent_id, id) do
-    case Auth.session_access(agent_id, id) do
+  # An agent acts only in its own sessions: no steps into, and no pause probing of,
+  # another agent's session. Whose it is is asked of the session's owner; one that
+  # does not answer is a 503, never a yes.
+  defp own_session(ctx, id) do
+    case Auth.session_access(ctx.agent_id, id) do
       :ok ->
         {:ok, id}
 
       {:error, :forbidden} ->
-        error(
-          conn,
-          dialect,
-          403,
-          "forbidden",
-          "forbidden",
-          "X-Session-Id names a session of another agent"
-        )
+        error(ctx, 403, "forbidden", "forbidden", "X-Session-Id names a session of another agent")
 
       {:error, :owner_unavailable} ->
         error(
-          conn,
-          dialect,
+          ctx,
           503,
           "api_error",
           "owner_unavailable",
@@ -205,39 +339,33 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   # Refused, not held: see the README's "Steps from proxied traffic".
-  defp not_paused(conn, dialect, session_id) do
-    case HITL.pause_of(session_id) do
-      nil ->
-        :ok
-
-      pause ->
-        Metrics.inc(:proxy_paused)
-        reason = if pause[:reason] in [nil, ""], do: "", else: " (#{pause.reason})"
-
-        error(
-          conn,
-          dialect,
-          403,
-          "session_paused",
-          "session_paused",
-          "session #{session_id} is paused by an operator#{reason}; " <>
-            "the request was not sent; retry after the operator resumes it"
-        )
+  defp not_paused(ctx) do
+    case HITL.pause_of(ctx.session_id) do
+      nil -> :ok
+      pause -> refuse(ctx, {:paused, pause})
     end
   end
 
-  defp admit(conn, dialect, agent_id, request) do
-    case KillSwitch.check_request(agent_id, request) do
+  # A block means "run no more code": the request that would run more is refused, the
+  # way a pause refuses it, and the block's guidance is its message.
+  defp not_blocked(ctx) do
+    case StepDetector.block(ctx.session_id) do
+      nil -> :ok
+      block -> refuse(ctx, {:blocked, block[:guidance]})
+    end
+  end
+
+  defp admit(ctx, request) do
+    case KillSwitch.check_request(ctx.agent_id, request) do
       {:ok, verdict} ->
         {:ok, verdict}
 
       {:error, {:inactive, _agent}} ->
-        inactive(conn, dialect, agent_id)
+        refuse(ctx, :inactive)
 
       {:error, :invalid_agent_id} ->
         error(
-          conn,
-          dialect,
+          ctx,
           400,
           "invalid_request_error",
           "invalid_agent_id",
@@ -246,8 +374,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
       {:error, :unknown_agent} ->
         error(
-          conn,
-          dialect,
+          ctx,
           403,
           "unknown_agent",
           "unknown_agent",
@@ -256,26 +383,109 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
+  ## Refusals: why a request is not (or no longer) served
+
+  @typep refusal :: :inactive | :revoked | {:paused, map()} | {:blocked, String.t() | nil}
+
+  # `what` says what became of the request: refused before it went upstream ("the
+  # request was not sent"), or its stream ended ("the answer was cut short").
+  @spec refusal(map(), refusal(), String.t()) ::
+          {pos_integer(), String.t(), String.t(), String.t()}
+  defp refusal(ctx, :inactive, _what),
+    do: {403, "agent_inactive", "agent_inactive", "Agent #{ctx.agent_id} is inactive"}
+
+  defp refusal(ctx, {:paused, pause}, what) do
+    reason = if pause[:reason] in [nil, ""], do: "", else: " (#{pause.reason})"
+
+    {403, "session_paused", "session_paused",
+     "session #{ctx.session_id} is paused by an operator#{reason}; " <>
+       "#{what}; retry after the operator resumes it"}
+  end
+
+  defp refusal(ctx, {:blocked, guidance}, what) do
+    {403, "session_blocked", "session_blocked",
+     "session #{ctx.session_id} is blocked by the step detector" <>
+       if(guidance, do: ": #{guidance}", else: ".") <>
+       " #{String.capitalize(what)}; an operator lifts the block " <>
+       "(POST /api/v1/sessions/:id/step_detector/reset)."}
+  end
+
+  defp refusal(_ctx, :revoked, what),
+    do:
+      {401, "invalid_request_error", "invalid_api_key",
+       "the agent key is no longer valid; #{what}"}
+
+  defp refuse(ctx, :inactive) do
+    Metrics.inc(:proxy_inactive)
+    send_json(ctx, 403, ctx.dialect.inactive_body(ctx.agent_id))
+  end
+
+  defp refuse(ctx, reason) do
+    case reason do
+      {:paused, _} -> Metrics.inc(:proxy_paused)
+      {:blocked, _} -> Metrics.inc(:proxy_blocked)
+      _ -> :ok
+    end
+
+    {status, type, code, message} = refusal(ctx, reason, "the request was not sent")
+    error(ctx, status, type, code, message)
+  end
+
   ## Forwarding
 
-  defp forward(conn, dialect, agent_id, verdict, request, body) do
-    watch = watch_client(conn)
+  # The request is registered while the upstream works, so that it ends when its
+  # agent, key or session stops being valid; checked once more after registering, so
+  # a change since the checks above is not missed.
+  defp forward(ctx, verdict, request, body) do
+    case registration(ctx) do
+      {:ok, entry} ->
+        try do
+          case OpenRequests.check(entry) do
+            :ok -> forward(ctx, entry, verdict, request, body)
+            {:error, reason} -> refuse(ctx, reason)
+          end
+        after
+          OpenRequests.unregister(entry)
+        end
+
+      {:error, reason} ->
+        refuse(ctx, reason)
+    end
+  end
+
+  # The key is followed by its hash; an insecure shared key is not in the agent store,
+  # so there is nothing to revoke. A key revoked since authentication is refused here.
+  defp registration(ctx) do
+    key = Auth.presented_key(ctx.conn)
+
+    key_hash =
+      case Auth.agent_for_key(key) do
+        {:ok, :any_agent} -> {:ok, nil}
+        {:ok, _agent} -> {:ok, Observatory.AgentKeys.hash(key)}
+        {:error, :unauthorized} -> {:error, :revoked}
+      end
+
+    with {:ok, hash} <- key_hash do
+      request = %{agent_id: ctx.agent_id, key_hash: hash, session_id: ctx.session_id}
+      {:ok, OpenRequests.register(request)}
+    end
+  end
+
+  defp forward(ctx, entry, verdict, request, body) do
+    dialect = ctx.dialect
+    watch = watch_client(ctx.conn)
 
     result =
       Upstream.with_slot(fn ->
-        case Upstream.open(dialect.api(), body, dialect.forward_headers(conn),
+        case Upstream.open(dialect.api(), body, dialect.forward_headers(ctx.conn),
                stream: request.stream,
-               watch: watch
+               watch: watch,
+               cancel: entry.ref
              ) do
           {:ok, status, headers, upstream} ->
             try do
-              answer(
-                conn,
-                dialect,
-                {agent_id, verdict, watch},
-                request,
-                {status, headers, upstream}
-              )
+              ctx = %{ctx | upstream: upstream_headers(headers)}
+              answer(ctx, {verdict, watch}, request, {status, headers, upstream})
             after
               HTTPClient.close(upstream)
             end
@@ -291,86 +501,169 @@ defmodule ObservatoryWeb.API.LLMProxy do
       :ok -> :ok
       :halt -> :halt
       {:error, :client_closed} -> client_gone()
-      {:error, :busy} -> busy(conn, dialect)
-      {:error, reason} -> upstream_error(conn, dialect, Upstream.describe(dialect.api(), reason))
+      {:error, :busy} -> busy(ctx)
+      {:error, {:cancelled, reason}} -> cancelled(ctx, reason)
+      {:failed, reason, ctx} -> upstream_error(ctx, Upstream.describe(dialect.api(), reason))
+      {:error, reason} -> upstream_error(ctx, Upstream.describe(dialect.api(), reason))
     end
+  end
+
+  defp cancelled(ctx, reason) do
+    Metrics.inc(:proxy_cancelled)
+    refuse(ctx, reason)
   end
 
   # The agent's socket is unwatched before the answer's last byte goes out: once it
   # has the answer, the agent may send its next request on the same connection.
-  defp answer(conn, dialect, {agent_id, verdict, watch}, request, {status, headers, upstream}) do
+  defp answer(ctx, {verdict, watch}, request, {status, headers, upstream}) do
     if request.stream and status in 200..299 and event_stream?(headers),
-      do: stream(conn, dialect, {agent_id, verdict, watch}, status, upstream),
-      else: whole(conn, dialect, {agent_id, verdict, watch}, status, upstream)
+      do: stream(ctx, {verdict, watch}, status, upstream),
+      else: whole(ctx, {verdict, watch}, status, content_type(headers), upstream)
   end
 
-  defp whole(conn, dialect, {agent_id, verdict, watch}, status, upstream) do
-    with {:ok, body, _upstream} <- HTTPClient.read_all(upstream) do
-      unwatch_client(watch)
-      respond(conn, dialect, agent_id, verdict, status, body)
+  defp whole(ctx, {verdict, watch}, status, type, upstream) do
+    case HTTPClient.read_all(upstream) do
+      {:ok, body, _upstream} ->
+        unwatch_client(watch)
+        respond(ctx, verdict, status, type, body)
+
+      {:error, reason} = error when reason == :client_closed or elem(reason, 0) == :cancelled ->
+        error
+
+      # The non-streamed deadline is the timeout's. A failure after the head keeps the
+      # upstream's headers (a 503's retry-after).
+      {:error, :deadline} ->
+        {:failed, :timeout, ctx}
+
+      {:error, reason} ->
+        {:failed, reason, ctx}
     end
   end
 
-  defp respond(conn, dialect, agent_id, verdict, status, body) when status in 200..299 do
-    case dialect.fingerprint_response(body) do
+  defp respond(ctx, verdict, status, type, body) when status in 200..299 do
+    case ctx.dialect.fingerprint_response(body) do
       {:ok, hash} ->
-        if verdict, do: KillSwitch.observe_response(agent_id, hash)
-        pass_through(conn, verdict, status, body)
+        if verdict, do: KillSwitch.observe_response(ctx.agent_id, hash)
+        pass_through(ctx, verdict, status, type, body)
 
       {:error, {:invalid_json, _}} ->
-        {:error, {:bad_response, "HTTP #{status} with a body that is not JSON"}}
+        {:failed, {:bad_response, "HTTP #{status} with a body that is not JSON"}, ctx}
 
       {:error, :not_a_completion} ->
-        {:error, {:bad_response, "HTTP #{status} with JSON that is not #{answer_name(dialect)}"}}
+        {:failed,
+         {:bad_response, "HTTP #{status} with JSON that is not #{answer_name(ctx.dialect)}"}, ctx}
     end
   end
 
   # An upstream error in JSON (a 400 for a bad model name, a 429 rate limit) is the
-  # agent's to see; anything else is a broken upstream.
-  defp respond(conn, _dialect, _agent_id, verdict, status, body) do
+  # agent's to see, with its headers; anything else is a broken upstream.
+  defp respond(ctx, verdict, status, type, body) do
     case JSON.decode(body) do
-      {:ok, _} -> pass_through(conn, verdict, status, body)
-      {:error, _} -> {:error, {:bad_response, "HTTP #{status} with a body that is not JSON"}}
+      {:ok, _} ->
+        pass_through(ctx, verdict, status, type, body)
+
+      {:error, _} ->
+        {:failed, {:bad_response, "HTTP #{status} with a body that is not JSON"}, ctx}
     end
   end
 
   defp answer_name(dialect) do
-    if dialect.api() == :messages, do: "a message", else: "a chat completion"
+    case dialect.api() do
+      :messages -> "a message"
+      :responses -> "a response"
+      _ -> "a chat completion"
+    end
   end
 
-  defp pass_through(conn, verdict, status, body) do
-    Conn.send_resp(conn, status, "application/json", body, score_header(verdict))
+  defp pass_through(ctx, verdict, status, type, body) do
+    Conn.send_resp(
+      ctx.conn,
+      status,
+      type || "application/json",
+      body,
+      answer_headers(ctx, verdict)
+    )
   end
 
-  defp score_header(verdict) do
+  # What every answer carries: no caching, its session, the kill switch's score, and
+  # the upstream's own headers.
+  defp answer_headers(ctx, verdict \\ nil) do
     [{"Cache-Control", "no-store"}] ++
-      if verdict,
+      if(ctx.session_id, do: [{@session_header, ctx.session_id}], else: []) ++
+      if(verdict,
         do: [{"X-Observatory-Kill-Switch-Score", Float.to_string(verdict.score)}],
         else: []
+      ) ++ ctx.upstream
+  end
+
+  # Not passed on: hop-by-hop headers and the ones naming them; the framing and the
+  # headers this gateway sets itself; cookies (they would be set on the gateway's own
+  # origin, which the dashboard shares); HTTP/3 and HSTS advertisements for the
+  # upstream's host; and anything that holds a configured upstream key.
+  @dropped ~w(connection keep-alive proxy-connection proxy-authenticate proxy-authorization
+              te trailer transfer-encoding upgrade content-length content-type
+              cache-control date server x-content-type-options x-frame-options
+              referrer-policy x-accel-buffering set-cookie set-cookie2 alt-svc
+              strict-transport-security)
+
+  @doc """
+  The upstream's answer headers passed on to the agent — `retry-after`,
+  `retry-after-ms`, `x-request-id`, `request-id`, `x-ratelimit-*`,
+  `anthropic-ratelimit-*`, `openai-processing-ms` and any other — except hop-by-hop
+  ones (and those a `Connection` header names), framing, the headers the gateway
+  sets itself, cookies, `alt-svc` and `strict-transport-security`, the gateway's own
+  `x-observatory-*`, and any whose value holds a configured upstream key.
+  """
+  @spec upstream_headers([{String.t(), String.t()}]) :: [{String.t(), String.t()}]
+  def upstream_headers(headers) do
+    named =
+      for {"connection", value} <- headers,
+          token <- String.split(value, ","),
+          do: token |> String.trim() |> String.downcase()
+
+    keys = Upstream.configured_keys()
+
+    for {name, value} <- headers,
+        name not in @dropped,
+        name not in named,
+        not String.starts_with?(name, "x-observatory-"),
+        not Enum.any?(keys, &String.contains?(value, &1)),
+        do: {name, value}
   end
 
   ## Streaming: each piece goes to the agent as it arrives; the text is assembled
   ## for the response fingerprint at the end.
 
-  defp stream(conn, dialect, {agent_id, verdict, watch}, status, upstream) do
+  defp stream(ctx, {verdict, watch}, status, upstream) do
     headers = [
       {"Content-Type", "text/event-stream; charset=utf-8"},
-      {"X-Accel-Buffering", "no"} | Conn.security_headers() ++ score_header(verdict)
+      {"X-Accel-Buffering", "no"} | Conn.security_headers() ++ answer_headers(ctx, verdict)
     ]
 
-    resp = :mochiweb_request.respond({status, headers, :chunked}, conn.req)
-    state = %{resp: resp, dialect: dialect, sse: SSE.new(), text: []}
+    resp = :mochiweb_request.respond({status, headers, :chunked}, ctx.conn.req)
+
+    state = %{
+      resp: resp,
+      dialect: ctx.dialect,
+      sse: SSE.new(Upstream.max_event_bytes()),
+      text: []
+    }
 
     case relay(upstream, state) do
       {:ok, state} ->
-        unwatch_client(watch)
-        write(resp, "")
-
+        # Fingerprinted before the stream's end goes out: once the agent has it, its
+        # next request may arrive and is scored against this answer.
         if verdict do
           text = IO.iodata_to_binary(state.text)
-          KillSwitch.observe_response(agent_id, if(text != "", do: KillSwitch.fingerprint(text)))
+
+          KillSwitch.observe_response(
+            ctx.agent_id,
+            if(text != "", do: KillSwitch.fingerprint(text))
+          )
         end
 
+        unwatch_client(watch)
+        write(resp, "")
         :ok
 
       {:error, :client_closed} ->
@@ -378,24 +671,34 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
       {:error, reason} ->
         # The status line is gone: end the stream with an error event the SDKs raise.
-        message = Upstream.describe(dialect.api(), reason)
-        Metrics.inc(:upstream_errors)
-        Logger.warning("LLM proxy: #{message} (mid-stream)")
+        {status, type, code, message} = stream_failure(ctx, reason)
         unwatch_client(watch)
-        write(resp, dialect.stream_error(message))
+        write(resp, ctx.dialect.stream_error(status, type, code, message))
         write(resp, "")
         :ok
     end
   end
 
-  # Passes on whole events only, so that an error event after the cap never lands in
-  # the middle of one.
+  defp stream_failure(ctx, {:cancelled, reason}) do
+    Metrics.inc(:proxy_cancelled)
+    refusal(ctx, reason, "the answer was cut short")
+  end
+
+  defp stream_failure(ctx, reason) do
+    reason = if reason == :deadline, do: :stream_deadline, else: reason
+    message = Upstream.describe(ctx.dialect.api(), reason)
+    Metrics.inc(:upstream_errors)
+    Logger.warning("LLM proxy: #{message} (mid-stream)")
+    {502, "upstream_error", "upstream_error", message}
+  end
+
+  # Passes on whole events only, so that an error event never lands in the middle of
+  # one.
   defp relay(upstream, state) do
     case HTTPClient.read(upstream) do
       {:data, data, upstream} ->
-        {events, complete, sse} = SSE.parse(state.sse, data)
-
-        with :ok <- write_some(state.resp, complete) do
+        with {events, complete, sse} <- SSE.parse(state.sse, data),
+             :ok <- write_some(state.resp, complete) do
           texts = for event <- events, text = state.dialect.stream_text(event), do: text
           relay(upstream, %{state | sse: sse, text: [state.text | texts]})
         end
@@ -420,9 +723,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   defp event_stream?(headers) do
-    Enum.any?(headers, fn {name, value} ->
-      name == "content-type" and String.starts_with?(String.downcase(value), "text/event-stream")
-    end)
+    String.starts_with?(String.downcase(content_type(headers) || ""), "text/event-stream")
+  end
+
+  defp content_type(headers) do
+    Enum.find_value(headers, fn {name, value} -> if name == "content-type", do: value end)
   end
 
   ## The agent's socket: watched while the upstream works, so a hang-up cancels it
@@ -459,40 +764,53 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   ## Answers
 
-  defp busy(conn, dialect) do
+  defp busy(ctx, what \\ :calls) do
     Metrics.inc(:proxy_busy)
 
-    body =
-      dialect.error_body(
-        503,
-        "server_error",
-        "upstream_busy",
-        "#{Upstream.max_concurrent()} upstream requests are in flight " <>
-          "(config :observatory, :llm_max_concurrent); retry shortly"
-      )
+    {code, message} =
+      case what do
+        :calls ->
+          {"upstream_busy",
+           "#{Upstream.max_concurrent()} upstream requests are in flight " <>
+             "(config :observatory, :llm_max_concurrent); retry shortly"}
 
-    Conn.send_resp(conn, 503, "application/json", JSON.encode!(body), [
-      {"Cache-Control", "no-store"},
-      {"Retry-After", "1"}
-    ])
+        :request_bytes ->
+          {"gateway_busy",
+           "the gateway holds #{Upstream.max_request_bytes_in_flight()} bytes of request " <>
+             "bodies already (config :observatory, :llm_max_request_bytes_in_flight); retry shortly"}
+      end
+
+    body = ctx.dialect.error_body(503, "server_error", code, message)
+
+    Conn.send_resp(
+      ctx.conn,
+      503,
+      "application/json",
+      JSON.encode!(body),
+      answer_headers(ctx) ++ [{"Retry-After", "1"}]
+    )
 
     :halt
   end
 
-  defp inactive(conn, dialect, agent_id) do
-    Metrics.inc(:proxy_inactive)
-    Conn.json(conn, 403, dialect.inactive_body(agent_id))
-    :halt
-  end
-
-  defp upstream_error(conn, dialect, message) do
+  defp upstream_error(ctx, message) do
     Metrics.inc(:upstream_errors)
     Logger.warning("LLM proxy: #{message}")
-    error(conn, dialect, 502, "upstream_error", "upstream_error", message)
+    error(ctx, 502, "upstream_error", "upstream_error", message)
   end
 
-  defp error(conn, dialect, status, type, code, message) do
-    Conn.json(conn, status, dialect.error_body(status, type, code, message))
+  defp error(ctx, status, type, code, message),
+    do: send_json(ctx, status, ctx.dialect.error_body(status, type, code, message))
+
+  defp send_json(ctx, status, body) do
+    Conn.send_resp(
+      ctx.conn,
+      status,
+      "application/json",
+      JSON.encode_lossy!(body),
+      answer_headers(ctx)
+    )
+
     :halt
   end
 end

@@ -11,16 +11,16 @@ defmodule ObservatoryWeb.API.Messages do
   own key as `X-Api-Key` (the Anthropic SDK's `api_key`), `Authorization: Bearer`
   (its `auth_token`) or `X-Agent-Key`; `X-Agent-Id` is optional and must name the
   key's agent. The agent's key is never sent upstream. What the kill switch reads: the
-  last user text (a user message holding only `tool_result` blocks is not a prompt),
-  the `tool_use` blocks of the assistant's current turn, and the answer's text blocks
-  (`Observatory.KillSwitch.fingerprint_request/2`). `"stream": true` streams the
+  newest user message's `tool_result` blocks (else its text), the `tool_use` blocks
+  they answer, and the answer's text blocks
+  (`Observatory.KillSwitch.fingerprint_request/3`). `"stream": true` streams the
   upstream's events as they arrive.
 
   Errors are in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`,
   with the type Anthropic uses for the status: `invalid_request_error` (400, 415),
   `authentication_error` (401), `permission_error` (403: the agent is inactive, the
-  session is paused or another agent's, the agent is unknown or not the key's), `request_too_large` (413), `api_error` (502),
-  `overloaded_error` (503).
+  session is paused, blocked or another agent's, the agent is unknown or not the key's),
+  `request_too_large` (413), `api_error` (502), `overloaded_error` (503).
   """
 
   @behaviour ObservatoryWeb.API.LLMProxy
@@ -36,6 +36,9 @@ defmodule ObservatoryWeb.API.Messages do
 
   @impl LLMProxy
   def api, do: :messages
+
+  @impl LLMProxy
+  def format, do: :anthropic
 
   @impl LLMProxy
   def error_body(status, _type, _code, message),
@@ -64,9 +67,10 @@ defmodule ObservatoryWeb.API.Messages do
 
   def stream_text(_event), do: nil
 
+  @doc "Anthropic's error event: `event: error`, the error body as its data."
   @impl LLMProxy
-  def stream_error(message),
-    do: ["event: error\ndata: ", JSON.encode!(error_body(502, nil, nil, message)), "\n\n"]
+  def stream_error(status, type, code, message),
+    do: ["event: error\ndata: ", JSON.encode!(error_body(status, type, code, message)), "\n\n"]
 
   @impl LLMProxy
   def forward_headers(conn) do

@@ -2,15 +2,28 @@ defmodule ObservatoryWeb.API.Sessions do
   @moduledoc """
   Session state and the HITL commands (design.md §5).
 
-    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause (operator,
-      or the agent key of the session's own agent);
+    * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause, the
+      alert, the recent steps (arguments and results cut) and the explanation of the
+      verdict and of the entropy window (`Observatory.Gateway.Evidence`); operator, or
+      the agent key of the session's own agent;
+    * `GET /api/v1/sessions/:id/steps/:step` — one stored step whole: its envelope as
+      the gateway stored it and its texts uncut (same access);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
       `{"reason": "..."}`; `409` when already paused / not paused;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
     * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
   """
 
-  alias Observatory.Gateway.{EntropyTracker, HITL, LoopVerdict, SessionLog, StepDetector}
+  alias Observatory.Gateway.{
+    Alerts,
+    EntropyTracker,
+    Evidence,
+    HITL,
+    LoopVerdict,
+    SessionLog,
+    StepDetector
+  }
+
   alias Observatory.{Cluster, JSON}
   alias ObservatoryWeb.{Auth, Conn}
 
@@ -36,6 +49,61 @@ defmodule ObservatoryWeb.API.Sessions do
           )
       end
     end
+  end
+
+  @doc "GET /api/v1/sessions/:id/steps/:step"
+  def step(conn, id, step) do
+    with {:ok, principal} <- authorize(conn, &Auth.agent_or_operator/1) do
+      case {Integer.parse(step), Cluster.call_owner(id, __MODULE__, :lookup_step, [id, step])} do
+        {{n, ""}, {:ok, {session, found}}} when n > 0 and found != nil ->
+          if readable?(principal, session),
+            do: Conn.json(conn, 200, found),
+            else: Conn.error(conn, 404, "not_found", "no such step")
+
+        {_, {:error, :owner_unavailable}} ->
+          Conn.error(
+            conn,
+            503,
+            "owner_unavailable",
+            "the session's owner in the gateway cluster did not answer in time; retry"
+          )
+
+        _ ->
+          Conn.error(
+            conn,
+            404,
+            "not_found",
+            "no such step: the gateway keeps a session's last " <>
+              "#{Application.get_env(:observatory, :session_log_size, 20)} steps"
+          )
+      end
+    end
+  end
+
+  @doc false
+  # On the owner: the tracker's session and the step, whole; nil when not stored.
+  def lookup_step(id, step) do
+    session = EntropyTracker.session(id)
+
+    found =
+      with {n, ""} when n > 0 <- Integer.parse(step),
+           %{} = stored <- SessionLog.step(id, n) do
+        [text] = Evidence.steps([stored], full: [n])
+
+        %{
+          session_id: id,
+          step: n,
+          received_at: DateTime.to_iso8601(text.at),
+          call: text.call,
+          arguments: text.arguments,
+          result: text.result,
+          envelope: stored.envelope
+        }
+      else
+        _ -> nil
+      end
+
+    {session, found}
   end
 
   @doc false
@@ -85,21 +153,55 @@ defmodule ObservatoryWeb.API.Sessions do
 
   @doc false
   def view(id, session, pause) do
+    window = (session && session.window) || []
+    verdict = LoopVerdict.session(id)
+    stored = SessionLog.steps(id)
+    evidence = MapSet.new((verdict && verdict.evidence) || [])
+    numbered = Evidence.window_numbers(window, stored)
+    in_window = MapSet.new(numbered, &elem(&1, 0))
+
     %{
       session_id: id,
       agent_id: session && session.agent_id,
       window:
-        for {intent, tool_call, status} <- (session && session.window) || [] do
-          %{intent: intent, tool_call: tool_call, action_status: status}
+        for {n, {intent, tool_call, status}} <- numbered do
+          %{step: n, intent: intent, tool_call: tool_call, action_status: status}
         end,
       entropy_score: session && session.score,
       severity: session && session.severity,
-      verdict: LoopVerdict.session(id),
+      verdict: verdict,
+      alert: alert(Alerts.get(id)),
       paused: pause != nil,
       pause: pause && entry(pause),
       step_detector: StepDetector.state(id),
-      messages: SessionLog.count(id)
+      messages: SessionLog.count(id),
+      steps:
+        for step <- Evidence.steps(stored, result_bytes: 2_000, arguments_bytes: 1_000) do
+          step
+          |> Map.drop([:number, :at])
+          |> Map.merge(%{
+            step: step.number,
+            received_at: DateTime.to_iso8601(step.at),
+            evidence: MapSet.member?(evidence, step.number),
+            in_entropy_window: MapSet.member?(in_window, step.number)
+          })
+        end,
+      explanation: %{
+        verdict: Evidence.explain_verdict(verdict, stored),
+        entropy_window: Evidence.explain_window(window, stored)
+      }
     }
+  end
+
+  defp alert(nil), do: nil
+
+  defp alert(alert) do
+    alert
+    |> Map.take([:source, :rule, :reason, :evidence, :alerts])
+    |> Map.merge(%{
+      since: DateTime.to_iso8601(alert.since),
+      last_alert_at: DateTime.to_iso8601(alert.last_at)
+    })
   end
 
   defp command(conn, id, fun) do

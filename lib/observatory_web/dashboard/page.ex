@@ -11,7 +11,8 @@ defmodule ObservatoryWeb.Dashboard.Page do
   Without a signed-in operator a page redirects to `/login`. Otherwise it renders the
   core module once, unconnected (`mount/3` with a socket that is not live: the current
   state, no subscriptions), inside the page chrome: the navigation, the operator's
-  name, the live connection status and a sign-out form. `<body data-stream>` names
+  name, the alert source in force (`OBSERVATORY_ALERT_SOURCE`), the live connection
+  status and a sign-out form. `<body data-stream>` names
   the page's event stream; the page script opens it, and a connected mount of the
   same module takes over.
   """
@@ -46,6 +47,7 @@ defmodule ObservatoryWeb.Dashboard.Page do
       ~s(<header class="topbar"><div class="brand"><span class="brand-mark"></span>Observatory</div>),
       nav(view),
       ~s(<div class="topbar-right">),
+      alert_source(),
       ~s(<span id="live-status" class="live" data-state="connecting" role="status">Connecting…</span>),
       ~s(<span class="operator" title="signed-in operator">),
       escape(session.operator),
@@ -68,6 +70,20 @@ defmodule ObservatoryWeb.Dashboard.Page do
       )
 
     Conn.html(conn, status, page, Layout.headers())
+  end
+
+  # Which signal raises the alerts (OBSERVATORY_ALERT_SOURCE), on every page.
+  defp alert_source do
+    source = Observatory.Gateway.AlertSource.current()
+
+    [
+      ~s(<span id="alert-source" class="alert-source" data-source="),
+      escape(source),
+      ~s(" title="Which signal raises alerts: OBSERVATORY_ALERT_SOURCE=entropy or verdict">),
+      ~s(Alerts from <strong>),
+      escape(Observatory.Gateway.AlertSource.describe(source)),
+      "</strong></span>"
+    ]
   end
 
   # The agent pages sit under "Agents".

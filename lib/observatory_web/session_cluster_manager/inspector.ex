@@ -2,15 +2,19 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
   @moduledoc """
   What the Inspect panel shows for one session, read fresh from the gateway:
   its current entropy window (oldest step first), score and severity from
-  `EntropyTracker.session/1`, its loop verdict from `LoopVerdict.session/1`, the pause
-  in force from `HITL.pause_of/1`, and how many DecisionLogs it has sent
-  (`SessionLog.count/1`).
+  `EntropyTracker.session/1`, its loop verdict from `LoopVerdict.session/1`, its alert
+  (`Observatory.Gateway.Alerts`), the pause in force from `HITL.pause_of/1`, how many
+  DecisionLogs it has sent (`SessionLog.count/1`), and the evidence: its recent steps
+  with their calls, arguments and results, and what repeats
+  (`Observatory.Gateway.Evidence.for_session/2`). Every step is named by the session's
+  step number, which the verdict's evidence and the window use too.
 
-  `load/1` is cheap (a NIF lookup and two ETS reads), so the manager calls it again
-  whenever an event about the inspected session arrives.
+  `load/2` costs a few ETS and NIF reads and a comparison of at most the stored steps;
+  the manager calls it again when the inspected session changes (coalescing a burst
+  of its steps into one load).
   """
 
-  alias Observatory.Gateway.{EntropyTracker, HITL, LoopVerdict, SessionLog}
+  alias Observatory.Gateway.{Alerts, EntropyTracker, Evidence, HITL, LoopVerdict, SessionLog}
 
   @type t :: %{
           session_id: String.t(),
@@ -19,29 +23,43 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
           score: float() | nil,
           severity: EntropyTracker.severity() | nil,
           verdict: map() | nil,
+          alert: map() | nil,
           pause: HITL.audit_entry() | nil,
-          messages: non_neg_integer()
+          messages: non_neg_integer(),
+          steps: [map()],
+          explained: %{verdict: map() | nil, window: map() | nil}
         }
 
-  @doc "The session's current state."
-  @spec load(String.t()) :: t()
-  def load(session_id) when is_binary(session_id),
-    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id])
+  @doc """
+  The session's current state. `:full` — step numbers whose arguments and result are
+  shown whole (the panel's "Show all").
+  """
+  @spec load(String.t(), keyword()) :: t()
+  def load(session_id, opts \\ []) when is_binary(session_id),
+    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id, opts])
 
-  # In a cluster (issue 14) on the session's owner, where its window lives.
+  # In a cluster (issue 14) on the session's owner, where its window and steps live.
   @doc false
-  def load_here(session_id) do
+  def load_here(session_id, opts \\ []) do
     session = EntropyTracker.session(session_id)
+    window = (session && session.window) || []
+    verdict = LoopVerdict.session(session_id)
+
+    evidence =
+      Evidence.for_session(session_id, Keyword.merge(opts, window: window, verdict: verdict))
 
     %{
       session_id: session_id,
       agent_id: session && session.agent_id,
-      window: (session && session.window) || [],
+      window: window,
       score: session && session.score,
       severity: session && session.severity,
-      verdict: LoopVerdict.session(session_id),
+      verdict: verdict,
+      alert: Alerts.get(session_id),
       pause: HITL.pause_of(session_id),
-      messages: SessionLog.count(session_id)
+      messages: SessionLog.count(session_id),
+      steps: evidence.steps,
+      explained: %{verdict: evidence.verdict, window: evidence.window}
     }
   end
 end

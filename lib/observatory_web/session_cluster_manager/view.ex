@@ -15,13 +15,16 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   import ObservatoryWeb.HTML, only: [escape: 1]
 
+  alias Observatory.Gateway.AlertSource
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet}
 
+  # The words the page uses for the topology's states (the broadcast keeps FR-9.5's
+  # values: `blocked` is the amber WARNING state, not the step detector's block).
   @labels %{
     "active" => "active",
     "idle" => "idle",
-    "blocked" => "blocked",
-    "alert_entropy" => "entropy alert",
+    "blocked" => "warning",
+    "alert_entropy" => "alert",
     "paused" => "paused"
   }
 
@@ -37,12 +40,16 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   @spec parts(map()) :: [{atom(), iodata()}]
   def parts(assigns) do
     fleet = assigns.fleet
+    source = Map.get(assigns, :alert_source, :entropy)
 
     [
       html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
-      html_summary: summary(fleet),
-      html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet)],
-      html_inspect: [inspector(assigns.inspect, fleet), "</div>"],
+      html_summary: summary(fleet, source),
+      html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet, source)],
+      html_inspect: [
+        inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, []), source),
+        "</div>"
+      ],
       html_steps: [steps_panel(Map.get(assigns, :steps, [])), "</div>"]
     ]
     |> List.insert_at(4, topology(fleet, Map.get(assigns, :agents_path, "/agents")))
@@ -60,17 +67,24 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     prefix <> "-" <> hash
   end
 
+  @doc "The alerts panel's title under an alert source."
+  @spec alerts_title(:entropy | :verdict) :: String.t()
+  def alerts_title(:entropy), do: "Entropy Alerts"
+  def alerts_title(:verdict), do: "Verdict Alerts"
+
   ## Notice
 
   defp notice(notice), do: ObservatoryWeb.HTML.notice("scm-notice", notice)
 
   ## Summary
 
-  defp summary(fleet) do
+  defp summary(fleet, source) do
     counts = Fleet.counts(fleet)
 
     [
-      ~s(<section id="scm-summary" class="summary" aria-label="Fleet summary">),
+      ~s(<section id="scm-summary" class="summary" aria-label="Fleet summary" data-alert-source="),
+      escape(source),
+      ~s(">),
       ~s(<div class="stat stat-total"><span class="stat-n">),
       escape(map_size(fleet)),
       ~s(</span><span class="stat-label">sessions</span></div>),
@@ -91,36 +105,91 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     ]
   end
 
-  ## Entropy Alerts
+  ## Alerts
 
-  defp alerts_panel(alerts, fleet) do
+  defp alerts_panel(alerts, fleet, source) do
     rows = Alerts.rows(alerts)
 
     [
-      ~s(<section id="alerts-panel" class="panel alerts" aria-labelledby="alerts-title">),
-      ~s(<header class="panel-head"><h2 id="alerts-title">Entropy Alerts</h2>),
-      ~s(<span class="pill" data-count="),
+      ~s(<section id="alerts-panel" class="panel alerts" aria-labelledby="alerts-title" data-alert-source="),
+      escape(source),
+      ~s(">),
+      ~s(<header class="panel-head"><h2 id="alerts-title">),
+      alerts_title(source),
+      ~s(</h2><span class="pill" data-count="),
       escape(length(rows)),
       ~s(">),
       escape(length(rows)),
       if(length(rows) == 1, do: " session", else: " sessions"),
       "</span></header>",
-      alerts_body(rows, fleet),
+      ~s(<p class="panel-note">),
+      source_note(source),
+      "</p>",
+      unalerted_loops(alerts, fleet, source),
+      alerts_body(rows, fleet, source),
       "</section>"
     ]
   end
 
-  defp alerts_body([], _fleet) do
-    ~s(<p class="empty">No entropy alerts. A session whose score falls below 0.25 ) <>
-      ~s(shows here once, however many alerts it sends.</p>)
+  defp source_note(:entropy) do
+    "Sessions the <strong>entropy ratio</strong> calls a loop now (score below the LOOP " <>
+      "threshold), newest first, once each."
   end
 
-  defp alerts_body(rows, fleet) do
+  defp source_note(:verdict) do
+    "Sessions the <strong>loop verdict</strong> calls a loop now (verdict <code>loop</code>), " <>
+      "newest first, once each."
+  end
+
+  # Under the entropy ratio, the sessions the loop verdict calls a loop that are not
+  # alerted (free-text intents keep the ratio high): said, so the operator knows.
+  defp unalerted_loops(alerts, fleet, :entropy) do
+    missed =
+      for node <- Fleet.nodes(fleet),
+          node.verdict == :loop,
+          Alerts.get(alerts, node.session_id) == nil,
+          do: node.session_id
+
+    case missed do
+      [] ->
+        ""
+
+      ids ->
+        [
+          ~s(<p class="panel-note source-hint" data-count="),
+          escape(length(ids)),
+          ~s(">The loop verdict calls ),
+          escape(length(ids)),
+          if(length(ids) == 1, do: " more session", else: " more sessions"),
+          " a loop (",
+          ids
+          |> Enum.take(3)
+          |> Enum.map(&[~s(<span class="mono">), escape(&1), "</span>"])
+          |> Enum.intersperse(", "),
+          if(length(ids) > 3, do: ", …", else: ""),
+          "); the entropy ratio does not. <code>OBSERVATORY_ALERT_SOURCE=verdict</code> ",
+          if(length(ids) == 1, do: "would alert on it.", else: "would alert on them."),
+          "</p>"
+        ]
+    end
+  end
+
+  defp unalerted_loops(_alerts, _fleet, :verdict), do: ""
+
+  defp alerts_body([], _fleet, source) do
+    [
+      ~s(<p class="empty">No session is alerted now. A session shows here as soon as the ),
+      escape(AlertSource.describe(source)),
+      ~s( calls it a loop, and stays until it recovers.</p>)
+    ]
+  end
+
+  defp alerts_body(rows, fleet, _source) do
     [
       ~s(<div class="table-wrap"><table class="alerts-table"><thead><tr>),
       ~s(<th scope="col">Session · agent</th><th scope="col" class="num">Score</th>),
-      ~s(<th scope="col">Repeated pattern · count</th><th scope="col">Last alert</th>),
-      ~s(<th scope="col">State</th><th scope="col"><span class="sr-only">Action</span></th>),
+      ~s(<th scope="col">Rule · why</th><th scope="col">Since · last alert</th>),
+      ~s(<th scope="col"><span class="sr-only">Actions</span></th>),
       "</tr></thead><tbody>",
       Enum.map(rows, &alert_row(&1, Fleet.state_of(fleet, &1.session_id))),
       "</tbody></table></div>"
@@ -137,39 +206,83 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       sid,
       ~s(" data-alerts="),
       escape(row.alerts),
+      ~s(" data-rule="),
+      escape(row.rule),
       ~s(">),
       ~s(<td class="who"><span class="mono sid" title="),
       sid,
       ~s(">),
       sid,
       ~s(</span><span class="agent">),
-      escape(row.agent_id),
+      escape(row.agent_id || "unknown agent"),
+      ~s(</span><span class="state">),
+      badge(state),
       "</span></td>",
-      ~s(<td class="num score">),
+      ~s(<td class="num score"><span class="cell-label">Score </span>),
       score(row.score),
       "</td>",
-      ~s(<td class="pattern"><span class="steps">),
-      pattern(row.pattern),
-      ~s(</span><span class="count">),
-      escape(row.occurrence_count),
-      " of ",
-      escape(row.window_size),
-      " steps in the window</span></td>",
-      ~s(<td class="when">),
+      ~s(<td class="pattern"><span class="rule">),
+      escape(row.rule),
+      "</span>",
+      why(row),
+      "</td>",
+      ~s(<td class="when"><span class="since">since ),
+      time(row.since),
+      ~s(</span><span class="last">last ),
       time(row.at),
       alert_times(row.alerts),
-      "</td>",
-      "<td>",
-      badge(state),
-      "</td>",
-      ~s(<td class="action"><button type="button" class="btn btn-pause" phx-click="pause_inspect" phx-value-session_id="),
-      sid,
-      ~s(">Pause and Inspect</button></td>),
-      "</tr>"
+      "</span></td>",
+      ~s(<td class="action">),
+      row_actions(row.session_id, state == "paused"),
+      "</td></tr>"
     ]
   end
 
-  defp alert_times(1), do: ""
+  # Entropy: the repeated tuple and its count (FR-9.7); verdict: its reason.
+  defp why(%{pattern: %{} = pattern, occurrence_count: count, window_size: size})
+       when is_integer(count) and is_integer(size) do
+    [
+      ~s(<span class="steps">),
+      pattern(pattern),
+      ~s(</span><span class="count">),
+      escape(count),
+      " of ",
+      escape(size),
+      " steps in the window</span>"
+    ]
+  end
+
+  defp why(row), do: [~s(<span class="reason">), escape(row.reason), "</span>"]
+
+  # A paused session is inspected and resumed; a running one paused (FR-9.10) or
+  # looked at first.
+  defp row_actions(session_id, true = _paused?) do
+    sid = escape(session_id)
+
+    [
+      ~s(<button type="button" class="btn btn-ghost" phx-click="inspect" phx-value-session_id="),
+      sid,
+      ~s(">Inspect</button>),
+      ~s(<button type="button" class="btn btn-resume" phx-click="resume" phx-value-session_id="),
+      sid,
+      ~s(">Resume</button>)
+    ]
+  end
+
+  defp row_actions(session_id, false) do
+    sid = escape(session_id)
+
+    [
+      ~s(<button type="button" class="btn btn-ghost" phx-click="inspect" phx-value-session_id="),
+      sid,
+      ~s(">Inspect</button>),
+      ~s(<button type="button" class="btn btn-pause" phx-click="pause_inspect" phx-value-session_id="),
+      sid,
+      ~s(">Pause and Inspect</button>)
+    ]
+  end
+
+  defp alert_times(n) when n <= 1, do: ""
 
   defp alert_times(n),
     do: [~s(<span class="muted" title="alerts received"> ×), escape(n), "</span>"]
@@ -192,17 +305,18 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Inspect
 
-  defp inspector(nil, _fleet) do
+  defp inspector(nil, _fleet, _expanded, _source) do
     [
       ~s(<aside id="inspector" class="panel inspector" aria-labelledby="inspector-title">),
       ~s(<header class="panel-head"><h2 id="inspector-title">Inspect</h2></header>),
-      ~s(<p class="empty">Choose <strong>Pause and Inspect</strong> on an alert: the session ),
-      ~s(is paused and its current window shows here.</p>),
+      ~s(<p class="empty">Choose <strong>Inspect</strong> on an alert or a fleet node to see the ),
+      ~s(session's recent steps and why it alerted; <strong>Pause and Inspect</strong> pauses it ),
+      ~s(first.</p>),
       "</aside>"
     ]
   end
 
-  defp inspector(info, fleet) do
+  defp inspector(info, fleet, expanded, source) do
     sid = escape(info.session_id)
     paused? = info.pause != nil
 
@@ -220,12 +334,14 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       fact("Session", [~s(<span class="mono">), sid, "</span>"]),
       fact("Agent", escape(info.agent_id || "unknown")),
       fact("Node", badge(Fleet.state_of(fleet, info.session_id) || state_of_info(info))),
-      fact("Score", [score(info.score), " ", severity(info.severity)]),
+      fact("Alert", alert_fact(Map.get(info, :alert))),
+      fact("Entropy", [score(info.score), " ", severity(info.severity)]),
       fact("Verdict", verdict_fact(Map.get(info, :verdict))),
-      fact("Messages", escape(info.messages)),
+      fact("Steps received", escape(info.messages)),
       "</dl>",
       pause_box(info),
-      window(info.window),
+      why_section(info, source),
+      steps_list(info, expanded),
       "</aside>"
     ]
   end
@@ -235,20 +351,30 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   defp fact(term, value), do: ["<div><dt>", term, "</dt><dd>", value, "</dd></div>"]
 
+  defp alert_fact(nil), do: ~s(<span class="muted">none</span>)
+
+  defp alert_fact(alert) do
+    [
+      ~s(<span class="alert-on">since ),
+      time(alert.since),
+      ~s(</span> <span class="rule">),
+      escape(alert.rule),
+      "</span>"
+    ]
+  end
+
   defp verdict_fact(nil), do: ~s(<span class="muted">–</span>)
 
   defp verdict_fact(v) do
     [
       verdict_tag(v.verdict, v.reason),
-      ~s(<span class="verdict-reason">),
-      escape(v.reason),
-      evidence(v.evidence),
+      ~s( <span class="rule">),
+      escape(v.rule),
+      ~s(</span> <span class="muted">at step ),
+      escape(v.step_number),
       "</span>"
     ]
   end
-
-  defp evidence([]), do: ""
-  defp evidence(steps), do: [" (steps ", escape(Enum.join(steps, ", ")), ")"]
 
   # The loop verdict next to the entropy score (issue 8).
   defp verdict_tag(nil, _reason), do: ""
@@ -298,28 +424,357 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   defp reason(""), do: ""
   defp reason(text), do: [" (", escape(text), ")"]
 
-  defp window([]) do
-    ~s(<h3>Current window</h3><p class="empty">The gateway holds no window for this session.</p>)
+  ## Why: the verdict's and the window's explanations (Observatory.Gateway.Evidence)
+
+  defp why_section(info, source) do
+    explained = Map.get(info, :explained, %{verdict: nil, window: nil})
+    verdict = Map.get(info, :verdict)
+
+    [
+      ~s(<section class="why" aria-label="Why">),
+      ~s(<h3>Why</h3>),
+      source_hint(info, verdict, source),
+      verdict_why(verdict, explained.verdict),
+      window_why(info, explained.window),
+      "</section>"
+    ]
   end
 
-  defp window(steps) do
+  # A loop the alert source does not alert on.
+  defp source_hint(%{alert: nil}, %{verdict: :loop}, :entropy) do
+    ~s(<p class="source-hint">Not alerted: the alert source is the entropy ratio, and this ) <>
+      ~s(session's score is not below the LOOP threshold. ) <>
+      ~s(With <code>OBSERVATORY_ALERT_SOURCE=verdict</code> it would be alerted.</p>)
+  end
+
+  defp source_hint(_info, _verdict, _source), do: ""
+
+  defp verdict_why(nil, _explained),
+    do: ~s(<p class="muted">The loop verdict has not judged this session.</p>)
+
+  defp verdict_why(verdict, nil) do
     [
-      ~s(<h3>Current window <span class="muted">oldest first, ),
-      escape(length(steps)),
-      if(length(steps) == 1, do: " step", else: " steps"),
-      ~s(</span></h3><ol class="window">),
-      for {intent, tool, status} <- steps do
+      ~s(<div class="why-verdict"><p class="why-head">),
+      verdict_tag(verdict.verdict, verdict.reason),
+      ~s( <span class="verdict-reason">),
+      escape(verdict.reason),
+      "</span></p></div>"
+    ]
+  end
+
+  defp verdict_why(verdict, ex) do
+    [
+      ~s(<div class="why-verdict" data-rule="),
+      escape(ex.rule),
+      ~s("><p class="why-head">),
+      verdict_tag(verdict.verdict, verdict.reason),
+      ~s( <span class="rule">),
+      escape(ex.rule),
+      ~s(</span> <span class="verdict-reason">),
+      escape(verdict.reason),
+      "</span></p>",
+      ~s(<p class="why-what">),
+      what_repeats(ex),
+      ~s( <span class="muted">· ),
+      step_range(ex.steps),
+      "</span></p>",
+      excerpt(ex.excerpt),
+      ~s(<ul class="changes">),
+      change_item("Arguments", ex.arguments),
+      change_item(
+        if(ex.status in ["failure", "error", "timeout"], do: "Failure", else: "Result"),
+        ex.result
+      ),
+      missing(ex.missing),
+      "</ul></div>"
+    ]
+  end
+
+  defp what_repeats(%{rule: :cycle, calls: calls} = ex) do
+    [
+      ~s(a cycle of ),
+      escape(length(calls)),
+      " calls, ",
+      Enum.intersperse(Enum.map(calls, &call_code/1), ~s(<span class="arrow">→</span>)),
+      ", ",
+      escape(ex.times),
+      " times, ",
+      escape(ex.outcome)
+    ]
+  end
+
+  defp what_repeats(%{rule: :same_failure, calls: calls} = ex) do
+    [
+      escape(length(calls)),
+      " different calls, ",
+      escape(ex.outcome),
+      ": ",
+      Enum.intersperse(Enum.map(calls, &call_code/1), ", ")
+    ]
+  end
+
+  defp what_repeats(%{calls: [call]} = ex) do
+    [
+      call_code(call),
+      ", ",
+      escape(ex.times),
+      if(ex.times == 1, do: " time, ", else: " times, "),
+      escape(ex.outcome)
+    ]
+  end
+
+  defp what_repeats(%{calls: calls} = ex) do
+    [
+      Enum.intersperse(Enum.map(calls, &call_code/1), ", "),
+      ": ",
+      escape(ex.times),
+      " steps, ",
+      escape(ex.outcome)
+    ]
+  end
+
+  defp call_code(%{tool: tool, call: call}) when tool == call or tool == "",
+    do: [~s(<code class="call">), escape(call), "</code>"]
+
+  defp call_code(%{tool: tool, call: call}) do
+    [
+      ~s(<code class="call">),
+      escape(call),
+      ~s(</code> <span class="muted">\(),
+      escape(tool),
+      ")</span>"
+    ]
+  end
+
+  defp excerpt(""), do: ""
+  defp excerpt(text), do: [~s(<pre class="excerpt">), escape(text), "</pre>"]
+
+  defp change_item(label, change) do
+    [
+      ~s(<li data-change="),
+      escape(change.kind),
+      ~s("><strong>),
+      label,
+      ":</strong> ",
+      change_text(change),
+      "</li>"
+    ]
+  end
+
+  defp change_text(%{kind: :same}), do: "the same each time"
+  defp change_text(%{kind: :whitespace}), do: "the same apart from whitespace"
+  defp change_text(%{kind: :reordered}), do: "the same lines, in another order or number"
+
+  defp change_text(%{kind: :numbers, changes: changes}) do
+    [
+      "the same apart from numbers",
+      ~s(<ul class="numbers">),
+      for c <- changes do
         [
           ~s(<li><code>),
-          escape(intent),
-          ~s(</code><span class="arrow">→</span><code>),
-          escape(tool),
-          ~s(</code><span class="arrow">→</span>),
-          status_tag(status),
+          escape(c.line),
+          ~s(</code> <span class="muted"># = </span>),
+          escape(Enum.join(c.values, " → ")),
           "</li>"
         ]
       end,
+      "</ul>"
+    ]
+  end
+
+  defp change_text(%{kind: :lines, changes: changes}) do
+    [
+      "lines differ",
+      ~s(<ul class="numbers">),
+      for c <- changes do
+        [
+          ~s(<li><span class="muted">step ),
+          escape(c.step),
+          ":</span> ",
+          for(l <- c.added, do: [~s(<code class="added">+ ), escape(l), "</code> "]),
+          for(l <- c.removed, do: [~s(<code class="removed">− ), escape(l), "</code> "]),
+          "</li>"
+        ]
+      end,
+      "</ul>"
+    ]
+  end
+
+  defp missing([]), do: ""
+
+  defp missing(numbers) do
+    [
+      ~s(<li class="muted">Steps ),
+      escape(Enum.join(numbers, ", ")),
+      " are no longer stored (the gateway keeps the last ",
+      escape(Application.get_env(:observatory, :session_log_size, 20)),
+      ").</li>"
+    ]
+  end
+
+  defp window_why(_info, nil), do: ""
+
+  defp window_why(info, ex) do
+    [
+      ~s(<div class="why-window"><p><strong>Entropy window</strong> <span class="muted">),
+      step_range(ex.window_steps),
+      ~s(</span> · score ),
+      score(info.score),
+      " ",
+      severity(info.severity),
+      ": ",
+      pattern(ex.pattern),
+      " in ",
+      escape(ex.count),
+      " of ",
+      escape(ex.size),
+      " steps",
+      if(ex.count > 1, do: [" (", step_range(ex.steps), ")"], else: ""),
+      "</p>",
+      if(ex.count > 1,
+        do: [
+          ~s(<ul class="changes">),
+          change_item("Their arguments", ex.arguments),
+          change_item("Their results", ex.result),
+          "</ul>"
+        ],
+        else: ""
+      ),
+      "</div>"
+    ]
+  end
+
+  # "steps 3–6" for a run, "steps 3, 5, 7" otherwise.
+  defp step_range([]), do: "no steps"
+  defp step_range([n]), do: ["step ", escape(n)]
+
+  defp step_range(numbers) do
+    first = hd(numbers)
+    last = List.last(numbers)
+
+    if numbers == Enum.to_list(first..last),
+      do: ["steps ", escape(first), "–", escape(last)],
+      else: ["steps ", escape(Enum.join(numbers, ", "))]
+  end
+
+  ## Recent steps
+
+  defp steps_list(%{steps: []}, _expanded) do
+    ~s(<h3>Recent steps</h3><p class="empty">The gateway holds no steps for this session.</p>)
+  end
+
+  defp steps_list(info, expanded) do
+    evidence = MapSet.new((info.verdict && info.verdict.evidence) || [])
+    window = MapSet.new((info.explained.window && info.explained.window.window_steps) || [])
+
+    [
+      ~s(<h3>Recent steps <span class="muted">oldest first, numbered as the verdict and the window count them</span></h3>),
+      ~s(<ol class="steplist">),
+      info.steps
+      |> with_same_as()
+      |> Enum.map(fn {step, same_as} ->
+        step_item(info.session_id, step, same_as, %{
+          evidence?: MapSet.member?(evidence, step.number),
+          window?: MapSet.member?(window, step.number),
+          expanded?: step.number in expanded
+        })
+      end),
       "</ol>"
+    ]
+  end
+
+  # Each step with the number of the first earlier step identical to it (same tool,
+  # arguments, status and result), or nil: a repeat is shown in one line.
+  defp with_same_as(steps) do
+    {pairs, _seen} =
+      Enum.map_reduce(steps, %{}, fn step, seen ->
+        key = {step.tool_call, step.arguments, step.status, step.result, step.truncated}
+
+        case seen do
+          %{^key => first} -> {{step, first}, seen}
+          _ -> {{step, nil}, Map.put(seen, key, step.number)}
+        end
+      end)
+
+    pairs
+  end
+
+  defp step_item(session_id, step, same_as, flags) do
+    %{evidence?: evidence?, window?: window?, expanded?: expanded?} = flags
+    n = escape(step.number)
+    repeat? = same_as != nil and not expanded?
+
+    [
+      ~s(<li id="),
+      dom_id("step", session_id),
+      "-",
+      n,
+      ~s(" class="step),
+      if(evidence?, do: " evidence", else: ""),
+      ~s(" data-step="),
+      n,
+      ~s(" data-evidence="),
+      to_string(evidence?),
+      ~s(" data-window="),
+      to_string(window?),
+      ~s(">),
+      ~s(<div class="step-head"><span class="step-n">#),
+      n,
+      "</span>",
+      time(step.at),
+      ~s(<code class="tool">),
+      escape(step.tool_call),
+      "</code>",
+      status_tag(step.status),
+      if(evidence?, do: ~s(<span class="tag tag-evidence">evidence</span>), else: ""),
+      if(window?, do: ~s(<span class="tag tag-window">window</span>), else: ""),
+      "</div>",
+      if(repeat?,
+        do: [
+          ~s(<p class="step-same">The same call, arguments and result as #),
+          escape(same_as),
+          ".</p>"
+        ],
+        else: step_body(step)
+      ),
+      cond do
+        expanded? -> toggle(session_id, step.number, "Show less")
+        step.truncated and not repeat? -> toggle(session_id, step.number, "Show all")
+        true -> ""
+      end,
+      if(step.stored_whole,
+        do: "",
+        else: ~s(<p class="muted">Too large to keep whole: only its metadata is stored.</p>)
+      ),
+      "</li>"
+    ]
+  end
+
+  defp step_body(step) do
+    [
+      ~s(<div class="step-intent">),
+      escape(step.intent),
+      "</div>",
+      if(step.arguments == "",
+        do: "",
+        else: [~s(<pre class="step-args">), escape(step.arguments), "</pre>"]
+      ),
+      if(step.result == "",
+        do: ~s(<p class="step-none muted">no result</p>),
+        else: [~s(<pre class="step-result">), escape(step.result), "</pre>"]
+      )
+    ]
+  end
+
+  defp toggle(session_id, number, label) do
+    [
+      ~s(<button type="button" class="btn btn-link" phx-click="toggle_step" phx-value-session_id="),
+      escape(session_id),
+      ~s(" phx-value-step="),
+      escape(number),
+      ~s(">),
+      label,
+      "</button>"
     ]
   end
 
@@ -385,9 +840,9 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
           to_string(step.blocked),
           ~s("><td class="mono">),
           sid,
-          "</td><td>",
+          ~s(</td><td><span class="cell-label">Stagnation </span>),
           escape(step.stagnation_streak),
-          "</td><td>",
+          ~s(</td><td><span class="cell-label">Stuck </span>),
           escape(step.stuck_streak),
           "</td><td>",
           if(step.blocked,
@@ -434,7 +889,10 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       verdict_tag(Map.get(node, :verdict), Map.get(node, :verdict_reason)),
       ~s(<span class="node-score" title="entropy score">),
       score(node.score),
-      "</span></span></span></li>"
+      "</span></span></span>",
+      ~s(<span class="node-actions"><button type="button" class="btn btn-ghost btn-node" phx-click="inspect" phx-value-session_id="),
+      sid,
+      ~s(">Inspect</button></span></li>)
     ]
   end
 

@@ -1,30 +1,34 @@
 //! What the kill switch reads from an Anthropic Messages body (`POST /v1/messages`):
-//! the same three things as from a chat-completions body ([`crate::messages`]), in
-//! Anthropic's shape.
+//! the same things as from a chat-completions body ([`crate::messages`]), in
+//! Anthropic's shape, read by the same rules ([`crate::conversation`]).
 //!
 //! Content is a string or an array of blocks. The assistant's tool calls are its
 //! `tool_use` blocks (`name`, `input`); their results come back in the next user
-//! message as `tool_result` blocks. A user message holding only tool results is the
-//! agent answering the tools — OpenAI's `role: "tool"` messages — not a new prompt:
-//! it neither is the "last user text" nor ends the assistant's turn.
+//! message as `tool_result` blocks — OpenAI's `role: "tool"` messages. A user message
+//! with tool results answers the tools: its results are the turn's newest input (text
+//! blocks beside them, such as reminders a harness appends, are not a new prompt).
 
 use serde_json::Value;
 
-use crate::messages::{tool_call_signature, RequestFingerprint};
+use crate::conversation::{self, Message, PromptSource, RequestFingerprint, Side, ToolCall};
 use crate::simhash::fingerprint;
 use crate::Error;
 
-/// Reads a Messages request body: the fingerprint of its [`last_user_text`], the
-/// [`current_tool_signatures`], and `stream`.
-pub fn request_fingerprint(request: &Value) -> Result<RequestFingerprint, Error> {
+/// Reads a Messages request body: the fingerprint of its prompt (as `source` says),
+/// the signatures of the calls its newest input answers, and `stream`.
+pub fn request_fingerprint(
+    request: &Value,
+    source: PromptSource,
+) -> Result<RequestFingerprint, Error> {
     if !request.is_object() {
         return Err(Error::NotAnObject);
     }
-    Ok(RequestFingerprint {
-        prompt: last_user_text(request).map(|text| fingerprint(&text)),
-        tool_signatures: current_tool_signatures(request),
-        stream: request.get("stream").and_then(Value::as_bool) == Some(true),
-    })
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    Ok(conversation::request_fingerprint(
+        &read(request),
+        stream,
+        source,
+    ))
 }
 
 /// The fingerprint of a message's text blocks; `Ok(None)` when it has none (only
@@ -36,51 +40,43 @@ pub fn response_fingerprint(response: &Value) -> Result<Option<u64>, Error> {
     }
 }
 
-/// The text of the last user message that has any (tool-result-only messages are
-/// skipped), text blocks joined with a newline.
-pub fn last_user_text(request: &Value) -> Option<String> {
-    messages(request)
-        .iter()
-        .rev()
-        .filter(|m| role(m) == Some("user"))
-        .find_map(|m| content_text(m.get("content")?))
+/// The conversation of a request: `messages` by role (`user`, `assistant`; the
+/// top-level `system` is not a message). A user message's text blocks are its texts,
+/// its `tool_result` blocks' text (a string, or their text blocks) its results; an
+/// assistant message's `tool_use` blocks its calls.
+pub fn read(request: &Value) -> Vec<Message<'_>> {
+    messages(request).iter().map(read_message).collect()
 }
 
-/// Signatures of the `tool_use` blocks of the latest assistant message, provided no
-/// user message with text follows it; sorted and deduplicated.
-pub fn current_tool_signatures(request: &Value) -> Vec<u64> {
-    let latest = messages(request).iter().rev().find(|m| match role(m) {
-        Some("assistant") => true,
-        Some("user") => m.get("content").and_then(content_text).is_some(),
-        _ => false,
-    });
-    match latest {
-        Some(message) if role(message) == Some("assistant") => tool_signatures(message),
-        _ => Vec::new(),
+fn read_message(message: &Value) -> Message<'_> {
+    let content = message.get("content").unwrap_or(&Value::Null);
+    match message.get("role").and_then(Value::as_str) {
+        Some("user") => {
+            let results: Vec<&Value> = blocks(content, "tool_result").collect();
+            Message {
+                texts: texts(content),
+                answers_tools: !results.is_empty(),
+                result_texts: results
+                    .into_iter()
+                    .flat_map(|b| texts(b.get("content").unwrap_or(&Value::Null)))
+                    .collect(),
+                ..Message::new(Side::User)
+            }
+        }
+        Some("assistant") => Message {
+            texts: texts(content),
+            tool_calls: blocks(content, "tool_use")
+                .filter_map(|b| {
+                    Some(ToolCall {
+                        name: b.get("name")?.as_str()?,
+                        arguments: b.get("input").unwrap_or(&Value::Null),
+                    })
+                })
+                .collect(),
+            ..Message::new(Side::Assistant)
+        },
+        _ => Message::new(Side::Other),
     }
-}
-
-/// Signatures of one message's `tool_use` blocks (name + canonical input, the same
-/// signature as the equivalent OpenAI call).
-pub fn tool_signatures(message: &Value) -> Vec<u64> {
-    let blocks = message
-        .get("content")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
-    let mut signatures: Vec<u64> = blocks
-        .iter()
-        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
-        .filter_map(|b| {
-            let name = b.get("name")?.as_str()?;
-            Some(tool_call_signature(
-                name,
-                b.get("input").unwrap_or(&Value::Null),
-            ))
-        })
-        .collect();
-    signatures.sort_unstable();
-    signatures.dedup();
-    signatures
 }
 
 fn messages(request: &Value) -> &[Value] {
@@ -90,15 +86,22 @@ fn messages(request: &Value) -> &[Value] {
         .map_or(&[], Vec::as_slice)
 }
 
-fn role(message: &Value) -> Option<&str> {
-    message.get("role")?.as_str()
+/// The blocks of `content` of one `type`.
+fn blocks<'a>(content: &'a Value, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(move |b| b.get("type").and_then(Value::as_str) == Some(kind))
 }
 
-fn content_text(content: &Value) -> Option<String> {
+/// A string's text, or the text of its `text` blocks.
+fn texts(content: &Value) -> Vec<&str> {
     match content {
-        Value::String(text) if !text.is_empty() => Some(text.clone()),
-        Value::Array(blocks) => blocks_text(blocks),
-        _ => None,
+        Value::String(text) => vec![text.as_str()],
+        _ => blocks(content, "text")
+            .filter_map(|b| b.get("text")?.as_str())
+            .collect(),
     }
 }
 
@@ -114,25 +117,46 @@ fn blocks_text(blocks: &[Value]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{
+        current_tool_signatures, last_user_text, newest_user_input, tool_call_signature,
+    };
     use serde_json::json;
+
+    const NEWEST: PromptSource = PromptSource::NewestInput;
 
     fn tool_use(name: &str, input: Value) -> Value {
         json!({"type": "tool_use", "id": "toolu_1", "name": name, "input": input})
     }
 
     #[test]
-    fn last_user_text_skips_tool_results() {
+    fn a_tool_turns_prompt_is_its_tool_results() {
         let request = json!({"messages": [
             {"role": "user", "content": [{"type": "text", "text": "deploy build 42"}]},
             {"role": "assistant", "content": [tool_use("deploy", json!({"build": 42}))]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "timeout"}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "timeout"},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": true,
+                 "content": [{"type": "text", "text": "disk full"}, {"type": "image", "source": {}}]},
+                {"type": "text", "text": "(a reminder the harness appends)"},
+            ]},
         ]});
-        assert_eq!(last_user_text(&request).as_deref(), Some("deploy build 42"));
+        let conversation = read(&request);
         assert_eq!(
-            last_user_text(&json!({"messages": [{"role": "user", "content": "plain"}]})).as_deref(),
+            newest_user_input(&conversation).as_deref(),
+            Some("timeout\ndisk full")
+        );
+        assert_eq!(
+            last_user_text(&conversation).as_deref(),
+            Some("(a reminder the harness appends)")
+        );
+        assert_eq!(
+            last_user_text(&read(
+                &json!({"messages": [{"role": "user", "content": "plain"}]})
+            ))
+            .as_deref(),
             Some("plain")
         );
-        assert_eq!(last_user_text(&json!({})), None);
+        assert_eq!(newest_user_input(&read(&json!({}))), None);
     }
 
     #[test]
@@ -144,23 +168,27 @@ mod tests {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "timeout"}]},
         ]});
         assert_eq!(
-            current_tool_signatures(&answered),
+            current_tool_signatures(&read(&answered)),
             vec![tool_call_signature("deploy", &json!({"build": 42}))]
         );
         let new_prompt = json!({"messages": [
             {"role": "assistant", "content": [call]},
             {"role": "user", "content": "something else"},
         ]});
-        assert!(current_tool_signatures(&new_prompt).is_empty());
+        assert!(current_tool_signatures(&read(&new_prompt)).is_empty());
     }
 
     #[test]
     fn the_same_call_has_the_same_signature_in_both_apis() {
-        let openai = crate::messages::tool_signatures(&json!({"tool_calls": [
-            {"type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a\", \"n\": 1}"}}
-        ]}));
-        let anthropic =
-            tool_signatures(&json!({"content": [tool_use("read", json!({"n": 2, "path": "a"}))]}));
+        let openai = current_tool_signatures(&crate::messages::read(&json!({"messages": [
+            {"role": "assistant", "tool_calls": [
+                {"type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a\", \"n\": 1}"}}
+            ]}
+        ]})));
+        let anthropic = current_tool_signatures(&read(&json!({"messages": [
+            {"role": "assistant", "content": [tool_use("read", json!({"n": 1, "path": "a"}))]}
+        ]})));
+        assert_eq!(openai.len(), 1);
         assert_eq!(openai, anthropic);
     }
 
@@ -168,11 +196,14 @@ mod tests {
     fn request_fingerprint_reads_prompt_calls_and_stream() {
         let body = json!({"model": "m", "stream": true, "max_tokens": 10,
             "messages": [{"role": "user", "content": "Retry order #123"}]});
-        let f = request_fingerprint(&body).unwrap();
+        let f = request_fingerprint(&body, NEWEST).unwrap();
         assert_eq!(f.prompt, Some(fingerprint("Retry order #9")));
         assert!(f.tool_signatures.is_empty());
         assert!(f.stream);
-        assert_eq!(request_fingerprint(&json!([])), Err(Error::NotAnObject));
+        assert_eq!(
+            request_fingerprint(&json!([]), NEWEST),
+            Err(Error::NotAnObject)
+        );
     }
 
     #[test]

@@ -16,7 +16,12 @@
 //!   latest response in the window. At request time the current entry has no response
 //!   yet, so this is how many times the model had already given the answer it gave
 //!   last: a model answering the same thing over and over scores even before it
-//!   repeats again;
+//!   repeats again. An answer that called tools is not compared by its text: when a
+//!   request answers tool calls, the previous entry's response is dropped — the calls
+//!   were the answer, and they are this request's signatures. Otherwise an agent on
+//!   Anthropic's API, whose tool turns say a sentence beside each call, would score on
+//!   its wording where the same agent on OpenAI's, whose tool turns have no text,
+//!   would not;
 //! * `repeated_tool_calls` — earlier entries sharing at least one tool-call signature
 //!   with the current request (an entry counts once, however many calls it shares).
 //!
@@ -73,8 +78,8 @@ pub fn exceeds(score: f64, threshold: f64) -> bool {
 /// One request in the window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// `None` when the request had no user text to fingerprint (see
-    /// [`crate::messages::last_user_text`]): such a request is similar to no other.
+    /// `None` when the request had no user-side text to fingerprint (see
+    /// [`crate::conversation::prompt_text`]): such a request is similar to no other.
     pub prompt_hash: Option<u64>,
     /// Set when the response arrives; `None` until then, or when it had no text.
     pub response_hash: Option<u64>,
@@ -136,6 +141,15 @@ impl AgentWindow {
     pub fn observe(&mut self, prompt_hash: Option<u64>, mut tool_signatures: Vec<u64>) -> f64 {
         tool_signatures.sort_unstable();
         tool_signatures.dedup();
+        if !tool_signatures.is_empty() {
+            // This request answers tool calls: the previous answer was those calls. Its
+            // text, if any, was commentary beside them ("Let me look at the next
+            // file."); the calls are what it said, and they are compared as this
+            // request's signatures.
+            if let Some(previous) = self.entries.back_mut() {
+                previous.response_hash = None;
+            }
+        }
         self.entries.push_back(Entry {
             prompt_hash,
             response_hash: None,
@@ -259,10 +273,10 @@ fn shares_any(a: &[u64], b: &[u64]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{current_tool_signatures, last_user_text};
-    use crate::simhash::fingerprint;
+    use crate::conversation::{PromptSource, RequestFingerprint};
+    use crate::messages::request_fingerprint;
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     const P: u64 = 0x0123_4567_89ab_cdef;
     const R: u64 = 0xfedc_ba98_7654_3210;
@@ -276,19 +290,42 @@ mod tests {
         let mut w = AgentWindow::new(10);
         w.observe_request(P, vec![10]);
         w.observe_response(R);
-        w.observe_request(flip(P, &[0]), vec![10]);
+        w.observe_request(flip(P, &[0]), vec![]);
         w.observe_response(flip(R, &[6]));
-        w.observe_request(!P, vec![20]);
+        w.observe_request(!P, vec![]);
         w.observe_response(flip(R, &[5]));
+        // Answers tool calls: the answer before it was those calls (see the next test).
         let score = w.observe_request(flip(P, &[0, 1]), vec![30, 10]);
         let expected = Signals {
             similar_prompts: 2,
-            similar_responses: 2,
-            repeated_tool_calls: 2,
+            similar_responses: 1,
+            repeated_tool_calls: 1,
         };
         assert_eq!(w.signals(), expected);
-        assert_eq!(score, 2.0 * 1.0 + 2.0 * 2.0 + 2.0 * 1.5);
+        assert_eq!(score, 2.0 * 1.0 + 1.0 * 2.0 + 1.0 * 1.5);
         assert_eq!(w.score(), score);
+    }
+
+    #[test]
+    fn a_tool_call_answer_is_not_compared_by_its_text() {
+        let mut w = AgentWindow::new(10);
+        // A model that says the same sentence beside a different call each turn.
+        for k in 0..5u64 {
+            w.observe_request(P.rotate_left(8 * k as u32), vec![k]);
+            w.observe_response(R);
+        }
+        assert_eq!(w.signals().similar_responses, 0);
+        assert_eq!(
+            w.entries().filter(|e| e.response_hash.is_some()).count(),
+            1,
+            "only the latest answer, whose calls no request has answered yet, keeps its text"
+        );
+        // The agent moves on with a prompt of its own: that answer's calls were not
+        // answered, so its text stays, and a text answer like it counts.
+        w.observe_request(!P, vec![]);
+        w.observe_response(R);
+        w.observe_request(!P, vec![]);
+        assert_eq!(w.signals().similar_responses, 1);
     }
 
     #[test]
@@ -458,9 +495,10 @@ mod tests {
             })
             .collect();
         assert_eq!(w.capacity(), 3, "resized to the settings");
-        // Scores 0, 2.5, 2 × 2.5 + 1 × 2.0 = 7 (the window holds 3 from then on).
+        // Scores 0, 2.5, 2 × 2.5 = 5 (the window holds 3 from then on; each answer
+        // was the tool call the next request answers, so no text is compared).
         let scores: Vec<f64> = verdicts.iter().map(|v| v.score).collect();
-        assert_eq!(scores, vec![0.0, 2.5, 7.0, 7.0]);
+        assert_eq!(scores, vec![0.0, 2.5, 5.0, 5.0]);
         let exceeded: Vec<bool> = verdicts.iter().map(|v| v.exceeded).collect();
         assert_eq!(exceeded, vec![false, false, true, true]);
         assert_eq!(verdicts[2].window_len, 3);
@@ -468,57 +506,127 @@ mod tests {
             verdicts[2].signals,
             Signals {
                 similar_prompts: 2,
-                similar_responses: 1,
+                similar_responses: 0,
                 repeated_tool_calls: 2
             }
         );
-        let at_threshold = Settings::new(3, 7.0).unwrap();
+        let at_threshold = Settings::new(3, 5.0).unwrap();
         assert!(
             !w.check(&at_threshold, Some(P), vec![1]).exceeded,
             "a score equal to the threshold does not exceed it"
         );
     }
 
-    /// The whole path: request bodies → fingerprints and signatures → score → verdict.
-    #[test]
-    fn a_looping_agent_trips_the_switch_and_a_working_one_does_not() {
-        let settings = Settings::new(5, 8.0).unwrap();
-        let request = |prompt: String, args: String| {
-            json!({"messages": [
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "tool_calls": [{"function": {"name": "deploy", "arguments": args}}]},
-                {"role": "tool", "content": "failed"},
-            ]})
-        };
-        let mut looping = AgentWindow::new(settings.window_size);
-        let tripped_at = (1..=10).find(|attempt| {
-            let body = request(
-                format!("Attempt {attempt}: deploy build 4821 at 2024-06-01T12:0{attempt}:00Z."),
-                format!(r#"{{"build": 4821, "attempt": {attempt}}}"#),
-            );
-            let prompt = fingerprint(&last_user_text(&body).unwrap());
-            let score = looping.observe_request(prompt, current_tool_signatures(&body));
-            looping.observe_response(fingerprint("Deployment failed: timeout."));
-            exceeds(score, settings.threshold)
-        });
-        // Request k scores (k - 1) × (1.0 + 1.5) + (k - 2) × 2.0: 7.0 at the third,
-        // 11.5 at the fourth.
-        assert_eq!(tripped_at, Some(4));
-
-        let tasks = [
-            "Summarize the release notes for the team.",
-            "Write unit tests for the CSV parser.",
-            "Which regions had the highest latency last week?",
-            "Draft the incident report for the database outage.",
-            "Translate the onboarding guide into Spanish.",
-            "Refactor the payment module to remove the global state.",
-        ];
-        let mut working = AgentWindow::new(settings.window_size);
-        for (k, task) in tasks.iter().enumerate() {
-            let score = working.observe_request(fingerprint(task), vec![k as u64]);
-            working.observe_response(fingerprint(&format!("Done: {task}")));
-            assert_eq!(score, 0.0);
+    /// A tool-calling agent's requests as an SDK sends them: the task, then every call
+    /// and its result, re-sent on each turn.
+    fn tool_conversation(turns: &[(String, String)]) -> Vec<Value> {
+        let mut messages =
+            vec![json!({"role": "user", "content": "Find where the handlers are registered."})];
+        let mut requests = vec![json!({"messages": messages.clone()})];
+        for (k, (arguments, result)) in turns.iter().enumerate() {
+            let id = format!("call_{k}");
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "grep", "arguments": arguments}}
+            ]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+            requests.push(json!({"messages": messages.clone()}));
         }
+        requests
+    }
+
+    /// The first request (1-based) whose score exceeds the threshold, and the highest
+    /// score, for requests read with `source`; the model answers with tool calls only.
+    fn replay(
+        requests: &[Value],
+        settings: &Settings,
+        source: PromptSource,
+    ) -> (Option<usize>, f64) {
+        let mut window = AgentWindow::new(settings.window_size);
+        let mut tripped = None;
+        let mut highest: f64 = 0.0;
+        for (k, body) in requests.iter().enumerate() {
+            let RequestFingerprint {
+                prompt,
+                tool_signatures,
+                ..
+            } = request_fingerprint(body, source).unwrap();
+            let verdict = window.check(settings, prompt, tool_signatures);
+            highest = highest.max(verdict.score);
+            if verdict.exceeded && tripped.is_none() {
+                tripped = Some(k + 1);
+            }
+        }
+        (tripped, highest)
+    }
+
+    /// The whole path at the proxy's defaults (window 5, threshold 5.5: `config.exs`):
+    /// request bodies → prompt and signatures → score → verdict.
+    #[test]
+    fn a_looping_tool_agent_trips_the_switch_and_a_healthy_one_does_not() {
+        let defaults = Settings::new(5, 5.5).unwrap();
+        // A healthy agent: a different search each turn, each with its own answer.
+        let healthy: Vec<(String, String)> = (1..=30)
+            .map(|k| {
+                (
+                    format!(r#"{{"pattern": "def handler_{k}", "path": "src"}}"#),
+                    format!(
+                        "src/handlers/h{k}.py:{}: def handler_{k}(request, context_{k}):",
+                        3 * k
+                    ),
+                )
+            })
+            .collect();
+        let requests = tool_conversation(&healthy);
+        let (tripped, highest) = replay(&requests, &defaults, PromptSource::NewestInput);
+        assert_eq!(tripped, None, "highest score {highest}");
+        // Its results differ only in numbers, so they are similar prompts (4 of 4); the
+        // calls are all different. One re-read would add 1.5: 5.5, not above.
+        assert_eq!(highest, 4.0);
+
+        // A looping one: the same search, the same answer.
+        let looping: Vec<(String, String)> = (1..=30)
+            .map(|_| {
+                (
+                    r#"{"pattern": "def handler_8", "path": "src"}"#.to_string(),
+                    "grep: src: No such file or directory".to_string(),
+                )
+            })
+            .collect();
+        // The same healthy agent re-reading one of its files: one repeated call.
+        let mut reread = healthy.clone();
+        reread[11] = healthy[9].clone();
+        let (tripped, highest) = replay(
+            &tool_conversation(&reread),
+            &defaults,
+            PromptSource::NewestInput,
+        );
+        assert_eq!((tripped, highest), (None, 5.5));
+        // A third read of the same file within the window (turns 10, 12 and 13), its
+        // answers alike, stops it: 4 + 2 × 1.5 = 7.
+        reread[12] = healthy[9].clone();
+        let (tripped, _) = replay(
+            &tool_conversation(&reread),
+            &defaults,
+            PromptSource::NewestInput,
+        );
+        assert_eq!(tripped, Some(14));
+
+        let requests = tool_conversation(&looping);
+        // Request k + 1 answers the k-th call: (k - 1) earlier entries × (1.0 + 1.5)
+        // exceed 5.5 at k = 4.
+        assert_eq!(
+            replay(&requests, &defaults, PromptSource::NewestInput).0,
+            Some(5)
+        );
+
+        // The seed's letter reads the task on every turn: every request is a similar
+        // prompt, and the healthy agent sits at 4 from its fifth request on.
+        let (tripped, highest) = replay(
+            &tool_conversation(&healthy),
+            &defaults,
+            PromptSource::LastUserMessage,
+        );
+        assert_eq!((tripped, highest), (None, 4.0));
     }
 
     #[derive(Debug, Clone)]

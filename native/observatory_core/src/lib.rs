@@ -13,8 +13,11 @@
 //! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003),
 //!   and the per-call-id mode the loop verdict hashes with.
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
-//! * [`messages`] — the last user message and tool-call signatures of a chat request.
+//! * [`conversation`] — a request's conversation in any API's shape: its newest user-side
+//!   input, the tool calls it answers and their signatures (seed 003).
+//! * [`messages`] — a chat-completions request read as such a conversation.
 //! * [`anthropic_messages`] — the same for an Anthropic Messages request and answer.
+//! * [`responses`] — the same for an OpenAI Responses API request and answer.
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
@@ -23,6 +26,7 @@
 
 pub mod anthropic_messages;
 pub mod call_circuit_breaker;
+pub mod conversation;
 pub mod decision_log;
 pub mod error;
 pub mod interner;
@@ -32,6 +36,7 @@ pub mod loop_verdict;
 pub mod messages;
 pub mod normalize;
 pub mod replay;
+pub mod responses;
 pub mod session_store;
 pub mod severity;
 pub mod simhash;

@@ -1,41 +1,37 @@
 //! What the kill switch reads from an OpenAI-style chat-completions body: the prompt to
 //! fingerprint (seed 003, "Extract user message") and the tool calls to compare
-//! ("Tool call repetition check").
+//! ("Tool call repetition check"), read from the conversation as [`read`] sees it (the
+//! readings themselves are in [`crate::conversation`], the same for every API).
 //!
 //! The request carries the whole conversation, which grows on every turn, so hashing
 //! all of it would make no two requests alike. What repeats in a loop is the newest
-//! part: the last user message, and the tool calls of the assistant's latest turn.
+//! part: the newest input from the user's side (the tool results of a tool turn), and
+//! the tool calls it answers.
 
 use serde_json::Value;
 
-use crate::normalize::normalize;
-use crate::simhash::{fingerprint, hash_bytes};
-use crate::stable_json::stable_stringify;
+use crate::conversation::{self, Message, PromptSource, Side, ToolCall};
+use crate::simhash::fingerprint;
 use crate::Error;
 
-/// What the kill switch keeps of one chat-completions request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestFingerprint {
-    /// [`fingerprint`] of the [`last_user_text`]; `None` when there is none.
-    pub prompt: Option<u64>,
-    /// [`current_tool_signatures`].
-    pub tool_signatures: Vec<u64>,
-    /// Whether the client asked for a streamed (server-sent events) answer.
-    pub stream: bool,
-}
+pub use crate::conversation::{tool_call_signature, RequestFingerprint};
 
 /// Reads a request body that is already parsed. Anything but a JSON object is
 /// refused ([`Error::NotAnObject`]); an object without `messages` has no prompt and no
 /// tool calls (the upstream judges the rest).
-pub fn request_fingerprint(request: &Value) -> Result<RequestFingerprint, Error> {
+pub fn request_fingerprint(
+    request: &Value,
+    source: PromptSource,
+) -> Result<RequestFingerprint, Error> {
     if !request.is_object() {
         return Err(Error::NotAnObject);
     }
-    Ok(RequestFingerprint {
-        prompt: last_user_text(request).map(|text| fingerprint(&text)),
-        tool_signatures: current_tool_signatures(request),
-        stream: request.get("stream").and_then(Value::as_bool) == Some(true),
-    })
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    Ok(conversation::request_fingerprint(
+        &read(request),
+        stream,
+        source,
+    ))
 }
 
 /// The fingerprint of a chat-completions answer's text ("Response hash capture"):
@@ -49,88 +45,60 @@ pub fn response_fingerprint(response: &Value) -> Result<Option<u64>, Error> {
     Ok(response_text(response).map(|text| fingerprint(&text)))
 }
 
-/// The text of the last message with role `"user"`. Its `content` is either a string or
-/// an array of parts, whose `{"type": "text", "text": …}` parts are joined with a
-/// newline (image and audio parts are skipped). `None` when there is no user message
-/// or it holds no text, so that image-only prompts do not all look alike.
-pub fn last_user_text(request: &Value) -> Option<String> {
-    let message = messages(request)
-        .iter()
-        .rev()
-        .find(|m| role(m) == Some("user"))?;
-    content_text(message.get("content")?)
+/// The conversation of a request: `messages`, each by its role — `user`, `tool` and
+/// `function` (legacy) on the user's side, `assistant` the model's (its `tool_calls`
+/// and legacy `function_call`), anything else neither. `content` is a string or an
+/// array of parts, whose `{"type": "text", "text": …}` parts are its texts (image and
+/// audio parts are skipped). Calls without a name are skipped.
+pub fn read(request: &Value) -> Vec<Message<'_>> {
+    messages(request).iter().map(read_message).collect()
+}
+
+fn read_message(message: &Value) -> Message<'_> {
+    let content = message.get("content");
+    match message.get("role").and_then(Value::as_str) {
+        Some("user") => Message {
+            texts: content.map(texts).unwrap_or_default(),
+            ..Message::new(Side::User)
+        },
+        Some("tool" | "function") => Message {
+            answers_tools: true,
+            result_texts: content.map(texts).unwrap_or_default(),
+            ..Message::new(Side::User)
+        },
+        Some("assistant") => Message {
+            texts: content.map(texts).unwrap_or_default(),
+            tool_calls: tool_calls(message),
+            ..Message::new(Side::Assistant)
+        },
+        _ => Message::new(Side::Other),
+    }
 }
 
 /// The text of a chat-completions response's first choice, for the response hash.
 /// `None` when it has none, e.g. when the model answered only with tool calls.
 pub fn response_text(response: &Value) -> Option<String> {
     let message = response.get("choices")?.get(0)?.get("message")?;
-    content_text(message.get("content")?)
+    let texts = texts(message.get("content")?);
+    (!texts.is_empty()).then(|| texts.join("\n"))
 }
 
-/// Signatures of the tool calls in the agent's current turn: those of the last
-/// assistant message, provided no user message follows it. A loop is the same call
-/// being made turn after turn; calls from earlier turns stay in the history of every
-/// later request and must not count again, and a new user message starts a new turn.
-pub fn current_tool_signatures(request: &Value) -> Vec<u64> {
-    let messages = messages(request);
-    let latest = messages
-        .iter()
-        .rev()
-        .find(|m| matches!(role(m), Some("assistant" | "user")));
-    match latest {
-        Some(message) if role(message) == Some("assistant") => tool_signatures(message),
-        _ => Vec::new(),
-    }
-}
-
-/// Signatures of every call in one message, from `tool_calls[].function` and the
-/// legacy `function_call`, sorted and deduplicated: the window compares them as a set,
-/// and the same call made twice in parallel is one call repeated, not two. Calls
-/// without a name are skipped.
-pub fn tool_signatures(message: &Value) -> Vec<u64> {
-    let tool_calls = message
+fn tool_calls(message: &Value) -> Vec<ToolCall<'_>> {
+    let calls = message
         .get("tool_calls")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|call| call.get("function"));
-    let mut signatures: Vec<u64> = tool_calls
+    calls
         .chain(message.get("function_call"))
         .filter_map(|function| {
-            let name = function.get("name")?.as_str()?;
-            let arguments = function.get("arguments").unwrap_or(&Value::Null);
-            Some(tool_call_signature(name, arguments))
+            Some(ToolCall {
+                name: function.get("name")?.as_str()?,
+                arguments: function.get("arguments").unwrap_or(&Value::Null),
+            })
         })
-        .collect();
-    signatures.sort_unstable();
-    signatures.dedup();
-    signatures
-}
-
-/// A stable hash of a call's name and [`normalize`]d arguments. `arguments` is usually
-/// a JSON-encoded string: when it parses, its canonical form (keys sorted, no
-/// whitespace; see [`stable_stringify`]) is hashed, so key order and layout do not
-/// matter; when it does not, the raw string is. Normalizing means a call retried with
-/// a new timestamp, request id or counter has the same signature — which also makes
-/// `fetch_page(page=1)` and `fetch_page(page=2)` the same call.
-pub fn tool_call_signature(name: &str, arguments: &Value) -> u64 {
-    let arguments = match arguments {
-        Value::Null => String::new(),
-        Value::String(text) => match serde_json::from_str::<Value>(text) {
-            Ok(parsed) => stable_stringify(&parsed),
-            Err(_) => text.clone(),
-        },
-        other => stable_stringify(other),
-    };
-    let arguments = normalize(&arguments);
-    // 0xFF never occurs in UTF-8, so it separates the name from the arguments
-    // unambiguously.
-    let mut bytes = Vec::with_capacity(name.len() + 1 + arguments.len());
-    bytes.extend_from_slice(name.as_bytes());
-    bytes.push(0xFF);
-    bytes.extend_from_slice(arguments.as_bytes());
-    hash_bytes(&bytes)
+        .collect()
 }
 
 fn messages(request: &Value) -> &[Value] {
@@ -140,32 +108,32 @@ fn messages(request: &Value) -> &[Value] {
         .map_or(&[], Vec::as_slice)
 }
 
-fn role(message: &Value) -> Option<&str> {
-    message.get("role")?.as_str()
-}
-
-fn content_text(content: &Value) -> Option<String> {
+fn texts(content: &Value) -> Vec<&str> {
     match content {
-        Value::String(text) => Some(text.clone()),
-        Value::Array(parts) => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
-                .filter_map(|part| part.get("text")?.as_str())
-                .collect();
-            (!texts.is_empty()).then(|| texts.join("\n"))
-        }
-        _ => None,
+        Value::String(text) => vec![text.as_str()],
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|part| part.get("text")?.as_str())
+            .collect(),
+        _ => Vec::new(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{current_tool_signatures, last_user_text, newest_user_input};
     use serde_json::json;
+
+    const NEWEST: PromptSource = PromptSource::NewestInput;
 
     fn call(name: &str, arguments: &str) -> Value {
         json!({"type": "function", "id": "call_1", "function": {"name": name, "arguments": arguments}})
+    }
+
+    fn prompt(request: &Value) -> Option<String> {
+        newest_user_input(&read(request))
     }
 
     #[test]
@@ -177,7 +145,38 @@ mod tests {
             {"role": "user", "content": "second question"},
             {"role": "assistant", "content": "second answer"},
         ]});
-        assert_eq!(last_user_text(&request).as_deref(), Some("second question"));
+        assert_eq!(prompt(&request).as_deref(), Some("second question"));
+        assert_eq!(
+            last_user_text(&read(&request)).as_deref(),
+            Some("second question")
+        );
+    }
+
+    #[test]
+    fn a_tool_turns_prompt_is_its_tool_results() {
+        let request = json!({"messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Fix the build."},
+            {"role": "assistant", "content": null, "tool_calls": [call("grep", r#"{"pattern":"def handler_8"}"#), call("ls", "{}")]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "src/h.py:8: def handler_8():"},
+            {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "h.py"}]},
+        ]});
+        assert_eq!(
+            prompt(&request).as_deref(),
+            Some("src/h.py:8: def handler_8():\nh.py")
+        );
+        assert_eq!(
+            last_user_text(&read(&request)).as_deref(),
+            Some("Fix the build."),
+            "the seed's letter: the task, on every turn"
+        );
+        let legacy = json!({"messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "function_call": {"name": "ls", "arguments": "{}"}},
+            {"role": "function", "name": "ls", "content": "a b"},
+        ]});
+        assert_eq!(prompt(&legacy).as_deref(), Some("a b"));
+        assert_eq!(current_tool_signatures(&read(&legacy)).len(), 1);
     }
 
     #[test]
@@ -188,23 +187,23 @@ mod tests {
             {"type": "text", "text": "and describe it"},
         ]}]});
         assert_eq!(
-            last_user_text(&request).as_deref(),
+            prompt(&request).as_deref(),
             Some("look at this\nand describe it")
         );
     }
 
     #[test]
     fn no_user_text_is_none() {
-        assert_eq!(last_user_text(&json!({})), None);
-        assert_eq!(last_user_text(&json!({"messages": "nope"})), None);
+        assert_eq!(prompt(&json!({})), None);
+        assert_eq!(prompt(&json!({"messages": "nope"})), None);
         assert_eq!(
-            last_user_text(&json!({"messages": [{"role": "system", "content": "x"}]})),
+            prompt(&json!({"messages": [{"role": "system", "content": "x"}]})),
             None
         );
         let image_only = json!({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
         ]}]});
-        assert_eq!(last_user_text(&image_only), None);
+        assert_eq!(prompt(&image_only), None);
     }
 
     #[test]
@@ -224,21 +223,27 @@ mod tests {
                 {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": "Retry order #123 at 2024-01-15T10:30:00Z"},
                 {"role": "assistant", "tool_calls": [call("retry", r#"{"order": 123}"#)]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "order #123 failed at 2024-01-15T10:30:01Z"},
             ]})
         };
-        let a = request_fingerprint(&history("first question")).unwrap();
-        let b = request_fingerprint(&history("a different start")).unwrap();
-        assert_eq!(
-            a, b,
-            "only the last user message and the current turn count"
-        );
+        let a = request_fingerprint(&history("first question"), NEWEST).unwrap();
+        let b = request_fingerprint(&history("a different start"), NEWEST).unwrap();
+        assert_eq!(a, b, "only the newest input and the current turn count");
         assert_eq!(
             a.prompt,
+            Some(fingerprint("order #9 failed at 2025-02-01T00:00:00Z"))
+        );
+        assert_eq!(
+            a.tool_signatures,
+            vec![tool_call_signature("retry", &json!({"order": 123}))]
+        );
+        assert!(!a.stream);
+        let letter = request_fingerprint(&history("x"), PromptSource::LastUserMessage).unwrap();
+        assert_eq!(
+            letter.prompt,
             Some(fingerprint("Retry order #9 at 2025-02-01T00:00:00Z"))
         );
-        assert_eq!(a.tool_signatures.len(), 1);
-        assert!(!a.stream);
-        let streamed = request_fingerprint(&json!({"stream": true})).unwrap();
+        let streamed = request_fingerprint(&json!({"stream": true}), NEWEST).unwrap();
         assert_eq!(
             streamed,
             RequestFingerprint {
@@ -248,7 +253,10 @@ mod tests {
             }
         );
         for not_an_object in [json!([]), json!("x"), json!(1), Value::Null] {
-            assert_eq!(request_fingerprint(&not_an_object), Err(Error::NotAnObject));
+            assert_eq!(
+                request_fingerprint(&not_an_object, NEWEST),
+                Err(Error::NotAnObject)
+            );
         }
     }
 
@@ -272,62 +280,38 @@ mod tests {
     }
 
     #[test]
-    fn signatures_ignore_key_order_layout_and_numbers() {
-        let a = tool_signatures(&json!({"tool_calls": [call(
-            "read_file",
-            r#"{"path": "logs/run-41.txt", "lines": {"from": 1, "to": 200}}"#
-        )]}));
-        let b = tool_signatures(&json!({"tool_calls": [call(
-            "read_file",
-            "{\"lines\":{\"to\":400,\"from\":201},\n  \"path\":\"logs/run-42.txt\"}"
-        )]}));
+    fn signatures_ignore_key_order_and_layout_but_not_numbers() {
+        let signatures = |args: &str| {
+            current_tool_signatures(&read(&json!({"messages": [
+                {"role": "assistant", "tool_calls": [call("read_file", args)]},
+            ]})))
+        };
+        let a = signatures(r#"{"path": "logs/run-41.txt", "lines": {"from": 1, "to": 200}}"#);
+        let b = signatures("{\"lines\":{\"to\":200,\"from\":1},\n  \"path\":\"logs/run-41.txt\"}");
+        let c = signatures(r#"{"path": "logs/run-42.txt", "lines": {"from": 1, "to": 200}}"#);
         assert_eq!(a.len(), 1);
         assert_eq!(a, b);
-    }
-
-    #[test]
-    fn signatures_tell_names_and_arguments_apart() {
-        let sig = |name, args| tool_call_signature(name, &Value::from(args));
-        assert_ne!(
-            sig("read_file", r#"{"path":"a"}"#),
-            sig("write_file", r#"{"path":"a"}"#)
-        );
-        assert_ne!(
-            sig("read_file", r#"{"path":"a"}"#),
-            sig("read_file", r#"{"path":"b"}"#)
-        );
-        assert_ne!(sig("ab", "c"), sig("a", "bc"));
-        assert_eq!(
-            sig("run", "not json  at all"),
-            sig("run", "not json at all")
-        );
-        assert_eq!(
-            tool_call_signature("f", &json!({"b": 1, "a": 2})),
-            sig("f", r#"{"a":2,"b":1}"#),
-            "arguments given as an object are canonicalized too"
-        );
-        assert_eq!(tool_call_signature("f", &Value::Null), sig("f", ""));
+        assert_ne!(a, c, "another file is another call");
     }
 
     #[test]
     fn signatures_are_sorted_deduplicated_and_include_legacy_calls() {
-        let message = json!({
+        let request = json!({"messages": [{
             "role": "assistant",
             "tool_calls": [call("b", "{}"), call("a", "{}"), call("b", "{ }"), {"function": {"arguments": "{}"}}],
             "function_call": {"name": "c", "arguments": "{}"},
-        });
-        let signatures = tool_signatures(&message);
+        }]});
         let mut expected: Vec<u64> = ["a", "b", "c"]
             .iter()
             .map(|name| tool_call_signature(name, &Value::from("{}")))
             .collect();
         expected.sort_unstable();
-        assert_eq!(signatures, expected);
+        assert_eq!(current_tool_signatures(&read(&request)), expected);
     }
 
     #[test]
     fn current_tool_signatures_come_from_the_latest_assistant_turn() {
-        let turn = |messages: Value| current_tool_signatures(&json!({"messages": messages}));
+        let turn = |messages: Value| current_tool_signatures(&read(&json!({"messages": messages})));
         let first = call("search", r#"{"q":"rust"}"#);
         let second = call("open", r#"{"url":"https://example.com"}"#);
         let in_turn = turn(json!([
@@ -339,14 +323,17 @@ mod tests {
         ]));
         assert_eq!(
             in_turn,
-            tool_signatures(&json!({"tool_calls": [second.clone()]}))
+            vec![tool_call_signature(
+                "open",
+                &json!(r#"{"url":"https://example.com"}"#)
+            )]
         );
         let new_turn = turn(json!([
             {"role": "assistant", "tool_calls": [second]},
             {"role": "tool", "tool_call_id": "call_1", "content": "page"},
             {"role": "user", "content": "thanks, now something else"},
         ]));
-        assert!(new_turn.is_empty());
+        assert!(new_turn.is_empty(), "the user spoke after the results");
         assert!(turn(json!([])).is_empty());
     }
 }

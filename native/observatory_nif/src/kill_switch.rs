@@ -8,13 +8,14 @@
 //! the Elixir side picks for large inputs.
 
 use observatory_core::anthropic_messages;
+use observatory_core::conversation::{PromptSource, RequestFingerprint};
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::kill_switch::{AgentWindow, Settings, Signals};
-use observatory_core::messages::{request_fingerprint, response_fingerprint, RequestFingerprint};
+use observatory_core::messages::{request_fingerprint, response_fingerprint};
 use observatory_core::normalize::normalize;
 use observatory_core::simhash::fingerprint;
 use observatory_core::Error;
-use rustler::{Binary, Encoder, Env, NifResult, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 use serde_json::Value;
 
 use crate::atoms;
@@ -41,15 +42,20 @@ fn kill_switch_tick(store: ResourceArc<WindowStore>, now_ms: i64) -> rustler::At
 }
 
 /// `{:ok, prompt_hash | nil, tool_signatures, stream?}`, `{:error, {:invalid_json,
-/// message}}` or `{:error, :not_an_object}`.
+/// message}}` or `{:error, :not_an_object}`. `source` is `:newest_input` (the default
+/// reading of the prompt) or `:last_user_message` (the seed's letter).
 #[rustler::nif]
-fn kill_switch_request_fingerprint<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    request(env, body)
+fn kill_switch_request_fingerprint<'a>(env: Env<'a>, body: Binary<'a>, source: Atom) -> Term<'a> {
+    read_request(env, body, source, request_fingerprint)
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn kill_switch_request_fingerprint_dirty<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    request(env, body)
+fn kill_switch_request_fingerprint_dirty<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    source: Atom,
+) -> Term<'a> {
+    read_request(env, body, source, request_fingerprint)
 }
 
 /// `{:ok, response_hash | nil}`, `{:error, {:invalid_json, message}}` or
@@ -66,13 +72,21 @@ fn kill_switch_response_fingerprint_dirty<'a>(env: Env<'a>, body: Binary<'a>) ->
 
 /// The same two readings for an Anthropic Messages body.
 #[rustler::nif]
-fn kill_switch_anthropic_request_fingerprint<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    anthropic_request(env, body)
+fn kill_switch_anthropic_request_fingerprint<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    source: Atom,
+) -> Term<'a> {
+    read_request(env, body, source, anthropic_messages::request_fingerprint)
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn kill_switch_anthropic_request_fingerprint_dirty<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    anthropic_request(env, body)
+fn kill_switch_anthropic_request_fingerprint_dirty<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    source: Atom,
+) -> Term<'a> {
+    read_request(env, body, source, anthropic_messages::request_fingerprint)
 }
 
 #[rustler::nif]
@@ -248,14 +262,6 @@ fn kill_switch_len(store: ResourceArc<WindowStore>) -> usize {
     store.0.len()
 }
 
-fn request<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    read_request(env, body, request_fingerprint)
-}
-
-fn anthropic_request<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
-    read_request(env, body, anthropic_messages::request_fingerprint)
-}
-
 fn response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
     read_response(env, body, response_fingerprint)
 }
@@ -264,22 +270,28 @@ fn anthropic_response<'a>(env: Env<'a>, body: Binary<'a>) -> Term<'a> {
     read_response(env, body, anthropic_messages::response_fingerprint)
 }
 
-fn read_request<'a>(
+pub(crate) fn read_request<'a>(
     env: Env<'a>,
     body: Binary<'a>,
-    read: fn(&Value) -> Result<RequestFingerprint, Error>,
+    source: Atom,
+    read: fn(&Value, PromptSource) -> Result<RequestFingerprint, Error>,
 ) -> Term<'a> {
+    let source = if source == atoms::last_user_message() {
+        PromptSource::LastUserMessage
+    } else {
+        PromptSource::NewestInput
+    };
     let parsed = match parse(env, body) {
         Ok(value) => value,
         Err(error) => return error,
     };
-    match read(&parsed) {
+    match read(&parsed, source) {
         Ok(f) => (atoms::ok(), f.prompt, f.tool_signatures, f.stream).encode(env),
         Err(e) => (atoms::error(), reason(e)).encode(env),
     }
 }
 
-fn read_response<'a>(
+pub(crate) fn read_response<'a>(
     env: Env<'a>,
     body: Binary<'a>,
     read: fn(&Value) -> Result<Option<u64>, Error>,

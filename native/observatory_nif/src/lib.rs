@@ -9,6 +9,7 @@ mod json;
 mod kill_switch;
 mod loop_verdict;
 mod replay;
+mod responses;
 mod step_detector;
 mod test_support;
 
@@ -61,6 +62,8 @@ mod atoms {
         invalid_json,
         // data directory lock
         locked,
+        // kill switch: how a request's prompt is read
+        last_user_message,
     }
 }
 

@@ -166,3 +166,59 @@ defmodule Observatory.Gateway.AlertSourceTest do
     assert length(String.split(log, ":alert_source is :both")) == 2
   end
 end
+
+defmodule Observatory.Gateway.AlertSourceConfigTest do
+  # Reads config/runtime.exs with the environment variable set: not async.
+  use ExUnit.Case, async: false
+
+  alias Observatory.Gateway.AlertSource
+
+  @runtime Path.expand("../../../config/runtime.exs", __DIR__)
+
+  defp runtime_with(value) do
+    saved = System.get_env("OBSERVATORY_ALERT_SOURCE")
+    System.put_env("OBSERVATORY_ALERT_SOURCE", value)
+
+    try do
+      Config.Reader.read!(@runtime, env: :prod)
+    after
+      if saved,
+        do: System.put_env("OBSERVATORY_ALERT_SOURCE", saved),
+        else: System.delete_env("OBSERVATORY_ALERT_SOURCE")
+    end
+  end
+
+  describe "issue 18: OBSERVATORY_ALERT_SOURCE chooses the alert source at start" do
+    test "entropy and verdict (any case, spaces trimmed) set :alert_source" do
+      assert runtime_with("verdict")[:observatory][:alert_source] == :verdict
+      assert runtime_with(" Entropy ")[:observatory][:alert_source] == :entropy
+    end
+
+    test "any other value stops the start with a message naming the variable and the value" do
+      error = assert_raise RuntimeError, fn -> runtime_with("verdit") end
+
+      assert error.message ==
+               ~s(OBSERVATORY_ALERT_SOURCE must be "entropy" or "verdict", got: "verdit")
+
+      assert_raise RuntimeError, ~r/got: ""/, fn -> runtime_with("") end
+    end
+
+    test "unset, the configured value (default :entropy) stays" do
+      System.delete_env("OBSERVATORY_ALERT_SOURCE")
+
+      refute Keyword.has_key?(
+               Config.Reader.read!(@runtime, env: :prod)[:observatory] || [],
+               :alert_source
+             )
+    end
+
+    test "the application refuses an invalid :alert_source at start (validate!/1)" do
+      assert AlertSource.validate!(:entropy) == :ok
+      assert AlertSource.validate!(:verdict) == :ok
+
+      assert_raise ArgumentError,
+                   "expected :alert_source to be :entropy or :verdict (OBSERVATORY_ALERT_SOURCE=entropy|verdict), got: \"verdict\"",
+                   fn -> AlertSource.validate!("verdict") end
+    end
+  end
+end

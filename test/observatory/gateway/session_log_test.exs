@@ -72,4 +72,24 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert SessionLog.count("#{prefix}-1") == 0
     end
   end
+
+  describe "issue 18: steps keep their number and receive time" do
+    test "put/3 stores the step's number; steps/1 and step/2 give it back with the time" do
+      sid = unique_session("numbered")
+      before = System.system_time(:millisecond)
+      SessionLog.put(sid, envelope(sid, "a"), 7)
+      SessionLog.put(sid, envelope(sid, "b"), 8)
+      # No number: the log's own count.
+      SessionLog.put(sid, envelope(sid, "c"))
+
+      assert [%{number: 7, at: at}, %{number: 8}, %{number: 3, envelope: %{"text" => "c"}}] =
+               SessionLog.steps(sid)
+
+      assert at >= before
+      assert %{number: 8, envelope: %{"text" => "b"}} = SessionLog.step(sid, 8)
+      assert SessionLog.step(sid, 99) == nil
+      assert SessionLog.last_at(sid) >= at
+      assert SessionLog.last_at(unique_session("nobody")) == nil
+    end
+  end
 end

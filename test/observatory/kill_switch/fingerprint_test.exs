@@ -3,7 +3,7 @@ defmodule Observatory.KillSwitch.FingerprintTest do
   use ExUnit.Case, async: true
 
   alias Observatory.{JSON, KillSwitch}
-  alias Observatory.Test.Upstream
+  alias Observatory.Test.{ToolConversation, Upstream}
 
   doctest Observatory.KillSwitch
 
@@ -113,6 +113,67 @@ defmodule Observatory.KillSwitch.FingerprintTest do
     end
   end
 
+  describe "issue 19: Extract user message, in a tool loop — the newest user-side input" do
+    # An SDK agent's conversation after `turns` tool turns, each a different search.
+    defp tool_loop(api, turns) do
+      ToolConversation.json(
+        api,
+        "Find where the handlers are registered.",
+        for(
+          k <- 1..turns//1,
+          do:
+            {"grep", %{"pattern" => "def handler_#{k}"}, "src/h#{k}.py:#{k}: def handler_#{k}():"}
+        )
+      )
+    end
+
+    test "a turn that answers tool calls reads their results, in both APIs" do
+      for api <- [:chat_completions, :messages] do
+        {:ok, fp} = KillSwitch.fingerprint_request(tool_loop(api, 3), api)
+        assert fp.prompt_hash == KillSwitch.fingerprint("src/h3.py:3: def handler_3():"), "#{api}"
+
+        {:ok, first} = KillSwitch.fingerprint_request(tool_loop(api, 0), api)
+
+        assert first.prompt_hash ==
+                 KillSwitch.fingerprint("Find where the handlers are registered.")
+
+        assert first.tool_signatures == []
+      end
+    end
+
+    test "tool-call signatures compare identical calls, not calls that differ in a number" do
+      for api <- [:chat_completions, :messages] do
+        signatures =
+          for turns <- 1..3 do
+            {:ok, fp} = KillSwitch.fingerprint_request(tool_loop(api, turns), api)
+            fp.tool_signatures
+          end
+
+        assert [[_], [_], [_]] = signatures
+        assert Enum.uniq(signatures) == signatures, "grep handler_1, _2, _3 are three calls"
+      end
+
+      {:ok, openai} = KillSwitch.fingerprint_request(tool_loop(:chat_completions, 2))
+      {:ok, anthropic} = KillSwitch.fingerprint_request(tool_loop(:messages, 2), :messages)
+      assert openai.tool_signatures == anthropic.tool_signatures
+    end
+
+    test "the spec's letter is one option away: the task on every turn" do
+      task = KillSwitch.fingerprint("Find where the handlers are registered.")
+
+      for api <- [:chat_completions, :messages], turns <- [1, 5] do
+        {:ok, fp} =
+          KillSwitch.fingerprint_request(tool_loop(api, turns), api, prompt: :last_user_message)
+
+        assert fp.prompt_hash == task
+      end
+
+      assert_raise ArgumentError, ~r/got: :task/, fn ->
+        KillSwitch.fingerprint_request(tool_loop(:messages, 2), :messages, prompt: :task)
+      end
+    end
+  end
+
   describe "request and response bodies" do
     test "tool calls of the current turn and the stream flag are read" do
       body = Upstream.request("Fix it", tool_calls: [{"deploy", %{build: 4821}}])
@@ -146,7 +207,7 @@ defmodule Observatory.KillSwitch.FingerprintTest do
       assert byte_size(body) > 64 * 1024
 
       assert KillSwitch.fingerprint_request(body) ==
-               (case Observatory.Native.kill_switch_request_fingerprint(body) do
+               (case Observatory.Native.kill_switch_request_fingerprint(body, :newest_input) do
                   {:ok, p, s, stream} ->
                     {:ok, %{prompt_hash: p, tool_signatures: s, stream: stream}}
                 end)

@@ -24,19 +24,21 @@ defmodule Observatory.KillSwitch.WindowsTest do
     test "Score calculation", %{agent: agent} do
       observe(agent, @p, [10])
       Windows.observe_response(agent, @r)
-      observe(agent, flip(@p, [0]), [10])
+      observe(agent, flip(@p, [0]), [])
       Windows.observe_response(agent, flip(@r, [6]))
-      observe(agent, Bitwise.bnot(@p) |> Bitwise.band(0xFFFFFFFFFFFFFFFF), [20])
+      observe(agent, Bitwise.bnot(@p) |> Bitwise.band(0xFFFFFFFFFFFFFFFF), [])
       Windows.observe_response(agent, flip(@r, [5]))
+      # It answers tool calls: the answer before it was those calls, not compared by
+      # its text (R^5 is dropped; R^6 is the latest answer).
       verdict = observe(agent, flip(@p, [0, 1]), [30, 10])
 
       assert verdict.signals == %{
                similar_prompts: 2,
-               similar_responses: 2,
-               repeated_tool_calls: 2
+               similar_responses: 1,
+               repeated_tool_calls: 1
              }
 
-      assert verdict.score == 2 * 1.0 + 2 * 2.0 + 2 * 1.5
+      assert verdict.score == 2 * 1.0 + 1 * 2.0 + 1 * 1.5
       assert Windows.status(agent).score == verdict.score
     end
 
@@ -68,8 +70,10 @@ defmodule Observatory.KillSwitch.WindowsTest do
         fp.tool_signatures
       end
 
+      # Identical calls (key order does not matter); not calls that differ in a number.
       same = signatures.([{"read_file", %{path: "logs/run-41.txt", line: 1}}])
-      assert same == signatures.([{"read_file", %{line: 2, path: "logs/run-42.txt"}}])
+      assert same == signatures.([{"read_file", %{line: 1, path: "logs/run-41.txt"}}])
+      refute same == signatures.([{"read_file", %{path: "logs/run-42.txt", line: 1}}])
       other = signatures.([{"read_file", %{path: "README.md"}}])
       refute other == same
 
