@@ -19,7 +19,7 @@ config :observatory,
   alert_source: :entropy,
   # The loop verdict (issue 8): thresholds read per step, normalization at start.
   loop_verdict: [
-    history: 32,
+    history: 16,
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,

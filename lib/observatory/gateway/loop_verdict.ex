@@ -57,7 +57,7 @@ defmodule Observatory.Gateway.LoopVerdict do
   ## Configuration
 
       config :observatory, :loop_verdict,
-        history: 32,                      # steps remembered per session (2..64)
+        history: 16,                      # steps remembered per session (2..64)
         repeat_suspect: 2, repeat_loop: 3,
         max_period: 5,                    # longest cycle looked for (1..8; 1: no cycles)
         cycle_suspect: 2, cycle_loop: 3,  # repetitions of the whole cycle
@@ -106,7 +106,7 @@ defmodule Observatory.Gateway.LoopVerdict do
   alias Observatory.Native
 
   @thresholds [
-    history: 32,
+    history: 16,
     max_period: 5,
     repeat_suspect: 2,
     repeat_loop: 3,

@@ -17,7 +17,7 @@
 //!
 //! # Rules
 //!
-//! Each session keeps its last `history` steps (default 32). On every step:
+//! Each session keeps its last `history` steps (default 16). On every step:
 //!
 //! * **(a) repeat** — the newest steps are the same call, `n` times in a row. A repeat
 //!   *says nothing new* when its result is the previous one, or when it holds no line
@@ -76,8 +76,9 @@
 //!
 //! # Cost
 //!
-//! A session is a ring of 64-byte entries (about 2 KiB at the default history of 32)
-//! plus two sketches (the run's lines, the newest result's numbers: 160 bytes); a step
+//! A session is a ring of 40-byte entries and their outcomes folded to 4 bytes (about
+//! 0.7 KiB at the default history of 16) plus two sketches (the run's lines, the newest
+//! result's numbers: 160 bytes); a step
 //! is one push and scans of at most `history` entries per rule (the cycle scan
 //! compares at most `max_period × history` hashes, the revisit scan `history` entries
 //! once, when the step is recorded). `benches/loop_verdict.rs` measures it with the
@@ -413,7 +414,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            history: 32,
+            history: 16,
             repeat_suspect: 2,
             repeat_loop: 3,
             blank_repeat_loop: 4,
@@ -475,8 +476,8 @@ struct Entry {
     /// by it.
     exact: u32,
     /// What cycles compare: the gist of a failure (its numbers are counters), the exact
-    /// outcome of a success; folded (that two of the 32 steps a session keeps
-    /// collide is about one chance in eight million).
+    /// outcome of a success; folded (that two of the 16 steps a session keeps
+    /// collide is about one chance in 36 million).
     fuzzy: u32,
     /// The tool's hash, folded to 16 bits (a collision only lets two calls of different
     /// tools compare by shape).
@@ -550,7 +551,7 @@ struct Finding {
 pub struct VerdictState {
     ring: VecDeque<Entry>,
     /// The ring's outcomes folded to 32 bits, in the same order: rule (g) scans them on
-    /// every step (two cache lines at a history of 32), and confirms a match in the ring.
+    /// every step (one cache line at a history of 16), and confirms a match in the ring.
     outcomes: VecDeque<u32>,
     steps: u32,
     last: Option<Verdict>,

@@ -32,7 +32,10 @@ pub fn hamming(a: u64, b: u64) -> u32 {
 pub fn simhash(text: &str) -> u64 {
     let mut votes = BitVotes::new();
     let mut previous: Option<u64> = None;
-    for word in words(text.as_bytes()) {
+    for word in text.as_bytes().split(|&b| !is_word_byte(b)) {
+        if word.is_empty() {
+            continue;
+        }
         let word = fnv1a(word);
         votes.add(mix(word));
         if let Some(previous) = previous {
@@ -41,12 +44,6 @@ pub fn simhash(text: &str) -> u64 {
         previous = Some(word);
     }
     votes.majority()
-}
-
-/// The words of `text`: runs of ASCII letters, digits, `_` or non-ASCII bytes (the loop
-/// verdict's call shapes read the same words).
-pub fn words(text: &[u8]) -> impl Iterator<Item = &[u8]> {
-    text.split(|&b| !is_word_byte(b)).filter(|w| !w.is_empty())
 }
 
 /// The stable 64-bit hash used for every feature, also for tool-call signatures.

@@ -145,7 +145,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
           "status" => "success",
           "tool_input" => %{
             "command" =>
-              "find /testbed/dir1/subdir1 -name '*.py' -type f -exec md5sum {} + | #{stage} | md5sum"
+              "find /testbed/dir1 -maxdepth 3 -name '*.py' -type f -exec md5sum {} + | #{stage} | md5sum"
           },
           "result" => "#{sum}  -\n"
         }
@@ -153,8 +153,8 @@ defmodule Observatory.Gateway.LoopVerdictTest do
 
       sums = ["df3b03a223a32744829fe026fa679cbb", "909665ab1e8bb4ddfa3f64bb5383af55"]
       sums = sums ++ ["534c0016a34e49982f00b9e35a700eba", "abd1db025ea1e9dbef827b574c500bdb"]
-      stages = ["sort", "sort -k 2", "sort -k 2 | awk '{print $1}'"]
-      stages = stages ++ ["sort -k 2 | awk '{print $1}' | sort"]
+      # One more sort option each time.
+      stages = ["sort -k 2", "sort -k 2 -r", "sort -k 2 -r -u", "sort -k 2 -r -u -s"]
 
       for {stage, sum} <- Enum.zip(stages, sums),
           do: assert(%{verdict: :progress} = ingest(sid, pipeline.(stage, sum)))
