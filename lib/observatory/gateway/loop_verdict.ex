@@ -37,14 +37,17 @@ defmodule Observatory.Gateway.LoopVerdict do
       result, and that same outcome ended `failure_suspect` / `failure_loop` different
       calls in the history;
     * **near_repeat** (e) — nearly identical calls in a row (the same tool, at least
-      `near_share` percent of the input's word pairs the same), each with the same answer: suspect at
+      `near_share` percent of the input's word pairs the same), each with the same
+      answer (word for word between different calls): suspect at
       `near_repeat_suspect`, loop at `near_repeat_loop` (`blank_near_repeat_loop` when
       every answer was empty);
     * **failure_run** (f) — the newest steps all failed with the same non-blank error,
       whatever the calls: suspect at `failure_run_suspect`, loop at `failure_run_loop`;
     * **revisit** (g) — the step repeats an earlier one (the same or a nearly identical
-      call, the same answer), and so do `revisit_suspect` / `revisit_loop` of the last
-      `revisit_window` steps: re-run lookups, re-reads, cycles of any length;
+      call, the same non-empty answer; or the identical call, empty again, with only
+      failures and empty answers since), and so do `revisit_suspect` / `revisit_loop`
+      of the last `revisit_window` steps: re-run lookups, re-reads, cycles of any
+      length up to the history;
     * **entropy** (d) — only when the others say nothing, and only if `entropy_rule`: the
       entropy severity is WARNING or LOOP. Explained (**progress**) when every
       `(call, outcome)` pair in the entropy window differs, suspect otherwise — never

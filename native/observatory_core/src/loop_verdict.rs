@@ -42,8 +42,9 @@
 //!   rule raised more false alarms than it caught loops). A blank failure (a `grep`
 //!   that found nothing) is an answer, not a cause: not counted.
 //! * **(e) near repeat** — the newest steps are nearly identical calls (the same tool,
-//!   at least `near_share` (75 %) of their input's words the same: [`keys`]), each with the same
-//!   answer as the one before (the identical call counts when it said nothing new), at
+//!   at least `near_share` (75 %) of their input's word pairs the same: [`keys`]), each
+//!   with the same answer as the one before (the identical call counts when it said
+//!   nothing new; two different calls' answers must be the same word for word), at
 //!   least one of them not identical: suspect at `near_repeat_suspect` (3), loop at
 //!   `near_repeat_loop` (4), or `blank_near_repeat_loop` (6) when every answer was
 //!   blank. The same edit re-applied with a character changed, the same query with
@@ -52,7 +53,9 @@
 //!   whatever their calls: suspect at `failure_run_suspect` (3), loop at
 //!   `failure_run_loop` (4). New argument names, new wording, one identical rejection.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
-//!   same or a nearly identical call and the same non-blank answer; when the newest step
+//!   same or a nearly identical call and the same non-blank answer, or the identical
+//!   call and a blank answer again with nothing but failures and blank answers since
+//!   (`cp` that prints nothing, a failing variant, the same `cp`); when the newest step
 //!   revisits and `revisit_suspect` (2) / `revisit_loop` (3) of the last
 //!   `revisit_window` (6) steps do: suspect / loop. Lookups re-run between other
 //!   steps, files re-read with no edit between, and cycles of any length up to the
@@ -307,7 +310,8 @@ pub struct StepKeys {
     pub call: u64,
     /// The tool name alone.
     pub tool: u64,
-    /// SimHash of the collapsed input: near-identical inputs are a few bits apart.
+    /// The word pairs of the collapsed input, one bit of 64 each ([`keys::call_shape`]):
+    /// nearly identical inputs share most of their bits.
     pub shape: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
@@ -392,7 +396,7 @@ pub struct Config {
     /// (d) on or off.
     pub entropy: bool,
     /// Two inputs of the same tool are nearly identical when at least this share (in
-    /// percent) of their words are the same ([`keys::call_shape`]); 100: only identical
+    /// percent) of their word pairs are the same ([`keys::call_shape`]); 100: only identical
     /// calls compare, rules (e)–(g) see identical calls alone.
     pub near_share: u32,
     /// (e) nearly identical calls in a row with the same result: suspect / loop.

@@ -195,6 +195,25 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       end
     end
 
+    test "(g) a revisit's evidence names stored steps the Inspect view explains", %{sid: sid} do
+      look = fn what ->
+        %{
+          "tool_call" => "get_#{what}",
+          "tool_input" => %{"id" => "#{what}-7"},
+          "status" => "success",
+          "result" => %{"#{what}" => "the same #{what} details"}
+        }
+      end
+
+      for what <- ["user", "order", "invoice", "user", "shipment", "order", "invoice"],
+          do: ingest(sid, look.(what))
+
+      assert %{rule: :revisit, evidence: [1, 2, 3, 4, 6, 7] = numbers} = LoopVerdict.session(sid)
+      explained = Observatory.Gateway.Evidence.for_session(sid).verdict
+      assert %{rule: :revisit, steps: ^numbers, missing: []} = explained
+      assert Enum.map(explained.calls, & &1.tool) == ["get_user", "get_order", "get_invoice"]
+    end
+
     test "(f) different calls failing with the same error in a row: loop at 4", %{sid: sid} do
       call = fn args ->
         %{

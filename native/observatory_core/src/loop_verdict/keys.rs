@@ -4,14 +4,16 @@
 //! * **call** = hash of `action.tool_call` and the normalized canonical
 //!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
 //!   (`python  run.py ` is `python run.py`); **tool** = hash of the tool name alone,
-//!   and the call's **shape** = the set of the words of that collapsed input (its first
-//!   [`SHAPE_BYTES`] bytes), one bit of 64 each ([`call_shape`]): two inputs whose
-//!   shapes share most of their bits share most of their words, so the verdict can
-//!   tell a near-identical call (a flag added, a quote changed, another `LIMIT`) from a
-//!   different one;
+//!   and the call's **shape** = the set of the word pairs of that collapsed input (its
+//!   first [`SHAPE_BYTES`] bytes), one bit of 64 each ([`call_shape`]): two inputs
+//!   whose shapes share most of their bits say most of the same words in the same
+//!   order, so the verdict can tell a near-identical call (a flag added, a quote
+//!   changed, another `LIMIT`) from a different one;
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
 //!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
-//!   number sketches and blankness come from the same normalized text.
+//!   number sketches and blankness come from the same normalized text; **exact** = hash
+//!   of the result as given (its first [`EXACT_BYTES`] bytes and its length), what two
+//!   different calls' answers are compared by.
 //!
 //! The canonical text is [`stable_stringify`]'s — the very text the step detector
 //! hashes with SHA-256, so the gateway writes it once per step
@@ -173,8 +175,8 @@ pub fn keys_from_canonical(
 /// most of their bits say most of the same words in the same order: a flag added, a
 /// quote changed, another `LIMIT`, one more pipeline stage. Pairs rather than single
 /// words, so that a target named in several places (`page-1.html`, `Page 1`) moves
-/// several bits. A bit set costs a few cycles a word where a SimHash costs a vote per
-/// bit.
+/// several bits. A bit set costs a few cycles a word where a SimHash would cost a vote
+/// per bit.
 pub fn call_shape(input: &[u8]) -> u64 {
     // One pass over the bytes, no slicing or copying: a word's bytes gather eight to a
     // register, each eight mixed in with a multiply.
