@@ -26,7 +26,9 @@ Logger.configure(level: :error)
     @moduledoc false
     alias Observatory.Gateway.SchemaInterceptor
 
-    # On a peer: `callers` processes each ingest `count` of `messages` (JSON text).
+    # On a peer: `callers` processes each ingest `count` of `messages` (JSON text
+    # around its step_id, `{before, after}`), each with a step_id of its own: a step
+    # sent twice is answered from memory (idempotent ingest), not scored.
     # Returns the wall time in µs.
     def run(messages, count, callers) do
       parent = self()
@@ -36,9 +38,12 @@ Logger.configure(level: :error)
         for c <- 1..callers do
           spawn_link(fn ->
             n = tuple_size(messages)
+            tag = "#{System.unique_integer([:positive])}-"
 
             for i <- 1..count do
-              {:ok, _} = SchemaInterceptor.ingest(elem(messages, rem(i * 7 + c, n)))
+              {before, rest} = elem(messages, rem(i * 7 + c, n))
+              json = before <> tag <> Integer.to_string(i) <> rest
+              {:ok, _} = SchemaInterceptor.ingest(json)
             end
 
             send(parent, {:done, self()})
@@ -52,6 +57,17 @@ Logger.configure(level: :error)
     # On a peer: µs per bare `:erpc.call(node, :erlang, :node, [])` round trip.
     def erpc_us(node, count) do
       {us, _} = :timer.tc(fn -> for _ <- 1..count, do: :erpc.call(node, :erlang, :node, []) end)
+      us / count
+    end
+
+    # On a peer: µs per the same call made at most once (`Cluster.remote/4`: a
+    # deadline sent along and checked there).
+    def remote_us(node, count) do
+      {us, _} =
+        :timer.tc(fn ->
+          for _ <- 1..count, do: {:ok, _} = Observatory.Cluster.remote(node, :erlang, :node, [])
+        end)
+
       us / count
     end
 
@@ -109,7 +125,7 @@ end
 message = fn session, i ->
   Observatory.JSON.encode!(%{
     "meta" => %{
-      "step_id" => "step-#{i}",
+      "step_id" => "@STEP@",
       "session_id" => session,
       "agent_id" => "agent-#{rem(i, 50)}",
       "timestamp" => "2026-02-22T10:30:00.123Z"
@@ -122,6 +138,8 @@ message = fn session, i ->
       "result" => %{"bytes" => 1024 + i}
     }
   })
+  |> String.split("@STEP@")
+  |> List.to_tuple()
 end
 
 # Steps of sessions among `ids`, as a tuple for the callers.
@@ -167,6 +185,7 @@ own_us = :erpc.call(a, load_mod, :run, [messages.(on.(a)), load_steps, 2], :infi
 own_rate = 2 * load_steps / (own_us / 1_000_000)
 
 bare_us = :erpc.call(a, load_mod, :erpc_us, [b, hop_steps], :infinity)
+once_us = :erpc.call(a, load_mod, :remote_us, [b, hop_steps], :infinity)
 
 per_node = div(load_steps, 3)
 
@@ -195,6 +214,7 @@ The forwarding hop (node a of three, 1 caller, #{hop_steps} steps)
 | a (scored in the caller's process) | #{f.(local_us)} | 1.00 |
 | b (validated on a, scored on b over :erpc) | #{f.(remote_us)} | #{Float.round(remote_us / local_us, 2)} |
 | (a bare `:erpc.call` from a to b, nothing scored) | #{f.(bare_us)} | #{Float.round(bare_us / local_us, 2)} |
+| (the same call at most once: `Cluster.remote/4`, a deadline checked on b) | #{f.(once_us)} | #{Float.round(once_us / local_us, 2)} |
 
 Ingest throughput (2 callers per node, steps of sessions spread over every owner)
 | nodes | messages/s | ratio |

@@ -3,25 +3,31 @@
 #   MIX_ENV=prod mix run bench/ingest.exs             # in-process + HTTP (needs wrk)
 #   MIX_ENV=prod mix run bench/ingest.exs -- --quick
 #
-# In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions.
+# In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions,
+# every step a new one (its own step_id), with the idempotency check and without it
+# (`enabled: false`), in alternating rounds of the same run (the median of each): the
+# check's cost per step is the difference, and their ratio. Then steps sent twice:
+# the second time each is a retry, answered from memory (a replay).
 # HTTP: wrk POSTing envelopes to /api/v1/decision_logs against the same server's
 # /healthz as the baseline (the cost of HTTP alone), reported as a ratio.
-alias Observatory.Gateway.SchemaInterceptor
+alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
 quick? = "--quick" in System.argv()
-per_caller = if quick?, do: 50_000, else: 300_000
+# Rounds with the check and without it, alternately; steps per caller in each.
+{rounds, per_caller} = if quick?, do: {3, 20_000}, else: {7, 50_000}
 wrk_seconds = if quick?, do: 3, else: 10
 
 intents = ~w(search plan execute summarize)
 tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
 statuses = ~w(success failure pending)
 
-messages =
+# Each message is a template around its step_id: every ingest is a new step.
+templates =
   for i <- 0..9_999 do
     Observatory.JSON.encode!(%{
       "meta" => %{
-        "step_id" => "step-#{i}",
+        "step_id" => "@STEP@",
         "session_id" => "sess-#{rem(i, 1000)}",
         "agent_id" => "agent-#{rem(i, 50)}",
         "parent_step_id" => "step-#{i - 1}",
@@ -40,23 +46,42 @@ messages =
         "result" => %{"bytes" => 1024 + i}
       }
     })
+    |> String.split("@STEP@")
+    |> List.to_tuple()
   end
   |> List.to_tuple()
 
+# Off the callers' heaps (a persistent term is read in place): a caller carrying 10 000
+# templates would copy them at every garbage collection, and make whatever adds garbage
+# look dearer than it is.
+:persistent_term.put({:bench_ingest, :templates}, templates)
+{pre, post} = elem(templates, 0)
+
+load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg 2>/dev/null") |> to_string() |> String.trim()
+
 IO.puts(
-  "message size: ~#{byte_size(elem(messages, 0))} bytes; schedulers: #{System.schedulers_online()}\n"
+  "message size: ~#{byte_size(pre <> "r1-1-1" <> post)} bytes; schedulers: #{System.schedulers_online()}; " <>
+    "1-min load average at the start: #{load}\n"
 )
 
-run = fn callers ->
+# `callers` processes each ingest `count` steps, step ids tagged with `run`.
+# Returns {messages per second, CPU µs a step}: the VM's CPU time does not count the
+# time other programs on the machine take, which the wall clock does.
+run = fn callers, run, count ->
   parent = self()
+  :erlang.statistics(:runtime)
 
   {micros, _} =
     :timer.tc(fn ->
       pids =
         for c <- 1..callers do
           spawn_link(fn ->
-            for n <- 1..per_caller do
-              {:ok, _} = SchemaInterceptor.ingest(elem(messages, rem(n * 7 + c, 10_000)))
+            tag = run <> "-" <> Integer.to_string(c) <> "-"
+            templates = :persistent_term.get({:bench_ingest, :templates})
+
+            for n <- 1..count do
+              {pre, post} = elem(templates, rem(n * 7 + c, 10_000))
+              {:ok, _} = SchemaInterceptor.ingest(pre <> tag <> Integer.to_string(n) <> post)
             end
 
             send(parent, {:done, self()})
@@ -66,15 +91,67 @@ run = fn callers ->
       for pid <- pids, do: receive(do: ({:done, ^pid} -> :ok))
     end)
 
-  callers * per_caller / (micros / 1_000_000)
+  {_, cpu_ms} = :erlang.statistics(:runtime)
+  {callers * count / (micros / 1_000_000), cpu_ms * 1000 / (callers * count)}
 end
 
-IO.puts("| in-process callers | messages/s |")
-IO.puts("|---:|---:|")
-for callers <- [1, 2], do: IO.puts("| #{callers} | #{round(run.(callers))} |")
+check = fn on? ->
+  configured = Application.get_env(:observatory, :idempotency, [])
+  Application.put_env(:observatory, :idempotency, Keyword.put(configured, :enabled, on?))
+end
+
+r = fn x -> :erlang.float_to_binary(x / 1, decimals: 2) end
+
+# The check's memory full first (100 000 steps, the default cap): every measured step
+# with the check then also evicts the oldest, as on a busy gateway.
+check.(true)
+run.(1, "warm", 110_000)
+
+IO.puts("""
+| in-process callers | without the check | with the check | the check a step (CPU) | ratio (CPU) | ratio (wall) | a retry (replayed) |
+|---:|---:|---:|---:|---:|---:|---:|\
+""")
+
+median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
+
+for callers <- [1, 2] do
+  # Alternately, so that the machine's other work slows both alike; the median of each.
+  runs =
+    for round <- 1..rounds, on? <- [true, false] do
+      check.(on?)
+      {on?, run.(callers, "c#{callers}-#{on?}-#{round}", per_caller)}
+    end
+
+  figures = fn on? ->
+    mine = for {^on?, figures} <- runs, do: figures
+    {median.(Enum.map(mine, &elem(&1, 0))), median.(Enum.map(mine, &elem(&1, 1)))}
+  end
+
+  {{with, with_cpu}, {without, without_cpu}} = {figures.(true), figures.(false)}
+
+  # Steps sent twice: the second time every one is answered from memory. (Fewer of
+  # them: all must fit under the default cap, 100 000 remembered.)
+  check.(true)
+  run.(callers, "r#{callers}", 20_000)
+  {replayed, replayed_cpu} = run.(callers, "r#{callers}", 20_000)
+
+  IO.puts(
+    "| #{callers} | #{round(without)} msg/s, #{r.(without_cpu)} µs CPU " <>
+      "| #{round(with)} msg/s, #{r.(with_cpu)} µs CPU " <>
+      "| #{r.(with_cpu - without_cpu)} µs " <>
+      "| #{r.(with_cpu / without_cpu)} | #{r.(without / with)} " <>
+      "| #{round(replayed)} msg/s, #{r.(replayed_cpu)} µs CPU |"
+  )
+end
+
+IO.puts(
+  "\nremembered at the end: #{inspect(Idempotency.stats())} (#{inspect(Idempotency.settings())})\n"
+)
 
 if System.find_executable("wrk") do
   # Agent "a"'s own key: a key acts only as its agent (issue 13).
+  # The keys of earlier runs on the same data directory first: an agent holds 10 at most.
+  Observatory.AgentKeys.revoke_all("a")
   {:ok, %{key: bench_key}} = Observatory.AgentKeys.issue("a")
   url = ObservatoryWeb.Endpoint.url()
   script = Path.join(System.tmp_dir!(), "observatory_wrk.lua")
@@ -83,10 +160,15 @@ if System.find_executable("wrk") do
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Authorization"] = "Bearer #{bench_key}"
-  local n = 0
+  -- Each thread its own step ids: a step id sent twice would be answered as a replay.
+  local threads, n = 0, 0
+  setup = function(thread)
+    threads = threads + 1
+    thread:set("id", tostring(threads))
+  end
   request = function()
     n = n + 1
-    local body = string.format('{"meta":{"step_id":"w%d","session_id":"wsess-%d","agent_id":"a","timestamp":"2026-02-22T10:30:00Z"},"cognition":{"intent":"search","entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/x"},"status":"success"}}', n, n % 1000)
+    local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"wsess-%d","agent_id":"a","timestamp":"2026-02-22T10:30:00Z"},"cognition":{"intent":"search","entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/x"},"status":"success"}}', id or "0", n, n % 1000)
     return wrk.format(nil, "/api/v1/decision_logs", nil, body)
   end
   """)

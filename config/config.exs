@@ -77,10 +77,15 @@ config :observatory,
   llm_max_response_bytes: 8 * 1024 * 1024,
   llm_max_event_bytes: 4 * 1024 * 1024,
   llm_max_concurrent: 256,
-  # Step keys the proxy remembers so that a re-sent conversation counts each step once:
-  # in all, and per agent (an agent's new keys only ever push out its own old ones).
-  proxy_step_memory: 100_000,
-  proxy_step_memory_per_agent: 10_000,
+  # Steps answered recently (Observatory.Gateway.Idempotency): a step delivered again
+  # within the window gets its first answer and is not counted twice.
+  idempotency: [
+    enabled: true,
+    window_ms: :timer.minutes(10),
+    max_steps_per_session: 1_000,
+    max_steps_per_agent: 10_000,
+    max_steps: 100_000
+  ],
   # Defaults for agents registered from now on; each agent's own settings are durable.
   # threshold = (window_size - 1) × 1.0 + 1.5: similar prompts in the whole window and
   # one repeated call can never exceed it; the same call answered alike (2.5 each)
@@ -94,7 +99,35 @@ config :observatory,
     max_agents: 10_000,
     notification_webhook: nil,
     # Webhooks may not point at loopback/private/link-local addresses unless true.
-    webhook_allow_private_networks: false
+    webhook_allow_private_networks: false,
+    # A score over the threshold: :enforce (deactivate), :warn (record, alert, warn the
+    # model) or :shadow (record only). For agents registered from now on.
+    mode: :enforce,
+    # Events kept per agent (the oldest go first).
+    max_events_per_agent: 10_000
+  ],
+  # Guidance notes appended to the newest tool result of a looping proxied session
+  # (docs/guidance.md): the default for agents without a setting of their own.
+  guidance: [enabled: false],
+  # What proxied agents spend (docs/budgets.md): USD per million tokens per model, and
+  # the limits of agents registered from now on (nil: no limit).
+  budgets: [
+    prices: %{},
+    aliases: %{},
+    defaults: [
+      mode: :enforce,
+      session_requests: nil,
+      session_tokens: nil,
+      session_cost_usd: nil,
+      window_seconds: 3600,
+      window_requests: nil,
+      window_tokens: nil,
+      window_cost_usd: nil
+    ],
+    # Ask a streamed chat completion for its usage (stream_options.include_usage).
+    stream_usage: true,
+    session_ttl_ms: :timer.hours(24 * 7),
+    max_sessions: 100_000
   ]
 
 # Observatory's own HTTP API and dashboard (bin/start): on, loopback, port 4000. Code

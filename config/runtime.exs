@@ -115,6 +115,47 @@ if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
   config :observatory, :kill_switch, prompt: source
 end
 
+#   OBSERVATORY_KILL_SWITCH_MODE=enforce|warn|shadow  the mode of agents registered from
+#     now on (docs/shadow_mode.md)
+if mode = System.get_env("OBSERVATORY_KILL_SWITCH_MODE") do
+  mode =
+    case mode do
+      "enforce" ->
+        :enforce
+
+      "warn" ->
+        :warn
+
+      "shadow" ->
+        :shadow
+
+      other ->
+        raise "OBSERVATORY_KILL_SWITCH_MODE must be enforce, warn or shadow, got: #{inspect(other)}"
+    end
+
+  config :observatory, :kill_switch, mode: mode
+end
+
+#   OBSERVATORY_GUIDANCE=on|off  guidance notes for agents without a setting of their own
+#     (docs/guidance.md)
+if guidance = System.get_env("OBSERVATORY_GUIDANCE") do
+  enabled =
+    case guidance do
+      on when on in ["on", "1", "true"] -> true
+      off when off in ["off", "0", "false"] -> false
+      other -> raise "OBSERVATORY_GUIDANCE must be on or off, got: #{inspect(other)}"
+    end
+
+  config :observatory, :guidance, enabled: enabled
+end
+
+#   OBSERVATORY_PRICES_FILE=/etc/observatory/prices.json  the budgets' price table, JSON:
+#     {"gpt-4.1": {"input": 2.0, "output": 8.0}} (USD per million tokens; docs/budgets.md)
+if file = System.get_env("OBSERVATORY_PRICES_FILE") do
+  budgets = Application.get_env(:observatory, :budgets, [])
+  config :observatory, :budgets, Keyword.put(budgets, :prices_file, file)
+end
+
 if demo = System.get_env("OBSERVATORY_DEMO") do
   config :observatory, demo: demo in ["1", "true"]
 end
@@ -127,11 +168,15 @@ if secret = System.get_env("OBSERVATORY_SECRET_KEY_BASE") do
   config :observatory, secret_key_base: secret
 end
 
-# A cluster (issue 14; README "Cluster"). The node's own name and cookie come from the
-# VM (`elixir --name`/`--cookie`, or RELEASE_NODE/RELEASE_COOKIE in a release).
+# A cluster (README "Cluster", docs/cluster.md). The node's own name and cookie come
+# from the VM (`elixir --name`/`--cookie`, or RELEASE_NODE/RELEASE_COOKIE in a release).
 #   OBSERVATORY_CLUSTER_NODES="obs@10.0.0.1,obs@10.0.0.2"  the static member list
 #   OBSERVATORY_CLUSTER_DNS=observatory.internal  A records polled; each is
 #     <OBSERVATORY_CLUSTER_BASENAME, default "observatory">@<address>
+#   OBSERVATORY_CLUSTER_DNS_NAMESERVERS="10.0.0.2:53,10.0.0.3"  resolvers (default: the system's)
+# and one variable per timing (milliseconds; the defaults in Observatory.Cluster):
+#   OBSERVATORY_CLUSTER_POLL_MS, _RPC_TIMEOUT_MS, _JOIN_TIMEOUT_MS, _HEARTBEAT_MS,
+#   _MEMBER_TIMEOUT_MS, _WRITE_TIMEOUT_MS, _HEAL_TIMEOUT_MS, _LOAD_TIMEOUT_MS, _VERIFY_MS
 cluster_nodes = System.get_env("OBSERVATORY_CLUSTER_NODES")
 cluster_dns = System.get_env("OBSERVATORY_CLUSTER_DNS")
 
@@ -140,4 +185,40 @@ if cluster_nodes || cluster_dns do
     nodes: for(n <- String.split(cluster_nodes || "", ",", trim: true), do: String.to_atom(n)),
     dns: cluster_dns,
     dns_basename: System.get_env("OBSERVATORY_CLUSTER_BASENAME", "observatory")
+end
+
+if nameservers = System.get_env("OBSERVATORY_CLUSTER_DNS_NAMESERVERS") do
+  servers =
+    for server <- String.split(nameservers, ",", trim: true) do
+      {host, port} =
+        case String.split(server, ":") do
+          [host] -> {host, 53}
+          [host, port] -> {host, String.to_integer(port)}
+        end
+
+      case :inet.parse_address(String.to_charlist(host)) do
+        {:ok, ip} -> {ip, port}
+        _ -> raise "OBSERVATORY_CLUSTER_DNS_NAMESERVERS: #{inspect(server)} is not <ip>[:port]"
+      end
+    end
+
+  config :observatory, :cluster, dns_nameservers: servers
+end
+
+for {env, key} <- [
+      {"OBSERVATORY_CLUSTER_POLL_MS", :poll_ms},
+      {"OBSERVATORY_CLUSTER_RPC_TIMEOUT_MS", :rpc_timeout_ms},
+      {"OBSERVATORY_CLUSTER_JOIN_TIMEOUT_MS", :join_timeout_ms},
+      {"OBSERVATORY_CLUSTER_HEARTBEAT_MS", :heartbeat_ms},
+      {"OBSERVATORY_CLUSTER_MEMBER_TIMEOUT_MS", :member_timeout_ms},
+      {"OBSERVATORY_CLUSTER_WRITE_TIMEOUT_MS", :write_timeout_ms},
+      {"OBSERVATORY_CLUSTER_HEAL_TIMEOUT_MS", :heal_timeout_ms},
+      {"OBSERVATORY_CLUSTER_LOAD_TIMEOUT_MS", :load_timeout_ms},
+      {"OBSERVATORY_CLUSTER_VERIFY_MS", :verify_ms}
+    ],
+    value = System.get_env(env) do
+  case Integer.parse(value) do
+    {ms, ""} when ms > 0 -> config :observatory, :cluster, [{key, ms}]
+    _ -> raise "#{env} must be a positive number of milliseconds, got: #{inspect(value)}"
+  end
 end

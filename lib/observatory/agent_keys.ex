@@ -108,9 +108,16 @@ defmodule Observatory.AgentKeys do
 
     Storage.transaction("agent key", fn ->
       case :mnesia.read(@table, hash, :write) do
-        [] -> write(hash, agent_id, true)
-        [{@table, ^hash, ^agent_id, _}] -> :ok
-        [{@table, ^hash, other, _}] -> :mnesia.abort({:seeded_key_taken, other})
+        [] ->
+          # Seeded again at this start: no longer revoked.
+          :mnesia.delete({Observatory.Cluster.Tombstones.table(), {@table, hash, :revoked}})
+          write(hash, agent_id, true)
+
+        [{@table, ^hash, ^agent_id, _}] ->
+          :ok
+
+        [{@table, ^hash, other, _}] ->
+          :mnesia.abort({:seeded_key_taken, other})
       end
     end)
   end
@@ -138,13 +145,21 @@ defmodule Observatory.AgentKeys do
 
   Errors: `:invalid_agent_id`, `:agent_limit` (`:max_agents` registered),
   `:too_many_keys` (the agent holds #{@max_keys_per_agent} already), `:not_found` (the
-  agent was deleted meanwhile).
+  agent was deleted meanwhile), `:no_majority` (a cluster node cut off from the
+  majority: `Observatory.Cluster.with_majority/2`).
   """
   @spec issue(String.t(), keyword()) ::
           {:ok,
            %{key: String.t(), key_id: String.t(), agent_id: String.t(), created_at: DateTime.t()}}
-          | {:error, :invalid_agent_id | :agent_limit | :too_many_keys | :not_found}
+          | {:error,
+             :invalid_agent_id | :agent_limit | :too_many_keys | :not_found | :no_majority}
   def issue(agent_id, opts \\ []) do
+    Observatory.Cluster.with_majority("issuing a key for #{inspect(agent_id)}", fn ->
+      do_issue(agent_id, opts)
+    end)
+  end
+
+  defp do_issue(agent_id, opts) do
     with :ok <- valid(agent_id),
          {:ok, _agent} <- Agents.fetch_or_register(agent_id) do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
@@ -177,8 +192,14 @@ defmodule Observatory.AgentKeys do
   Returns the new key and the ids of the revoked ones.
   """
   @spec rotate(String.t(), keyword()) ::
-          {:ok, map()} | {:error, :invalid_agent_id | :not_found}
+          {:ok, map()} | {:error, :invalid_agent_id | :not_found | :no_majority}
   def rotate(agent_id, opts \\ []) do
+    Observatory.Cluster.with_majority("rotating the keys of #{inspect(agent_id)}", fn ->
+      do_rotate(agent_id, opts)
+    end)
+  end
+
+  defp do_rotate(agent_id, opts) do
     with :ok <- valid(agent_id),
          %{} <- Agents.get(agent_id) || {:error, :not_found} do
       key = @prefix <> Base.url_encode64(:crypto.strong_rand_bytes(32), padding: false)
@@ -186,7 +207,7 @@ defmodule Observatory.AgentKeys do
       Storage.transaction("agent key", fn ->
         if Agents.exists_in_transaction?(agent_id) do
           old = hashes_of(agent_id)
-          Enum.each(old, &:mnesia.delete({@table, &1}))
+          Enum.each(old, &delete/1)
           {:ok, write(hash(key), agent_id, false), Enum.map(old, &key_id/1)}
         else
           {:error, :not_found}
@@ -213,7 +234,7 @@ defmodule Observatory.AgentKeys do
     Storage.transaction("agent key", fn ->
       case Enum.find(hashes_of(agent_id), &(key_id(&1) == key_id)) do
         nil -> {:error, :not_found}
-        hash -> :mnesia.delete({@table, hash})
+        hash -> delete(hash)
       end
     end)
     |> tap(fn result ->
@@ -230,7 +251,7 @@ defmodule Observatory.AgentKeys do
   def revoke_all(agent_id) do
     Storage.transaction("agent key", fn ->
       old = hashes_of(agent_id)
-      Enum.each(old, &:mnesia.delete({@table, &1}))
+      Enum.each(old, &delete/1)
       Enum.map(old, &key_id/1)
     end)
   end
@@ -256,6 +277,13 @@ defmodule Observatory.AgentKeys do
 
     :ok = :mnesia.write({@table, hash, agent_id, info})
     info
+  end
+
+  # A revoked key stays revoked: in a cluster its tombstone outlives any replica
+  # that missed the revocation (Observatory.Cluster.Tombstones).
+  defp delete(hash) do
+    :ok = :mnesia.delete({@table, hash})
+    Observatory.Cluster.Tombstones.bury(@table, hash, :revoked)
   end
 
   defp hashes_of(agent_id) do

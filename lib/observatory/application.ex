@@ -6,8 +6,16 @@ defmodule Observatory.Application do
   @impl true
   def start(_type, _args) do
     Observatory.Metrics.setup()
+    # Before any durable write can run (Observatory.Storage.transaction/2).
+    Observatory.Cluster.Gate.setup()
     Observatory.Gateway.AlertSource.validate!()
     ensure_secret_key_base()
+    # A bad setting stops the start with a message that names it (checked once: a
+    # supervisor restarting later must not fail on it).
+    Observatory.Budget.check_config!()
+    Observatory.Proxy.Guidance.check_config!()
+    Observatory.Notifications.check_config!()
+    crash_dump_in_data_dir()
 
     # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
     # restarts cleanly instead of colliding with its orphaned children.
@@ -53,6 +61,21 @@ defmodule Observatory.Application do
       if Application.get_env(:observatory, :demo, false), do: [Observatory.Demo.Fleet], else: []
 
     server ++ demo
+  end
+
+  # A crash dump goes to the data directory, not the working directory, when
+  # Observatory runs as its own server and nothing chose a place (bin/start,
+  # bin/cluster and the release set ERL_CRASH_DUMP before the VM starts; this covers
+  # `mix run`). The VM reads the variable when it writes the dump. A host app's VM
+  # is the host's to configure.
+  defp crash_dump_in_data_dir do
+    data_dir = Application.get_env(:observatory, :data_dir)
+
+    if ObservatoryWeb.Endpoint.server?() and data_dir != nil and
+         System.get_env("ERL_CRASH_DUMP") in [nil, ""] do
+      File.mkdir_p!(data_dir)
+      System.put_env("ERL_CRASH_DUMP", Path.expand(Path.join(data_dir, "erl_crash.dump")))
+    end
   end
 
   # The dashboard signs its session cookies with :secret_key_base. When nothing set it

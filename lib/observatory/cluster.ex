@@ -1,34 +1,54 @@
 defmodule Observatory.Cluster do
   @moduledoc """
-  Several gateways as one cluster, with OTP's own parts (design.md §8, issue 14):
-  Erlang distribution connects the nodes, a `:pg` group agrees on the live members,
-  and every session has one owner among them, chosen by rendezvous hashing of its
+  Several gateways as one cluster, with OTP's own parts (design.md §8): Erlang
+  distribution connects the nodes, a `:pg` group agrees on the live members, and
+  every session has one owner among them, chosen by rendezvous hashing of its
   session id (`owner/2`). Agent and operator state is replicated by Mnesia
-  (`Observatory.Cluster.Store`).
+  (`Observatory.Cluster.Store`); `Observatory.Cluster.Monitor` watches the members,
+  disconnects one that stops answering, and heals partitions
+  (`Observatory.Cluster.Heal`). The guide is `docs/cluster.md`.
 
       config :observatory, :cluster,
         nodes: [:"obs@10.0.0.1", :"obs@10.0.0.2"],   # static list (libcluster's Epmd)
         dns: "observatory.internal",                 # A records, polled (DNSPoll)
         dns_basename: "obs",                         # → :"obs@<address>"
         dns_nameservers: [{{10, 0, 0, 2}, 53}],      # optional; default: the system's
-        poll_ms: 5_000,
-        rpc_timeout_ms: 5_000,
-        join_timeout_ms: 30_000
+        poll_ms: 2_000,             # reconnect, re-read DNS, look for partitions
+        rpc_timeout_ms: 5_000,      # a call to a session's owner
+        join_timeout_ms: 30_000,    # a new node's wait for the cluster
+        heartbeat_ms: 1_000,        # how often each member is pinged
+        member_timeout_ms: 3_000,   # a member that does not answer is disconnected
+        write_timeout_ms: 5_000,    # a write's wait while replicas are reconciled
+        heal_timeout_ms: 15_000,    # the longest a heal holds writes
+        load_timeout_ms: 30_000,    # a node's wait for tables it has no copy of
+        verify_ms: 300_000          # how often the leader compares the replicas
 
-  Off unless `:nodes` or `:dns` is set: a single node starts neither the `:pg` scope
-  nor this process, and `owner/2` answers `node()` after one `:persistent_term` read.
+  Every key has an environment variable (`config/runtime.exs`). Off unless `:nodes`
+  or `:dns` is set: a single node starts neither the `:pg` scope nor the monitor,
+  and `owner/2` answers `node()` after one `:persistent_term` read.
 
   Members are the nodes whose `Observatory.Cluster.Member` process is in the `:pg`
   group — gateways, not every connected node (a remote console, a test runner). The
   member list is kept in `:persistent_term` and rewritten only when it changes.
   """
 
-  use GenServer
   require Logger
 
   @scope :observatory_cluster
   @group :gateways
   @members_key {__MODULE__, :members}
+
+  @defaults [
+    poll_ms: 2_000,
+    rpc_timeout_ms: 5_000,
+    join_timeout_ms: 30_000,
+    heartbeat_ms: 1_000,
+    member_timeout_ms: 3_000,
+    write_timeout_ms: 5_000,
+    heal_timeout_ms: 15_000,
+    load_timeout_ms: 30_000,
+    verify_ms: 300_000
+  ]
 
   ## Configuration
 
@@ -46,12 +66,16 @@ defmodule Observatory.Cluster do
   @doc false
   def config, do: Application.get_env(:observatory, :cluster, [])
 
+  @doc "A timing setting of `:cluster` (see the module doc), with its default."
+  @spec setting(atom()) :: non_neg_integer()
+  def setting(key), do: Keyword.get(config(), key, Keyword.fetch!(@defaults, key))
+
   @doc false
-  def rpc_timeout, do: Keyword.get(config(), :rpc_timeout_ms, 5_000)
+  def rpc_timeout, do: setting(:rpc_timeout_ms)
 
   @doc """
   The application's children with clustering around them (nothing when it is off):
-  the `:pg` scope and this process first (Mnesia joins the cluster when the agent
+  the `:pg` scope and the monitor first (Mnesia joins the cluster when the agent
   store starts), `Observatory.Cluster.Member` last — a node becomes a member, and
   gets sessions to own, only once everything that scores them runs, and leaves
   first when it stops.
@@ -60,7 +84,7 @@ defmodule Observatory.Cluster do
   def wrap(children) do
     if enabled?(),
       do:
-        [%{id: :pg, start: {:pg, :start_link, [@scope]}}, __MODULE__] ++
+        [%{id: :pg, start: {:pg, :start_link, [@scope]}}, Observatory.Cluster.Monitor] ++
           children ++ [Observatory.Cluster.Member],
       else: children
   end
@@ -69,6 +93,8 @@ defmodule Observatory.Cluster do
   def scope, do: @scope
   @doc false
   def group, do: @group
+  @doc false
+  def members_key, do: @members_key
 
   ## Membership and ownership
 
@@ -99,34 +125,30 @@ defmodule Observatory.Cluster do
   end
 
   @doc """
-  `apply(module, fun, args)` on the owner of `session_id` (`:erpc.call/5`), for the
-  reads and commands that need the session's state there — the session API, the
-  dashboard's Inspect, a step-detector reset. Here when clustering is off, when this
-  node owns the session, or when the owner does not answer (it holds nothing then
-  that another node could give).
+  `apply(module, fun, args)` on the owner of `session_id` (as `call_owner/5`: the next
+  owner when it is gone), for reads that show a session (the dashboard's Inspect, the
+  step detector's state). An owner that does not answer in time gives `default`:
+  nothing is run again here.
   """
-  @spec on_owner(String.t(), module(), atom(), list()) :: term()
-  def on_owner(session_id, module, fun, args) do
-    case owner(session_id) do
-      owner when owner == node() ->
-        apply(module, fun, args)
-
-      owner ->
-        try do
-          :erpc.call(owner, module, fun, args, rpc_timeout())
-        catch
-          :error, {:erpc, _} -> apply(module, fun, args)
-        end
+  @spec on_owner(String.t(), module(), atom(), list(), term()) :: term()
+  def on_owner(session_id, module, fun, args, default \\ nil) do
+    case call_owner(session_id, module, fun, args) do
+      {:ok, result} -> result
+      {:error, :owner_unavailable} -> default
     end
   end
 
   @doc """
   `{:ok, apply(module, fun, args)}` on the owner of `session_id`, and never on a node
-  that does not own it: for answers that authorize (whose session is this?), where a
-  local read of a session this node does not hold would say "nobody's". An owner that
-  is gone (distribution says so) hands over to the next owner, as a step does
-  (`SchemaInterceptor`); one that does not answer in time is
+  that does not own it: for answers that authorize (whose session is this?) and for
+  commands that change the owner's state (a step-detector reset). An owner that is
+  gone (distribution says so) hands over to the next owner, as a step does
+  (`SchemaInterceptor`); one that does not answer within `:rpc_timeout_ms` is
   `{:error, :owner_unavailable}`, for the caller to answer `503`.
+
+  A call is applied at most once. It carries a deadline: an owner that gets it late
+  (a node frozen, then thawed) refuses it instead of running it after its caller was
+  told it failed, and the caller never runs it elsewhere after a timeout.
   """
   @spec call_owner(String.t(), module(), atom(), list(), [node()]) ::
           {:ok, term()} | {:error, :owner_unavailable}
@@ -136,16 +158,42 @@ defmodule Observatory.Cluster do
         {:ok, apply(module, fun, args)}
 
       owner ->
-        try do
-          {:ok, :erpc.call(owner, module, fun, args, rpc_timeout())}
-        catch
-          :error, {:erpc, :noconnection} ->
-            call_owner(session_id, module, fun, args, [owner | down])
-
-          :error, {:erpc, _timeout_or_other} ->
-            {:error, :owner_unavailable}
+        case remote(owner, module, fun, args) do
+          {:ok, result} -> {:ok, result}
+          {:error, :noconnection} -> call_owner(session_id, module, fun, args, [owner | down])
+          {:error, _timeout_or_late} -> {:error, :owner_unavailable}
         end
     end
+  end
+
+  @doc """
+  `apply(module, fun, args)` on `node` within `:rpc_timeout_ms`, at most once:
+  `{:ok, result}`, `{:error, :noconnection}` (it ran nowhere), `{:error, :timeout}`
+  or `{:error, :late}` (the node got it after the deadline and did not run it).
+  Raises what the call raised there.
+  """
+  @spec remote(node(), module(), atom(), list()) ::
+          {:ok, term()} | {:error, :noconnection | :timeout | :late}
+  def remote(node, module, fun, args) do
+    timeout = rpc_timeout()
+    deadline = System.os_time(:millisecond) + timeout
+
+    try do
+      :erpc.call(node, __MODULE__, :run_before, [deadline, module, fun, args], timeout)
+    catch
+      :error, {:erpc, :noconnection} -> {:error, :noconnection}
+      :error, {:erpc, :timeout} -> {:error, :timeout}
+    end
+  end
+
+  @doc false
+  # Runs on the remote node: only while the caller still waits for the answer.
+  # (Wall clocks: the nodes' clocks must agree within a fraction of :rpc_timeout_ms,
+  # as NTP keeps them.)
+  def run_before(deadline, module, fun, args) do
+    if System.os_time(:millisecond) <= deadline,
+      do: {:ok, apply(module, fun, args)},
+      else: {:error, :late}
   end
 
   @doc """
@@ -201,100 +249,119 @@ defmodule Observatory.Cluster do
   @spec connect() :: [node()]
   def connect do
     connected = Node.list()
+    {known, new} = Enum.split_with(candidates(), &(&1 in connected))
 
-    for candidate <- candidates(),
-        candidate in connected or Node.connect(candidate) == true,
-        do: candidate
+    # In parallel: an unreachable host can hold a connection attempt for seconds.
+    reached =
+      new
+      |> Task.async_stream(&{&1, Node.connect(&1)}, timeout: :infinity, max_concurrency: 32)
+      |> Enum.flat_map(fn {:ok, {node, up?}} -> if up? == true, do: [node], else: [] end)
+
+    known ++ reached
   end
 
-  @doc "Membership, for the dashboard and operators."
-  @spec status() :: %{members: [node()], inconsistent: [node()]}
+  ## Partitions and majority
+
+  @lowering [
+    "activating an agent",
+    "resuming a session",
+    "lifting a step-detector block",
+    "changing kill-switch settings",
+    "changing budgets or guidance notes",
+    "resetting a budget",
+    "issuing or rotating an agent key"
+  ]
+
+  @doc """
+  Whether this node's Mnesia runs with more than half of the cluster's nodes
+  (`:mnesia.system_info(:db_nodes)`, every node that holds the schema). Always true
+  when clustering is off.
+  """
+  @spec majority?() :: boolean()
+  def majority? do
+    if enabled?() do
+      {db_nodes, running} = mnesia_nodes()
+      2 * length(running -- running -- db_nodes) > length(db_nodes)
+    else
+      true
+    end
+  end
+
+  @doc """
+  `fun.()` when this node can reach a majority; else `{:error, :no_majority}` and a
+  warning naming `action`. For the operator actions that lower safety state
+  (activating an agent, resuming a session, lifting a block, changing kill-switch
+  settings, issuing or rotating a key): a node cut off from the majority cannot
+  know what the other side decided about the same agent or session meanwhile, and
+  must not let an agent run on its side against it. Actions that raise safety state
+  are never refused: they hold here at once and everywhere after the heal.
+  """
+  @spec with_majority(String.t(), (() -> result)) :: result | {:error, :no_majority}
+        when result: term()
+  def with_majority(action, fun) do
+    if majority?() do
+      fun.()
+    else
+      Logger.warning(
+        "cluster: refused #{action}: #{node()} cannot reach a majority of " <>
+          "#{inspect(elem(mnesia_nodes(), 0))} (it runs with #{inspect(elem(mnesia_nodes(), 1))})"
+      )
+
+      {:error, :no_majority}
+    end
+  end
+
+  @doc "What a node without a majority refuses, as `with_majority/2` names it."
+  @spec refused_without_majority() :: [String.t()]
+  def refused_without_majority, do: @lowering
+
+  @doc """
+  The cluster as this node sees it, for operators (`/healthz`, the dashboard):
+
+    * `:members` — the live gateways (`members/0`);
+    * `:db_nodes` — every node that holds the replicated tables;
+    * `:running` — the nodes this node's Mnesia runs with (its side of a partition);
+    * `:unreachable` — `db_nodes` outside `running` (stopped, frozen, or across a
+      partition); `:inconsistent` — members this node reaches but whose Mnesia runs
+      apart (a partition not yet healed);
+    * `:majority` — whether `running` holds more than half of `db_nodes`; when
+      false, `:refused` names what this node refuses (`with_majority/2`);
+    * `:healing` — whether writes are held while replicas are reconciled;
+    * `:last_heal`, `:reconciliations` — the latest reports of
+      `Observatory.Cluster.Reconcile` (what was merged, and the decisions an
+      operator should see).
+
+  With clustering off: `%{members: [node()], inconsistent: [], majority: true}` and
+  nothing else.
+  """
+  @spec status() :: map()
   def status do
-    if enabled?(),
-      do: GenServer.call(__MODULE__, :status),
-      else: %{members: [node()], inconsistent: []}
-  end
+    if enabled?() do
+      {db_nodes, running} = mnesia_nodes()
+      members = members()
+      majority = 2 * length(running -- running -- db_nodes) > length(db_nodes)
+      history = Observatory.Cluster.Monitor.history()
 
-  ## The process
-
-  def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
-
-  @impl true
-  def init(_opts) do
-    _ = connect()
-    {ref, _pids} = :pg.monitor(@scope, @group)
-    state = subscribe_mnesia(%{ref: ref, inconsistent: [], mnesia: false})
-    publish()
-    schedule_poll()
-    {:ok, state}
-  end
-
-  # Mnesia starts after this process (Observatory.Cluster.Store): subscribe once it runs.
-  defp subscribe_mnesia(%{mnesia: true} = state), do: state
-
-  defp subscribe_mnesia(state) do
-    case :mnesia.subscribe(:system) do
-      {:ok, _} -> %{state | mnesia: true}
-      {:error, _} -> state
+      %{
+        members: members,
+        db_nodes: db_nodes,
+        running: running,
+        unreachable: db_nodes -- running,
+        inconsistent: members -- running,
+        majority: majority,
+        refused: if(majority, do: [], else: @lowering),
+        healing: Observatory.Cluster.Gate.closed?(),
+        last_heal: Enum.find(history, &(&1[:kind] == :heal)),
+        reconciliations: history
+      }
+    else
+      %{members: [node()], inconsistent: [], majority: true}
     end
   end
 
-  @impl true
-  def handle_call(:status, _from, state) do
-    {:reply, %{members: members(), inconsistent: state.inconsistent}, state}
+  defp mnesia_nodes do
+    {Enum.sort(:mnesia.system_info(:db_nodes)), Enum.sort(:mnesia.system_info(:running_db_nodes))}
+  catch
+    :exit, _ -> {[node()], []}
   end
-
-  @impl true
-  def handle_info({ref, action, @group, _pids}, %{ref: ref} = state)
-      when action in [:join, :leave] do
-    # This node's Member joins once Mnesia runs: subscribe first, then publish.
-    state = subscribe_mnesia(state)
-    publish()
-    {:noreply, state}
-  end
-
-  def handle_info(:poll, state) do
-    _ = connect()
-    publish()
-    schedule_poll()
-    {:noreply, subscribe_mnesia(state)}
-  end
-
-  # A partition healed with writes on both sides: Mnesia does not merge them. The
-  # README's "Cluster" section has the operator's action.
-  def handle_info({:mnesia_system_event, {:inconsistent_database, context, node}}, state) do
-    Logger.error(
-      "cluster: Mnesia's tables on #{node} diverged from this node's (#{inspect(context)}) " <>
-        "after a network partition; restart the nodes of the side to discard with an empty " <>
-        "Mnesia directory (README, \"Cluster\")"
-    )
-
-    {:noreply, %{state | inconsistent: Enum.uniq([node | state.inconsistent])}}
-  end
-
-  def handle_info({:mnesia_system_event, _}, state), do: {:noreply, state}
-
-  def handle_info(_other, state), do: {:noreply, state}
-
-  @impl true
-  def terminate(_reason, _state) do
-    :persistent_term.erase(@members_key)
-    :ok
-  end
-
-  defp publish do
-    members =
-      @scope
-      |> :pg.get_members(@group)
-      |> Enum.map(&node/1)
-      |> Enum.uniq()
-      |> Enum.sort()
-
-    if :persistent_term.get(@members_key, nil) != members do
-      :persistent_term.put(@members_key, members)
-    end
-  end
-
-  defp schedule_poll,
-    do: Process.send_after(self(), :poll, Keyword.get(config(), :poll_ms, 5_000))
 end

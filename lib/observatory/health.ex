@@ -12,6 +12,7 @@ defmodule Observatory.Health do
   | `gateway` | HITL, the step detector, the loop verdict, the call breaker and the session log run |
   | `kill_switch` | the kill switch's window store runs |
   | `endpoint` | the HTTP listener runs (when the server is configured on) |
+  | `cluster` | clustering is off, or this node's Mnesia runs with a majority of the cluster's nodes (`"degraded"` otherwise: see `Observatory.Cluster.status/0`) |
 
       Observatory.Health.check()
       #=> {:ok, %{"mnesia" => "ok", "tracker" => "ok", ...}}
@@ -37,9 +38,57 @@ defmodule Observatory.Health do
         {name, if(safely(up?), do: "ok", else: "down")}
       end
 
+    checks =
+      if Observatory.Cluster.enabled?(),
+        do: Map.put(checks, "cluster", if(majority?(), do: "ok", else: "degraded")),
+        else: checks
+
     if Enum.all?(checks, fn {_, status} -> status == "ok" end),
       do: {:ok, checks},
       else: {:error, checks}
+  end
+
+  @doc """
+  The cluster as `/healthz` shows it: `%{}` when clustering is off, else
+  `%{cluster: %{...}}` with the members, the nodes this node's Mnesia runs with, the
+  unreachable ones, whether it has a majority, what it refuses without one, and the
+  latest heal (`Observatory.Cluster.status/0`).
+  """
+  @spec cluster() :: map()
+  def cluster do
+    if Observatory.Cluster.enabled?() do
+      status = Observatory.Cluster.status()
+
+      %{
+        cluster:
+          status
+          |> Map.take([
+            :members,
+            :running,
+            :unreachable,
+            :inconsistent,
+            :majority,
+            :refused,
+            :healing
+          ])
+          |> Map.put(:node, node())
+          |> Map.put(:last_heal, heal_summary(status.last_heal))
+      }
+    else
+      %{}
+    end
+  end
+
+  defp heal_summary(nil), do: nil
+
+  defp heal_summary(report) do
+    report
+    |> Map.take([:at, :winner, :losers, :duration_ms, :changed, :notes])
+    |> Map.update(:at, nil, &DateTime.to_iso8601/1)
+  end
+
+  defp majority? do
+    safely(&Observatory.Cluster.majority?/0)
   end
 
   defp checks do

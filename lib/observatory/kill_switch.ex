@@ -37,6 +37,15 @@ defmodule Observatory.KillSwitch do
       KillSwitch.activate("agent-7", operator: "alice")
       KillSwitch.deactivate("agent-7", operator: "alice", reason: "maintenance")
 
+  ## Modes
+
+  An enabled switch has a `mode` (`Observatory.KillSwitch.Settings`): `enforce` (the
+  default) stops the agent as described; `warn` records a `"kill_switch_would_trip"`
+  event, alerts (the agent's webhook, the notification sinks) and lets the proxy warn
+  the model (`Observatory.Proxy.Guidance`), but refuses nothing; `shadow` only
+  records the event. Either records once per run of requests over the threshold, and
+  broadcasts `"kill_switch_recovered"` when a request scores under it again.
+
   The switch is off by default: with it off an agent has no window and nothing is
   ever blocked. Agents and events are durable (`Observatory.KillSwitch.Agents`,
   Mnesia); windows are in memory (`Observatory.KillSwitch.Windows`, a Rust store).
@@ -167,9 +176,20 @@ defmodule Observatory.KillSwitch do
     end
   end
 
-  @doc "Raises `ArgumentError` when the `:kill_switch` `:prompt` setting is not a known one."
+  @doc """
+  Raises `ArgumentError` when the `:kill_switch` `:prompt` or `:mode` setting is not a
+  known one.
+  """
   @spec check_config!() :: :ok
   def check_config! do
+    mode = Keyword.get(Application.get_env(:observatory, :kill_switch, []), :mode, :enforce)
+
+    unless mode in [:enforce, :warn, :shadow] do
+      raise ArgumentError,
+            "expected config :observatory, :kill_switch, :mode to be :enforce, :warn or :shadow, " <>
+              "got: #{inspect(mode)}"
+    end
+
     case configured_prompt_source() do
       source when source in @prompt_sources ->
         :ok
@@ -226,9 +246,14 @@ defmodule Observatory.KillSwitch do
         %{enabled: false} ->
           {:ok, nil}
 
-        %{window_size: size, threshold: threshold} ->
+        %{window_size: size, threshold: threshold} = settings ->
           {:ok, verdict} = Windows.observe_request(agent_id, prompt, signatures, size, threshold)
-          if verdict.exceeded, do: trip(agent, verdict, prompt), else: {:ok, verdict}
+
+          case {verdict.exceeded, Map.get(settings, :mode, :enforce)} do
+            {true, :enforce} -> trip(agent, verdict, prompt)
+            {true, mode} -> would_trip(agent, mode, verdict, prompt)
+            {false, _mode} -> recovered(agent, verdict)
+          end
       end
     end
   end
@@ -277,11 +302,21 @@ defmodule Observatory.KillSwitch do
   the window over; a new `window_size` applies at once.
 
   Options: `:operator` (recorded in the `"settings_changed"` event).
+
+  In a cluster, `{:error, :no_majority}` on a node cut off from the majority
+  (`Observatory.Cluster.with_majority/2`); so for `activate/2`.
   """
   @spec configure(String.t(), map(), keyword()) ::
           {:ok, Agents.agent()}
-          | {:error, {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id}
+          | {:error,
+             {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id | :no_majority}
   def configure(agent_id, params, opts \\ []) do
+    Observatory.Cluster.with_majority("changing the settings of #{inspect(agent_id)}", fn ->
+      do_configure(agent_id, params, opts)
+    end)
+  end
+
+  defp do_configure(agent_id, params, opts) do
     with :ok <- validate_agent_id(agent_id),
          {:ok, changes} <- validate(params),
          {:ok, before, agent, event} <-
@@ -304,8 +339,14 @@ defmodule Observatory.KillSwitch do
   Options: `:operator`, `:reason` (recorded in the `"activation"` event).
   """
   @spec activate(String.t(), keyword()) ::
-          {:ok, Agents.agent()} | {:error, :not_found | :already_active}
+          {:ok, Agents.agent()} | {:error, :not_found | :already_active | :no_majority}
   def activate(agent_id, opts \\ []) do
+    Observatory.Cluster.with_majority("activating #{inspect(agent_id)}", fn ->
+      do_activate(agent_id, opts)
+    end)
+  end
+
+  defp do_activate(agent_id, opts) do
     with {:ok, agent, event} <- Agents.activate(agent_id, audit(opts)) do
       Windows.clear(agent_id)
       Logger.info("agent #{inspect(agent_id)} activated by #{inspect(opts[:operator])}")
@@ -331,8 +372,9 @@ defmodule Observatory.KillSwitch do
   end
 
   @doc """
-  Deletes an agent: its record, its events and its keys (revoked at once), and its
-  window. It can be registered again by issuing it a new key.
+  Deletes an agent: its record, its events and its keys (revoked at once), its
+  window, and what its budget counted. It can be registered again by issuing it a new
+  key.
 
   Options: `:operator` (logged and in the broadcast `"agent_deleted"` event).
   """
@@ -340,6 +382,7 @@ defmodule Observatory.KillSwitch do
   def delete(agent_id, opts \\ []) do
     with {:ok, revoked} <- Agents.delete(agent_id) do
       Windows.clear(agent_id)
+      Observatory.Budget.Store.delete_agent(agent_id)
 
       Logger.info(
         "agent #{inspect(agent_id)} deleted by #{inspect(opts[:operator])}, " <>
@@ -393,16 +436,7 @@ defmodule Observatory.KillSwitch do
   ## Internals
 
   defp trip(agent, verdict, prompt) do
-    details = %{
-      score: verdict.score,
-      threshold: agent.kill_switch.threshold,
-      window_size: agent.kill_switch.window_size,
-      window_len: verdict.window_len,
-      similar_prompts: verdict.signals.similar_prompts,
-      similar_responses: verdict.signals.similar_responses,
-      repeated_tool_calls: verdict.signals.repeated_tool_calls,
-      prompt_hash: prompt && hex(prompt)
-    }
+    details = trip_details(agent, verdict, prompt)
 
     case Agents.deactivate(agent.id, :kill_switch, details) do
       {:ok, agent, event} ->
@@ -431,6 +465,62 @@ defmodule Observatory.KillSwitch do
         # A concurrent request or an operator got there first.
         {:error, {:inactive, Agents.get(agent.id)}}
     end
+  end
+
+  # Shadow and warn modes: the agent is not stopped; the first request of a run over
+  # the threshold records it (and, in warn mode, alerts like a trip does). The verdict
+  # says so (`would_trip: mode`) for the proxy to warn the model.
+  defp would_trip(agent, mode, verdict, prompt) do
+    if Windows.start_would_trip(agent.id) do
+      details = Map.put(trip_details(agent, verdict, prompt), :mode, Atom.to_string(mode))
+
+      case Agents.record_event(agent.id, "kill_switch_would_trip", details) do
+        {:ok, event} ->
+          Metrics.inc(:kill_switch_would_trips)
+
+          Logger.warning(
+            "kill switch (#{mode} mode) would have deactivated agent #{inspect(agent.id)}: " <>
+              "score #{verdict.score} > threshold #{agent.kill_switch.threshold}"
+          )
+
+          broadcast(event)
+          if mode == :warn, do: Notifier.notify(agent, event_json(event))
+
+        {:error, :not_found} ->
+          :ok
+      end
+    end
+
+    {:ok, Map.put(verdict, :would_trip, mode)}
+  end
+
+  # The end of a run over the threshold in shadow or warn mode: announced (not recorded),
+  # so that an incident opened for it can be resolved.
+  defp recovered(agent, verdict) do
+    if Windows.end_would_trip(agent.id) do
+      Events.broadcast(topic(), %{
+        id: "recovered-#{System.unique_integer([:positive, :monotonic])}",
+        agent_id: agent.id,
+        event_type: "kill_switch_recovered",
+        at: DateTime.to_iso8601(DateTime.utc_now()),
+        details: %{score: verdict.score, threshold: agent.kill_switch.threshold}
+      })
+    end
+
+    {:ok, verdict}
+  end
+
+  defp trip_details(agent, verdict, prompt) do
+    %{
+      score: verdict.score,
+      threshold: agent.kill_switch.threshold,
+      window_size: agent.kill_switch.window_size,
+      window_len: verdict.window_len,
+      similar_prompts: verdict.signals.similar_prompts,
+      similar_responses: verdict.signals.similar_responses,
+      repeated_tool_calls: verdict.signals.repeated_tool_calls,
+      prompt_hash: prompt && hex(prompt)
+    }
   end
 
   defp registered(agent_id) do

@@ -26,7 +26,15 @@ defmodule Observatory.Metrics do
     proxy_blocked: "observatory_proxy_blocked_responses_total",
     proxy_cancelled: "observatory_proxy_cancelled_requests_total",
     kill_switch_trips: "observatory_kill_switch_trips_total",
+    kill_switch_would_trips: "observatory_kill_switch_would_trips_total",
+    budget_refusals: "observatory_proxy_budget_refusals_total",
+    guidance_notes: "observatory_proxy_guidance_notes_total",
+    notifications_sent: "observatory_notifications_sent_total",
+    notifications_failed: "observatory_notifications_failed_total",
+    notifications_dropped: "observatory_notifications_dropped_total",
     verdict_errors: "observatory_verdict_errors_total",
+    step_replays: "observatory_step_replays_total",
+    step_conflicts: "observatory_step_conflicts_total",
     normal: nil,
     warning: nil,
     loop: nil,
@@ -122,7 +130,21 @@ defmodule Observatory.Metrics do
       "\n"
     ]
 
-    [counters, severities, verdicts, histogram]
+    [counters, severities, verdicts, histogram, remembered()]
+  end
+
+  # What the idempotency check holds now (Observatory.Gateway.Idempotency), as gauges.
+  defp remembered do
+    stats = Observatory.Gateway.Idempotency.stats()
+
+    for {name, value} <- [
+          {"observatory_idempotency_steps", stats.steps},
+          {"observatory_idempotency_sessions", stats.sessions},
+          {"observatory_idempotency_agents", stats.agents},
+          {"observatory_idempotency_bytes", stats.bytes}
+        ] do
+      ["# TYPE ", name, " gauge\n", name, " ", Integer.to_string(value), "\n"]
+    end
   end
 
   defp ref, do: :persistent_term.get(__MODULE__)

@@ -49,6 +49,22 @@ defmodule Observatory.Native do
   def replay_read_line_dirty(_line, _default_agent, _default_timestamp),
     do: :erlang.nif_error(:nif_not_loaded)
 
+  def answered_new, do: :erlang.nif_error(:nif_not_loaded)
+
+  def answered_claim(_store, _step, _fingerprint, _now_ms, _limits),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def answered_complete(_store, _session_id, _step_id, _seq, _answer),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def answered_release(_store, _session_id, _step_id, _seq),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def answered_sweep(_store, _now_ms, _window_ms), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_session_len(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_agent_len(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
+
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
 
   def step_analyze(_store, _session_id, _approach, _outcome, _thresholds, _history),
@@ -124,6 +140,13 @@ defmodule Observatory.Native do
   def kill_switch_len(_store), do: :erlang.nif_error(:nif_not_loaded)
 
   # Observatory.Proxy.Responses
+  def body_append_note(_body, _api, _note), do: :erlang.nif_error(:nif_not_loaded)
+  def body_append_note_dirty(_body, _api, _note), do: :erlang.nif_error(:nif_not_loaded)
+  def body_ensure_stream_usage(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def body_ensure_stream_usage_dirty(_body), do: :erlang.nif_error(:nif_not_loaded)
+  def body_top_level_fields(_body, _names), do: :erlang.nif_error(:nif_not_loaded)
+  def body_top_level_fields_dirty(_body, _names), do: :erlang.nif_error(:nif_not_loaded)
+
   def responses_request_fingerprint(_body, _source), do: :erlang.nif_error(:nif_not_loaded)
 
   def responses_request_fingerprint_dirty(_body, _source),

@@ -17,7 +17,10 @@ defmodule Observatory.Replay do
   turn's tool calls are the steps, each ingested once (see
   `Observatory.Replay.ProxyRequest`). A line that is not JSON, not an object, or that the
   gateway rejects is a *bad line*: counted, reported with its source and line number,
-  never fatal. A read or gzip error ends that source only and is reported apart.
+  never fatal. A step met again — the same session and `step_id` with the same body, as
+  in a log that recorded a client's retry — is answered as a replay by the gateway and
+  counted once (`replayed_steps` in the summary); the same `step_id` with another body
+  is a bad line. A read or gzip error ends that source only and is reported apart.
 
   ## The path each step takes
 
@@ -36,6 +39,11 @@ defmodule Observatory.Replay do
 
   ## Report
 
+  Recorded LLM requests also go through the kill switch and the budgets in a shadow
+  run (`Observatory.Replay.WouldTrip`): `would_trip` says which agents the kill
+  switch would have stopped and which sessions the budgets would have, at which
+  request, and what the refused requests would have saved.
+
   Per session: its steps, the step number (1-based, counting the session's accepted
   steps) and step_id of its first WARNING and first LOOP, its alerts, its lowest score
   and the step detector's first warn and block. `alerts` counts the steps whose ingest
@@ -52,7 +60,7 @@ defmodule Observatory.Replay do
     StepDetector
   }
 
-  alias Observatory.Replay.{Input, ProxyRequest, Record}
+  alias Observatory.Replay.{Input, ProxyRequest, Record, WouldTrip}
 
   @batch 256
   @in_flight 4
@@ -99,6 +107,7 @@ defmodule Observatory.Replay do
           bad: [%{source: String.t(), line: pos_integer(), reason: String.t()}],
           input_errors: [%{source: String.t(), reason: String.t()}],
           sessions: [session()],
+          would_trip: map() | nil,
           summary: map(),
           elapsed_us: non_neg_integer()
         }
@@ -291,6 +300,10 @@ defmodule Observatory.Replay do
     * `:timestamp` — `meta.timestamp` for flat records that have none (default: now).
     * `:max_bad_lines` — bad lines kept in the report with their reason, default
       #{@max_bad_default} (all are counted).
+    * `:kill_switch` — `[window_size: n, threshold: x]` for the recorded LLM requests'
+      shadow run (`Observatory.Replay.WouldTrip`), default the settings of new agents.
+    * `:budget` — budget limits for it (`Observatory.Budget.Settings`' keys), over the
+      configured defaults.
   """
   @spec run([source()], keyword()) :: report()
   def run(sources, opts \\ []) when is_list(sources) do
@@ -325,8 +338,8 @@ defmodule Observatory.Replay do
         bad: new_bad(max_bad),
         progress: Keyword.get(opts, :progress),
         total_bytes: total_bytes,
-        # Per session, the keys of the steps recorded LLM requests have carried.
-        request_keys: %{}
+        # What the kill switch and the budgets would have done to the recorded requests.
+        would_trip: WouldTrip.new(kill_switch_settings(opts), budget_settings(opts))
       }
 
       reader =
@@ -337,11 +350,29 @@ defmodule Observatory.Replay do
         end)
 
       states = finish_sink(reader.sink)
+      WouldTrip.stop(reader.would_trip)
       report(names, reader, states, max_bad, System.monotonic_time(:microsecond) - started)
     after
       Process.flag(:min_heap_size, heap)
     end
   end
+
+  # The kill switch's settings for the replay's shadow run: the options', else the
+  # defaults of new agents.
+  defp kill_switch_settings(opts) do
+    config = Application.get_env(:observatory, :kill_switch, [])
+
+    Map.merge(
+      %{
+        window_size: Keyword.get(config, :window_size, 5),
+        threshold: Keyword.get(config, :threshold, 5.5) / 1
+      },
+      Map.new(Keyword.get(opts, :kill_switch, []))
+    )
+  end
+
+  defp budget_settings(opts),
+    do: Map.merge(Observatory.Budget.Settings.defaults(), Map.new(Keyword.get(opts, :budget, [])))
 
   ## Reading (in the caller)
 
@@ -372,21 +403,26 @@ defmodule Observatory.Replay do
     reader = %{reader | lines: reader.lines + 1}
 
     case ProxyRequest.read(text) do
-      :not_request -> read_step(text, line_no, reader, name)
-      {:ok, session_id, steps} -> read_request_steps(reader, session_id, steps, name, line_no)
-      {:error, reason} -> %{reader | bad: add_bad(reader.bad, name, line_no, reason)}
+      :not_request ->
+        read_step(text, line_no, reader, name)
+
+      {:ok, session_id, steps, exchange} ->
+        reader = %{
+          reader
+          | would_trip: WouldTrip.observe(reader.would_trip, exchange, name, line_no)
+        }
+
+        read_request_steps(reader, session_id, steps, name, line_no)
+
+      {:error, reason} ->
+        %{reader | bad: add_bad(reader.bad, name, line_no, reason)}
     end
   end
 
-  # A recorded LLM request: the steps it carries that no earlier request of the session
-  # carried (a conversation is re-sent on every turn).
+  # A recorded LLM request: the steps it carries. A conversation is re-sent on every
+  # turn; a step an earlier request carried is answered as a replay, not counted.
   defp read_request_steps(reader, session_id, steps, name, line_no) do
-    seen = Map.get(reader.request_keys, session_id, MapSet.new())
-    new = Enum.reject(steps, fn {key, _json} -> MapSet.member?(seen, key) end)
-    seen = Enum.reduce(new, seen, fn {key, _json}, seen -> MapSet.put(seen, key) end)
-    reader = %{reader | request_keys: Map.put(reader.request_keys, session_id, seen)}
-
-    Enum.reduce(new, reader, fn {_key, json}, reader ->
+    Enum.reduce(steps, reader, fn {_key, json}, reader ->
       dispatch(reader, session_id, {:envelope, name, line_no, json})
     end)
   end
@@ -510,7 +546,12 @@ defmodule Observatory.Replay do
   # not on that process's heap: with many sessions a heap-resident map would be
   # copied over and over by the garbage collector.
   defp new_state(max_bad) do
-    %{sessions: :ets.new(__MODULE__, [:set, :private]), steps: 0, bad: new_bad(max_bad)}
+    %{
+      sessions: :ets.new(__MODULE__, [:set, :private]),
+      steps: 0,
+      replayed: 0,
+      bad: new_bad(max_bad)
+    }
   end
 
   defp lookup(state, session_id) do
@@ -536,6 +577,11 @@ defmodule Observatory.Replay do
         result(error, nil, name, line_no, :envelope, state)
     end
   end
+
+  # A step met before (its session and step_id, the same body): answered again by the
+  # gateway, not counted again.
+  defp result({:ok, %{replayed: true}}, _session, _name, _line_no, _kind, state),
+    do: %{state | replayed: state.replayed + 1}
 
   defp result({:ok, result}, session, name, line_no, _kind, state) do
     session = session || new_session(result, name, line_no)
@@ -680,6 +726,7 @@ defmodule Observatory.Replay do
       |> Enum.take(max_bad)
 
     steps = states |> Enum.map(& &1.steps) |> Enum.sum()
+    replayed = states |> Enum.map(& &1.replayed) |> Enum.sum()
     bad_count = bads |> Enum.map(& &1.count) |> Enum.sum()
     settings = settings()
 
@@ -698,9 +745,11 @@ defmodule Observatory.Replay do
       bad: bad,
       input_errors: Enum.reverse(reader.errors),
       sessions: sessions,
+      would_trip: if(reader.would_trip.requests > 0, do: WouldTrip.report(reader.would_trip)),
       summary: %{
         sessions: length(sessions),
         steps: steps,
+        replayed_steps: replayed,
         sessions_warning: Enum.count(sessions, & &1.first_warning),
         sessions_loop: Enum.count(sessions, & &1.first_loop),
         alerts: sessions |> Enum.map(& &1.alerts) |> Enum.sum(),

@@ -4,7 +4,7 @@ defmodule Observatory.Storage do
   (Mnesia started in `<:data_dir>/mnesia/<node>`, agent tables loaded) and creates the
   gateway's durable tables (`Observatory.Gateway.HITL`'s pauses and audit log,
   `Observatory.Gateway.StepDetector`'s blocks, the proxy's session-id secret:
-  `Observatory.Proxy.SessionId`); it comes before every process that reads them.
+  `Observatory.Proxy.SessionId`, the budgets' counters: `Observatory.Budget.Store`); it comes before every process that reads them.
 
   Then it watches Mnesia's supervisor. Mnesia is a temporary application: when it
   dies (`:mnesia_sup` killed, a disc error) nothing restarts it, and every read of
@@ -33,9 +33,34 @@ defmodule Observatory.Storage do
   Runs `fun` in a Mnesia transaction that is on disk when this returns (a
   `sync_transaction`, then `:mnesia.sync_log/0`) and returns `fun`'s result. An aborted
   transaction raises, naming `what`: callers never carry on as if it had happened.
+
+  In a cluster the write first passes `Observatory.Cluster.Gate`: while the replicas
+  are being reconciled (a node rejoining, a partition healing) it waits, at most the
+  cluster's `:write_timeout_ms`, then raises `Observatory.Cluster.Unavailable`
+  (answered `503 cluster_unavailable`) without having written anything.
   """
   @spec transaction(String.t(), (() -> result)) :: result when result: term()
   def transaction(what, fun) do
+    if Observatory.Cluster.enabled?() do
+      timeout = Observatory.Cluster.setting(:write_timeout_ms)
+
+      case Observatory.Cluster.Gate.pass(timeout, fn -> {:done, commit(what, fun)} end) do
+        {:done, result} ->
+          result
+
+        {:error, :closed} ->
+          raise Observatory.Cluster.Unavailable,
+            reason: :healing,
+            message:
+              "#{what}: the cluster is reconciling its replicas and did not take writes " <>
+                "within #{timeout} ms; nothing was written, retry"
+      end
+    else
+      commit(what, fun)
+    end
+  end
+
+  defp commit(what, fun) do
     case :mnesia.sync_transaction(fun) do
       {:atomic, result} ->
         _ = :mnesia.sync_log()
@@ -63,13 +88,14 @@ defmodule Observatory.Storage do
     tables =
       Observatory.Gateway.HITL.create_tables() ++
         Observatory.Gateway.StepDetector.create_tables() ++
-        Observatory.Proxy.SessionId.create_tables()
+        Observatory.Proxy.SessionId.create_tables() ++
+        Observatory.Budget.Store.create_tables() ++
+        Observatory.Notifications.create_tables() ++
+        Observatory.Cluster.Tombstones.create_table()
 
-    case :mnesia.wait_for_tables(tables, 30_000) do
-      :ok -> :ok
-      other -> raise "Mnesia tables #{inspect(tables)} did not load: #{inspect(other)}"
-    end
-
+    :ok = Observatory.Cluster.Store.await_tables(tables)
+    # In a cluster: this node's copy merged with the running nodes' (a restart).
+    :ok = Observatory.Cluster.Store.settle()
     sup = Process.whereis(:mnesia_sup) || raise "Mnesia is not running"
     {:ok, %{mnesia: Process.monitor(sup)}}
   end

@@ -9,7 +9,7 @@ defmodule Observatory.Telemetry do
 
   | event | measurements | metadata |
   |---|---|---|
-  | `[:observatory, :ingest, :stop]` | `duration` (native time units) | `result` (`:ok`, or the error's kind: `:invalid`), `session_id`, `agent_id` (`nil` unless `:ok`), `violations` (count) |
+  | `[:observatory, :ingest, :stop]` | `duration` (native time units) | `result` (`:ok`, or the error's kind: `:invalid`, `:conflict` …), `session_id`, `agent_id` (`nil` unless `:ok`), `violations` (count), `replayed` (`true`: a step answered before, given its first answer and not scored again) |
   | `[:observatory, :entropy, :score]` | `score` (0.0–1.0) | `session_id`, `agent_id`, `severity` (`:normal`, `:warning`, `:loop`) |
   | `[:observatory, :alert]` | `entropy_score`, `occurrence_count` | `session_id`, `agent_id`, `source` (`:entropy` or `:verdict`) |
   | `[:observatory, :hitl, :pause]`, `[:observatory, :hitl, :resume]` | `system_time` | `session_id`, `operator`, `reason` |

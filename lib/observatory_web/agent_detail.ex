@@ -27,18 +27,26 @@ defmodule ObservatoryWeb.AgentDetail do
         or off. Turning it on while no alert notification is configured (neither the
         agent's webhook nor the global one) opens a prompt to configure one
         (seed: "Notification check on enable"); the switch is on either way.
-      * `"save_settings"` `%{"window_size", "threshold"}` — form strings; the backend's
-        validation messages are shown next to the fields, with the values as typed.
+      * `"save_settings"` `%{"window_size", "threshold", "mode"}` — form strings; the
+        backend's validation messages are shown next to the fields, with the values as
+        typed.
       * `"save_webhook"` `%{"notification_webhook"}` — the agent's webhook; blank
         removes it. Closes the prompt once alerts go somewhere.
       * `"dismiss_prompt"` — closes the prompt.
       * `"activate"`, `"deactivate"` (`%{"reason" => text}` optional) — as the
         operator; audited in the agent's events.
+      * `"set_guidance"` `%{"setting" => "on" | "off" | "default"}` — guidance notes
+        for the agent's looping sessions (`Observatory.Proxy.Guidance`).
+      * `"save_budget"` — the budget's mode and limits (`Observatory.Budget.Settings`);
+        a blank limit is no limit.
+      * `"reset_budget"` — `%{"session_id" => id}` forgets what a session spent; no
+        session, the agent's rolling window.
     * `render/1` — safe HTML iodata (`ObservatoryWeb.AgentDetail.View`); buttons carry
       `phx-click`/`phx-value-*`, forms `phx-submit`.
 
-  Everything goes through `Observatory.KillSwitch` — the same functions the operator
-  API (`ObservatoryWeb.API.Agents`) calls — so the page and the API cannot disagree.
+  Everything goes through `Observatory.KillSwitch`, `Observatory.Budget` and
+  `Observatory.Proxy.Guidance` — the same functions the operator API
+  (`ObservatoryWeb.API.Agents`) calls — so the page and the API cannot disagree.
   The agent the page acts on is the one it was mounted for: events carry no agent id.
 
   ## Session keys
@@ -51,13 +59,18 @@ defmodule ObservatoryWeb.AgentDetail do
   require Logger
 
   alias ObservatoryWeb.LivePage
-  alias Observatory.KillSwitch
+  alias Observatory.{Budget, KillSwitch}
+  alias Observatory.Proxy.Guidance
   alias ObservatoryWeb.AgentDetail.View
   alias ObservatoryWeb.SessionClusterManager.Socket
 
-  @events ~w(toggle_kill_switch save_settings save_webhook dismiss_prompt activate deactivate)
+  @events ~w(toggle_kill_switch save_settings save_webhook dismiss_prompt activate deactivate
+             set_guidance save_budget reset_budget)
+  @budget_fields ~w(mode session_requests session_tokens session_cost_usd window_seconds
+                    window_requests window_tokens window_cost_usd)
   @refresh {__MODULE__, :refresh}
   @events_shown 20
+  @sessions_shown 10
 
   @type socket :: Socket.t() | struct()
 
@@ -90,6 +103,7 @@ defmodule ObservatoryWeb.AgentDetail do
       |> Socket.assign(:prompt, false)
       |> Socket.assign(:settings_form, nil)
       |> Socket.assign(:webhook_form, nil)
+      |> Socket.assign(:budget_form, nil)
       |> load()
 
     {:ok, socket}
@@ -147,22 +161,28 @@ defmodule ObservatoryWeb.AgentDetail do
 
   def handle_event("save_settings", params, socket)
       when is_map_key(params, "window_size") or is_map_key(params, "threshold") do
-    values = Map.take(params, ["window_size", "threshold"])
+    values = Map.take(params, ["window_size", "threshold", "mode"])
 
     changes =
       Map.new(values, fn
         {"window_size", value} -> {"window_size", integer(value)}
         {"threshold", value} -> {"threshold", number(value)}
+        {"mode", value} -> {"mode", value}
       end)
 
     case configure(socket, changes) do
       {:ok, agent} ->
-        %{window_size: size, threshold: threshold} = agent.kill_switch
+        %{window_size: size, threshold: threshold, mode: mode} = agent.kill_switch
 
         socket
         |> Socket.assign(:settings_form, nil)
         |> load()
-        |> notice({:info, "Saved: window of #{size} requests, threshold #{threshold}."})
+        # The mode is named when it is not the default (enforce).
+        |> notice(
+          {:info,
+           "Saved: window of #{size} requests, threshold #{threshold}" <>
+             if(mode == :enforce, do: ".", else: ", #{mode} mode.")}
+        )
 
       {:error, {:invalid, violations}} ->
         socket
@@ -238,6 +258,75 @@ defmodule ObservatoryWeb.AgentDetail do
     end
   end
 
+  def handle_event("set_guidance", %{"setting" => setting}, socket)
+      when setting in ["on", "off", "default"] do
+    value = %{"on" => true, "off" => false, "default" => nil}[setting]
+    opts = [operator: socket.assigns.operator]
+
+    case Guidance.configure(socket.assigns.agent_id, value, opts) do
+      {:ok, agent} ->
+        message =
+          if Guidance.enabled?(agent),
+            do:
+              "Guidance notes on: a looping session's next request tells the model what repeats.",
+            else: "Guidance notes off: requests go upstream as the agent sent them."
+
+        socket |> load() |> notice({:info, message})
+
+      {:error, reason} ->
+        notice(socket, {:error, "Not saved: #{describe(reason)}."})
+    end
+  end
+
+  def handle_event("save_budget", params, socket) when is_map(params) do
+    values = Map.take(params, @budget_fields)
+
+    changes =
+      Map.new(values, fn
+        {"mode", value} -> {"mode", value}
+        {key, value} -> {key, limit(value)}
+      end)
+
+    case Budget.configure(socket.assigns.agent_id, changes, operator: socket.assigns.operator) do
+      {:ok, _agent} ->
+        socket
+        |> Socket.assign(:budget_form, nil)
+        |> load()
+        |> notice({:info, "Budget saved."})
+
+      {:error, {:invalid, violations}} ->
+        socket
+        |> Socket.assign(:budget_form, form(values, violations))
+        |> notice({:error, "Not saved: check the highlighted fields."})
+
+      {:error, reason} ->
+        notice(socket, {:error, "Not saved: #{describe(reason)}."})
+    end
+  end
+
+  def handle_event("reset_budget", params, socket) do
+    session = params["session_id"]
+    opts = [operator: socket.assigns.operator]
+
+    opts =
+      if is_binary(session) and session != "", do: [{:session_id, session} | opts], else: opts
+
+    case Budget.reset(socket.assigns.agent_id, opts) do
+      {:ok, %{spent: spent}} ->
+        what = if opts[:session_id], do: "Session #{session}", else: "The rolling window"
+
+        socket
+        |> load()
+        |> notice(
+          {:info,
+           "#{what} reset (it had spent #{spent.requests} requests, #{spent[:tokens] || 0} tokens)."}
+        )
+
+      {:error, reason} ->
+        notice(socket, {:error, "Not reset: #{describe(reason)}."})
+    end
+  end
+
   def handle_event(event, params, socket) do
     Logger.debug("AgentDetail refused event #{inspect(event)} #{inspect(params)}")
     notice(socket, {:error, "Unknown action."})
@@ -261,6 +350,7 @@ defmodule ObservatoryWeb.AgentDetail do
 
     socket
     |> Socket.assign(:agent, agent)
+    |> Socket.assign(:usage, agent && Budget.agent_usage(agent, sessions: @sessions_shown))
     |> Socket.assign(:notifications_configured, configured?)
     |> Socket.assign(:score, agent && score(agent))
     |> Socket.assign(:events, events)
@@ -303,6 +393,16 @@ defmodule ObservatoryWeb.AgentDetail do
 
   defp number(value), do: value
 
+  # A budget limit as typed: blank is no limit.
+  defp limit(value) when is_binary(value) do
+    case String.trim(value) do
+      "" -> nil
+      text -> number(text)
+    end
+  end
+
+  defp limit(value), do: value
+
   defp form(values, violations) do
     %{
       values: values,
@@ -313,6 +413,11 @@ defmodule ObservatoryWeb.AgentDetail do
   defp describe(:agent_limit), do: "no more agents can be registered"
   defp describe(:invalid_agent_id), do: "an agent id is 1 to 256 bytes of UTF-8"
   defp describe(:not_found), do: "no such agent"
+  defp describe(:not_this_agent), do: "the session belongs to another agent"
+
+  defp describe(:no_majority),
+    do: "this node cannot reach the majority of its cluster; use a node of the majority"
+
   defp describe(other), do: inspect(other)
 
   defp notice(socket, message), do: {:noreply, Socket.assign(socket, :notice, message)}

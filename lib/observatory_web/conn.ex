@@ -187,18 +187,44 @@ defmodule ObservatoryWeb.Conn do
   @doc "The configured body limit in bytes."
   def max_body_bytes, do: Application.get_env(:observatory, :max_body_bytes, 1024 * 1024)
 
-  @doc "Answers with `data` as JSON."
-  @spec json(t(), pos_integer(), term()) :: :ok
-  def json(conn, status, data) do
+  @doc "Answers with `data` as JSON, and any extra headers."
+  @spec json(t(), pos_integer(), term(), [{String.t(), String.t()}]) :: :ok
+  def json(conn, status, data, headers \\ []) do
     send_resp(conn, status, "application/json", JSON.encode_lossy!(data), [
-      {"Cache-Control", "no-store"}
+      {"Cache-Control", "no-store"} | headers
     ])
   end
 
   @doc "Answers with a JSON error body `%{error: code, message: message, ...extra}`."
-  @spec error(t(), pos_integer(), String.t(), String.t(), map()) :: :ok
-  def error(conn, status, code, message, extra \\ %{}) do
-    json(conn, status, Map.merge(%{error: code, message: message}, extra))
+  @spec error(t(), pos_integer(), String.t(), String.t(), map(), [{String.t(), String.t()}]) ::
+          :ok
+  def error(conn, status, code, message, extra \\ %{}, headers \\ []) do
+    json(conn, status, Map.merge(%{error: code, message: message}, extra), headers)
+  end
+
+  @doc """
+  `503 no_majority`: this node of a cluster cannot reach a majority and refuses an
+  action that lowers safety state (`Observatory.Cluster.with_majority/2`); the body
+  names the nodes it cannot reach and everything it refuses until the partition heals.
+  """
+  @spec no_majority(t()) :: :ok
+  def no_majority(conn) do
+    status = Observatory.Cluster.status()
+
+    body = %{
+      error: "no_majority",
+      message:
+        "this gateway cannot reach a majority of its cluster (unreachable: " <>
+          "#{Enum.join(Map.get(status, :unreachable, []), ", ")}); until the partition heals it " <>
+          "refuses #{Enum.join(Observatory.Cluster.refused_without_majority(), ", ")}. " <>
+          "Retry on a node of the majority, or after the heal.",
+      unreachable: Map.get(status, :unreachable, []),
+      refused: Observatory.Cluster.refused_without_majority()
+    }
+
+    # No Retry-After: a partition may last, and some clients (OTP's httpc) retry a 503
+    # that carries one without end. The message says where to go instead.
+    json(conn, 503, body)
   end
 
   @doc "Answers with plain text."

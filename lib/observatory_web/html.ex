@@ -36,6 +36,41 @@ defmodule ObservatoryWeb.HTML do
   end
 
   @doc """
+  What an agent or session spent through the proxy (`Observatory.Budget`'s usage:
+  `requests`, `tokens`, `cost_usd`), the same words on every page; no cost when
+  nothing was priced.
+
+      iex> ObservatoryWeb.HTML.spend(%{requests: 1, tokens: 12_400, cost_usd: 0.0312}) |> IO.iodata_to_binary()
+      "1 request · 12,400 tokens · $0.0312"
+  """
+  @spec spend(%{requests: integer(), tokens: integer(), cost_usd: number()}) :: iodata()
+  def spend(%{requests: requests, tokens: tokens, cost_usd: cost}) do
+    [
+      delimit(requests),
+      if(requests == 1, do: " request", else: " requests"),
+      " · ",
+      delimit(tokens),
+      " tokens",
+      if(cost > 0, do: [" · $", :erlang.float_to_binary(cost / 1, decimals: 4)], else: "")
+    ]
+  end
+
+  @doc """
+  An integer with thousands separated by commas.
+
+      iex> ObservatoryWeb.HTML.delimit(1234567)
+      "1,234,567"
+  """
+  @spec delimit(integer()) :: String.t()
+  def delimit(n) when is_integer(n) do
+    n
+    |> Integer.to_string()
+    |> String.reverse()
+    |> String.replace(~r/(\d{3})(?=\d)/, "\\1,")
+    |> String.reverse()
+  end
+
+  @doc """
   Escapes `&`, `<`, `>`, `"` and `'`. Accepts a string, an atom, a number or `nil`
   (rendered as the empty string).
   """

@@ -29,25 +29,32 @@ defmodule ObservatoryWeb.Router do
   | GET | /api/v1/agents | operator | `ObservatoryWeb.API.Agents` |
   | GET | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | PUT | /api/v1/agents/:id/kill_switch | operator | `ObservatoryWeb.API.Agents` |
+  | PUT | /api/v1/agents/:id/guidance | operator | `ObservatoryWeb.API.Agents` |
+  | GET, PUT | /api/v1/agents/:id/budget | operator | `ObservatoryWeb.API.Agents` |
+  | POST | /api/v1/agents/:id/budget/reset | operator | `ObservatoryWeb.API.Agents` |
+  | GET | /api/v1/notifications/sinks | operator | `ObservatoryWeb.API.Notifications` |
+  | PUT, DELETE | /api/v1/notifications/sinks/:name | operator | `ObservatoryWeb.API.Notifications` |
+  | POST | /api/v1/notifications/sinks/:name/test | operator | `ObservatoryWeb.API.Notifications` |
   | POST | /api/v1/agents/:id/activate | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/deactivate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id | operator | `ObservatoryWeb.API.Agents` |
   | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
-  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down |
+  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down or a cluster node cannot reach a majority |
   | GET | /metrics | none | Prometheus text |
   """
 
   require Logger
 
-  @agent_actions ["kill_switch", "activate", "deactivate", "keys"]
+  @agent_actions ["kill_switch", "activate", "deactivate", "keys", "guidance", "budget"]
 
   alias ObservatoryWeb.API.{
     Agents,
     ChatCompletions,
     DecisionLogs,
     Messages,
+    Notifications,
     PassThrough,
     Responses,
     SessionList,
@@ -72,6 +79,17 @@ defmodule ObservatoryWeb.Router do
         true -> route(conn, conn.method, conn.path_info)
       end
     rescue
+      # A write the cluster could not take now (replicas being reconciled): nothing
+      # was written, and the client is told to retry.
+      exception in Observatory.Cluster.Unavailable ->
+        Conn.send_resp(
+          conn,
+          503,
+          "application/json",
+          Observatory.JSON.encode!(%{error: "cluster_unavailable", message: exception.message}),
+          [{"Retry-After", "1"}, {"Cache-Control", "no-store"}]
+        )
+
       exception ->
         message =
           "#{conn.method} /#{Enum.join(conn.path_info, "/")} failed: " <>
@@ -162,6 +180,26 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "PUT", ["api", "v1", "agents", id, "kill_switch"]),
     do: Agents.configure(conn, id)
 
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "guidance"]), do: Agents.guidance(conn, id)
+  defp route(conn, "GET", ["api", "v1", "agents", id, "budget"]), do: Agents.budget(conn, id)
+
+  defp route(conn, "PUT", ["api", "v1", "agents", id, "budget"]),
+    do: Agents.configure_budget(conn, id)
+
+  defp route(conn, "POST", ["api", "v1", "agents", id, "budget", "reset"]),
+    do: Agents.reset_budget(conn, id)
+
+  defp route(conn, "GET", ["api", "v1", "notifications", "sinks"]), do: Notifications.index(conn)
+
+  defp route(conn, "PUT", ["api", "v1", "notifications", "sinks", name]),
+    do: Notifications.put(conn, name)
+
+  defp route(conn, "DELETE", ["api", "v1", "notifications", "sinks", name]),
+    do: Notifications.delete(conn, name)
+
+  defp route(conn, "POST", ["api", "v1", "notifications", "sinks", name, "test"]),
+    do: Notifications.test(conn, name)
+
   defp route(conn, "POST", ["api", "v1", "agents", id, "activate"]), do: Agents.activate(conn, id)
 
   defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
@@ -177,14 +215,23 @@ defmodule ObservatoryWeb.Router do
   defp route(conn, "DELETE", ["api", "v1", "agents", id, "keys", key_id]),
     do: Agents.revoke_key(conn, id, key_id)
 
+  # In a cluster the body says how this node sees it: who it runs with, whom it
+  # cannot reach, and (without a majority) what it refuses.
   defp route(conn, "GET", ["healthz"]) do
+    cluster = Observatory.Health.cluster()
+
     case Observatory.Health.check() do
       {:ok, checks} ->
         sessions = Observatory.Gateway.EntropyTracker.stats().sessions
-        Conn.json(conn, 200, %{status: "ok", checks: checks, sessions: sessions})
+
+        Conn.json(
+          conn,
+          200,
+          Map.merge(%{status: "ok", checks: checks, sessions: sessions}, cluster)
+        )
 
       {:error, checks} ->
-        Conn.json(conn, 503, %{status: "degraded", checks: checks})
+        Conn.json(conn, 503, Map.merge(%{status: "degraded", checks: checks}, cluster))
     end
   end
 
@@ -211,7 +258,10 @@ defmodule ObservatoryWeb.Router do
   defp known_path?(["api", "v1", "agents" | rest]),
     do:
       match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest) or
-        match?([_, "keys", _], rest)
+        match?([_, "keys", _], rest) or match?([_, "budget", "reset"], rest)
+
+  defp known_path?(["api", "v1", "notifications", "sinks" | rest]),
+    do: match?([], rest) or match?([_], rest) or match?([_, "test"], rest)
 
   defp known_path?(["healthz"]), do: true
   defp known_path?(["metrics"]), do: true

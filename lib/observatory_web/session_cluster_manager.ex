@@ -76,7 +76,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
       HITL.topic(),
       StepDetector.topic(),
       LoopVerdict.topic(),
-      Observatory.Gateway.Alerts.topic()
+      Observatory.Gateway.Alerts.topic(),
+      Observatory.Cluster.Monitor.topic()
     ]
 
   @doc "Mounts the manager; see the module doc."
@@ -172,6 +173,15 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> noreply()
   end
 
+  # In a cluster: the replicas were merged after a partition or a restart. The
+  # operator is told what was decided, when anything was (an empty heal says nothing).
+  def handle_info(%{event_type: "cluster_reconciled", report: %{changed: 0}}, socket),
+    do: {:noreply, socket}
+
+  def handle_info(%{event_type: "cluster_reconciled", report: report}, socket) do
+    notice(socket, {:info, reconciled(report)})
+  end
+
   def handle_info(%{event_type: "decision_log", session_id: id}, socket) do
     {:noreply, schedule_reload(socket, id)}
   end
@@ -198,7 +208,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   def handle_event("pause_inspect", %{"session_id" => id}, socket) when is_binary(id) do
     opts = [operator: socket.assigns.operator, reason: "Pause and Inspect"]
 
-    case Cluster.on_owner(id, HITL, :pause, [id, opts]) do
+    case HITL.pause(id, opts) do
       {:ok, _entry} -> inspect_paused(socket, id, {:info, "Paused. The agent is told to wait."})
       {:error, :already_paused} -> inspect_paused(socket, id, {:info, "Already paused."})
       {:error, reason} -> notice(socket, {:error, "Could not pause: #{reason}."})
@@ -233,7 +243,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
   def handle_event("resume", %{"session_id" => id}, socket) when is_binary(id) do
     opts = [operator: socket.assigns.operator, reason: "Resumed from the dashboard"]
 
-    case Cluster.on_owner(id, HITL, :resume, [id, opts]) do
+    case HITL.resume(id, opts) do
       {:ok, _entry} ->
         socket
         |> Socket.assign(:fleet, Fleet.resume(socket.assigns.fleet, id))
@@ -242,6 +252,9 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
       {:error, :not_paused} ->
         socket |> reload_inspect(id) |> notice({:info, "The session is not paused."})
+
+      {:error, :no_majority} ->
+        notice(socket, {:error, no_majority("resume")})
 
       {:error, reason} ->
         notice(socket, {:error, "Could not resume: #{reason}."})
@@ -258,9 +271,18 @@ defmodule ObservatoryWeb.SessionClusterManager do
 
   def handle_event("reset_step", %{"session_id" => id}, socket) when is_binary(id) do
     message =
-      case Cluster.on_owner(id, StepDetector, :reset, [id, [operator: socket.assigns.operator]]) do
-        :ok -> {:info, "Step detector reset: the session may run again."}
-        {:error, :unknown_session} -> {:info, "The step detector has nothing for this session."}
+      case Cluster.call_owner(id, StepDetector, :reset, [id, [operator: socket.assigns.operator]]) do
+        {:ok, :ok} ->
+          {:info, "Step detector reset: the session may run again."}
+
+        {:ok, {:error, :unknown_session}} ->
+          {:info, "The step detector has nothing for this session."}
+
+        {:ok, {:error, :no_majority}} ->
+          {:error, no_majority("reset")}
+
+        {:error, :owner_unavailable} ->
+          {:error, "The session's node did not answer; retry."}
       end
 
     # Fresh, not the shared listing: the operator looks for the reset's effect.
@@ -272,6 +294,31 @@ defmodule ObservatoryWeb.SessionClusterManager do
   def handle_event(event, params, socket) do
     Logger.debug("SessionClusterManager refused event #{inspect(event)} #{inspect(params)}")
     notice(socket, {:error, "Unknown action."})
+  end
+
+  defp reconciled(report) do
+    what =
+      case report do
+        %{kind: :heal, losers: losers} ->
+          "healed a partition (#{Enum.join(losers, ", ")} rejoined)"
+
+        %{kind: :restart, joined: node} ->
+          "merged the copy of #{node}, restarted"
+
+        _ ->
+          "found its replicas different and merged them"
+      end
+
+    {shown, rest} = Enum.split(report.notes, 3)
+    more = if rest == [], do: "", else: " (and #{length(rest)} more: see /healthz)"
+
+    "The cluster #{what}: #{report.changed} record(s) reconciled. " <>
+      Enum.join(shown, "; ") <> more
+  end
+
+  defp no_majority(what) do
+    "Could not #{what}: this node cannot reach the majority of its cluster, and " <>
+      "refuses to lower safety state until the partition heals. Use a node of the majority."
   end
 
   @doc "The manager as HTML iodata; every agent-supplied string is escaped."
@@ -368,8 +415,12 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp alerts_snapshot,
     do: SnapshotCache.fetch({__MODULE__, :alerts}, max_age(), &alert_list/0)
 
-  # Every member's alerted sessions (issue 14): each is on its session's owner.
-  defp alert_list, do: Observatory.Gateway.Alerts.gather(limit: @snapshot_limit)
+  # Every member's alerted sessions (issue 14): each is on its session's owner. Each
+  # with what it spent through the proxy (budgets are replicated: read here).
+  defp alert_list do
+    for alert <- Observatory.Gateway.Alerts.gather(limit: @snapshot_limit),
+        do: Map.put(alert, :usage, Observatory.Budget.session_usage(alert.session_id))
+  end
 
   defp max_age,
     do: div(Application.get_env(:observatory, :dashboard_refresh_ms, 2_000) * 9, 10)

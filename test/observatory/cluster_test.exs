@@ -63,6 +63,14 @@ defmodule Observatory.ClusterTest do
       assert Cluster.members() == [node()]
       assert Cluster.wrap([:a]) == [:a]
     end
+
+    test "with clustering off a node is its own majority: nothing is refused, /healthz has no cluster section" do
+      assert Cluster.majority?()
+      assert Cluster.with_majority("anything", fn -> :done end) == :done
+      assert Cluster.status() == %{members: [node()], inconsistent: [], majority: true}
+      assert Observatory.Health.cluster() == %{}
+      refute Map.has_key?(elem(Observatory.Health.check(), 1), "cluster")
+    end
   end
 
   # A one-zone DNS server: A records for the names in `zone`, NXDOMAIN for others.
@@ -241,6 +249,69 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "idempotent ingest: the owner decides" do
+    test "a retry after the owner's 503 is counted once, whichever node it reaches",
+         %{nodes: [a, b, c]} do
+      session = owned_by(b, [a, b, c], "sess-retry")
+      [step] = steps(session, 1)
+      step = put_in(step, ["meta", "agent_id"], "agent-http")
+      body = JSON.encode!(step)
+      window = fn -> :erpc.call(b, Observatory.Gateway.EntropyTracker, :window, [session]) end
+
+      # b is slow: it starts scoring the step in time, then takes longer than a waits.
+      previous = :erpc.call(b, Observatory.Test.HeldStep, :hold, [session])
+      config = :erpc.call(a, Cluster, :config, [])
+
+      :ok =
+        :erpc.call(a, Application, :put_env, [
+          :observatory,
+          :cluster,
+          Keyword.put(config, :rpc_timeout_ms, 300)
+        ])
+
+      port_a = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
+
+      assert %{status: 503, body: refused} =
+               http(:post, port_a, "/api/v1/decision_logs", body, "test-agent-key")
+
+      assert refused =~ "owner_unavailable"
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+      # b did take the step: its window has it, and it is still scoring it.
+      assert length(window.()) == 1
+
+      # A retry meanwhile, through c: told to retry, not scored a second time.
+      assert {:error, {:in_progress, %{path: "meta.step_id"}}} =
+               :erpc.call(c, SchemaInterceptor, :ingest, [step, [agent: "agent-http"]])
+
+      :erpc.call(b, Observatory.Test.HeldStep, :release, [])
+
+      # The client retries, through c, then through a: the owner's first answer twice.
+      answers =
+        for node <- [c, a] do
+          port = :erpc.call(node, ObservatoryWeb.Endpoint, :port, [])
+
+          assert %{status: 200, body: answer} =
+                   http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")
+
+          {:ok, answer} = JSON.decode(answer)
+          answer
+        end
+
+      :erpc.call(b, Observatory.Telemetry, :put_dispatcher, [previous])
+      assert [%{"replayed" => true} = first, %{"replayed" => true} = second] = answers
+      assert first == second
+      assert first["verdict"]["step_number"] == 1
+      assert length(window.()) == 1
+      assert :erpc.call(b, Observatory.Gateway.SessionLog, :count, [session]) == 1
+      assert :erpc.call(b, Observatory.Gateway.Idempotency, :count, [{:session, session}]) == 1
+      # Nothing scored or remembered anywhere else.
+      for n <- [a, c] do
+        assert :erpc.call(n, Observatory.Gateway.EntropyTracker, :session, [session]) == nil
+        assert :erpc.call(n, Observatory.Gateway.Idempotency, :count, [{:session, session}]) == 0
+      end
+    end
+  end
+
   describe "issue 14: the whole fleet on every node" do
     test "the session API, Inspect and Pause work on a node that does not own the session",
          %{nodes: [a, b, c]} do
@@ -399,19 +470,6 @@ defmodule Observatory.ClusterDistributedTest do
 
       assert :erpc.call(d, :mnesia, :table_info, [:observatory_agents, :storage_type]) ==
                :disc_copies
-    end
-
-    test "Mnesia's inconsistent_database after a partition is reported by Cluster.status/0",
-         %{nodes: [a, b, _c]} do
-      assert %{inconsistent: [], members: [_, _, _]} = :erpc.call(a, Cluster, :status, [])
-      # The process subscribed to Mnesia's system events once Mnesia ran.
-      pid = :erpc.call(a, Process, :whereis, [Cluster])
-      assert pid in :erpc.call(a, :mnesia, :system_info, [:subscribers])
-      # What Mnesia sends its :system subscribers when a partition heals with writes
-      # on both sides (Mnesia's own detection is not staged here).
-      event = {:mnesia_system_event, {:inconsistent_database, :running_partitioned_network, b}}
-      :erpc.call(a, Kernel, :send, [Cluster, event])
-      assert %{inconsistent: [^b]} = :erpc.call(a, Cluster, :status, [])
     end
 
     test "a kill-switch deactivation on node A refuses the agent's next proxy request on node C",

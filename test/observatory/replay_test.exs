@@ -254,6 +254,28 @@ defmodule Observatory.ReplayTest do
     end
   end
 
+  describe "a step met again (a log that recorded a client's retry)" do
+    test "the same envelope twice is one step; the same step_id with another body is a bad line",
+         %{sid: sid} do
+      retried = envelope(sid, 1)
+      changed = envelope(sid, 1, %{"action" => %{"tool_call" => "grep", "status" => "failure"}})
+      report = run_lines([retried, retried, envelope(sid, 2), changed])
+
+      assert %{steps: 2} = session(report, sid)
+      assert report.summary.replayed_steps == 1
+      assert [%{line: 4, reason: reason}] = report.bad
+      assert reason =~ ~s(meta.step_id "#{sid}-env-1" of session "#{sid}" was already recorded)
+      assert IO.iodata_to_binary(Report.text(report)) =~ ~r/steps met again\s+1/
+    end
+
+    test "flat records with their own step_id, repeated, count once", %{sid: sid} do
+      line = flat(sid, %{"step_id" => "own-1"})
+      report = run_lines([line, line, line])
+      assert %{steps: 1} = session(report, sid)
+      assert report.summary.replayed_steps == 2
+    end
+  end
+
   describe "issue 15: a recorded proxy log (LLM requests)" do
     # The OpenAI conversation an agent re-sends on every turn: turn k carries k answered
     # tool calls, the same failing build each time.
@@ -303,6 +325,8 @@ defmodule Observatory.ReplayTest do
       assert %{step: 3} = s.first_verdict_loop
       assert s.verdict_rule == :repeat
       assert report.bad_lines == 0
+      # The re-sent request's step: answered again by the gateway, not counted again.
+      assert report.summary.replayed_steps == 1
     end
 
     test "Anthropic Messages requests, and a session derived from the conversation" do
@@ -368,7 +392,7 @@ defmodule Observatory.ReplayTest do
       assert [%{line: 1, reason: "request.messages must be a list"}, %{line: 2, reason: reason}] =
                report.bad
 
-      assert reason =~ "api must be chat_completions or messages"
+      assert reason =~ "api must be chat_completions, messages or responses"
       assert %{steps: 1} = session(report, sid)
       assert %{steps: 1} = session(report, sid <> "-env")
     end
@@ -552,6 +576,7 @@ defmodule Observatory.ReplayTest do
       assert report.summary == %{
                sessions: 14,
                steps: 266,
+               replayed_steps: 0,
                sessions_warning: 10,
                sessions_loop: 8,
                alerts: 45,

@@ -44,11 +44,29 @@ defmodule Observatory.TelemetryTest do
 
       {m, meta} = receive_event([:observatory, :ingest, :stop], sid)
       assert is_integer(m.duration) and m.duration >= 0
-      assert meta == %{result: :ok, session_id: sid, agent_id: "agent-tel", violations: 0}
+
+      assert meta == %{
+               result: :ok,
+               session_id: sid,
+               agent_id: "agent-tel",
+               violations: 0,
+               replayed: false
+             }
 
       {m, meta} = receive_event([:observatory, :entropy, :score], sid)
       assert m == %{score: 1.0}
       assert meta == %{session_id: sid, agent_id: "agent-tel", severity: :normal}
+    end
+
+    test "a retried step: ingest stop says replayed, and nothing is scored again", %{sid: sid} do
+      ingest(sid, 1)
+      {_, %{replayed: false}} = receive_event([:observatory, :ingest, :stop], sid)
+      {_, _} = receive_event([:observatory, :entropy, :score], sid)
+
+      ingest(sid, 1)
+      {_, meta} = receive_event([:observatory, :ingest, :stop], sid)
+      assert %{result: :ok, replayed: true} = meta
+      refute_received {:telemetry, [:observatory, :entropy, :score], _, %{session_id: ^sid}}
     end
 
     test "a rejected envelope: ingest stop with result :invalid and the violation count" do

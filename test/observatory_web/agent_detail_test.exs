@@ -302,7 +302,10 @@ defmodule ObservatoryWeb.AgentDetailTest do
       socket = mount!(id) |> event("save_settings", %{"window_size" => "5", "threshold" => "8"})
 
       assert %{kill_switch: %{enabled: true, window_size: 5, threshold: 8.0}} = Agents.get(id)
-      assert socket.assigns.notice == {:info, "Saved: window of 5 requests, threshold 8.0."}
+
+      assert socket.assigns.notice ==
+               {:info, "Saved: window of 5 requests, threshold 8.0."}
+
       assert socket.assigns.settings_form == nil
 
       [changed | _] = KillSwitch.events(agent_id: id)

@@ -95,6 +95,7 @@ defmodule ObservatoryWeb.AgentsAPITest do
                "enabled" => true,
                "window_size" => 25,
                "threshold" => 12.5,
+               "mode" => "enforce",
                "max_score" => 108.0
              }
 
@@ -110,6 +111,7 @@ defmodule ObservatoryWeb.AgentsAPITest do
                "enabled" => true,
                "window_size" => 2,
                "threshold" => 12.5,
+               "mode" => "enforce",
                "max_score" => 4.5
              }
 
@@ -200,7 +202,7 @@ defmodule ObservatoryWeb.AgentsAPITest do
         {%{notification_webhook: "ftp://x"},
          "notification_webhook must be an http:// or https:// URL"},
         {%{windowSize: 5},
-         "windowSize is not a setting (use enabled, notification_webhook, threshold, window_size)"}
+         "windowSize is not a setting (use enabled, mode, notification_webhook, threshold, window_size)"}
       ]
 
       for {settings, message} <- cases do

@@ -40,8 +40,12 @@ defmodule ObservatoryWeb.APITest do
     end
 
     test "the loop verdict is in the answer, with its reason and evidence", %{sid: sid} do
-      failed = msg(sid, %{"action" => %{"result" => %{"error" => "ENOENT: config.yml"}}})
-      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", failed)
+      # Three steps (each its own step_id) with the same call and the same failure.
+      failed = fn ->
+        msg(sid, %{"action" => %{"result" => %{"error" => "ENOENT: config.yml"}}})
+      end
+
+      [_, second, third] = for _ <- 1..3, do: HTTP.post_json("/api/v1/decision_logs", failed.())
       assert %{"verdict" => %{"verdict" => "suspect", "rule" => "repeat"}} = second.body
 
       assert %{
@@ -270,6 +274,9 @@ defmodule ObservatoryWeb.APITest do
     assert metrics.body =~ ~s(observatory_ingest_duration_microseconds_bucket{le="+Inf"})
     assert metrics.body =~ ~s(observatory_severity_total{severity="loop"})
     assert metrics.body =~ ~s(observatory_verdict_total{verdict="suspect"})
+    assert metrics.body =~ ~r/^observatory_step_replays_total \d+$/m
+    assert metrics.body =~ ~r/^observatory_idempotency_steps \d+$/m
+    assert metrics.body =~ ~r/^observatory_idempotency_bytes \d+$/m
     assert HTTP.get("/nope").status == 404
     assert HTTP.get("/api/v1/decision_logs").status == 405
   end

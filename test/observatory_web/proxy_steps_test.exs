@@ -4,8 +4,8 @@ defmodule ObservatoryWeb.ProxyStepsTest do
   # interceptor and HITL. Changes :llm_upstream: not async.
   use ExUnit.Case, async: false
 
-  alias Observatory.Gateway.{Events, HITL, SessionLog}
-  alias Observatory.JSON
+  alias Observatory.Gateway.{DecisionLog, Events, HITL, Idempotency, SessionLog}
+  alias Observatory.{JSON, Metrics}
   alias Observatory.Proxy.Steps
   alias Observatory.Test.{HTTP, Upstream}
 
@@ -97,10 +97,14 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       # Three different calls: three tuples, nothing repeats.
       assert envelope["cognition"]["entropy_score"] == 1.0
 
-      # A retry of the same turn (the SDK after a timeout) adds nothing.
+      # A retry of the same turn (the SDK after a timeout) adds nothing: the gateway
+      # answers its step as a replay.
+      {proxied, replays} = {Metrics.get(:proxy_steps), Metrics.get(:step_replays)}
       assert chat(agent, conversation("Fix build #{n}", 3), headers).status == 200
       assert length(steps(session)) == 3
       assert SessionLog.count(session) == 3
+      assert Metrics.get(:proxy_steps) == proxied
+      assert Metrics.get(:step_replays) > replays
     end
 
     test "without X-Session-Id the session is derived from the conversation, stable across turns",
@@ -279,11 +283,14 @@ defmodule ObservatoryWeb.ProxyStepsTest do
       assert count == 0
       assert log =~ "is a session of another agent"
       assert length(steps(session)) == 1
-      # The refused step is not remembered as ingested: were it allowed later, the turn
+      # The refused step is not remembered as answered: were it allowed later, the turn
       # re-sent would bring it in (review finding: a claimed key was kept on refusal).
       other_body = decode(JSON.encode!(conversation("Other #{n}", 1)))
-      [{key, _}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
-      assert Observatory.Proxy.StepMemory.claim("#{victim}-other", session, key)
+      [{_key, refused}] = Steps.envelopes(:openai, "#{victim}-other", session, other_body)
+      {:ok, _parsed, fields} = DecisionLog.from_map(refused)
+      assert {:new, ticket} = Idempotency.claim(fields)
+
+      Idempotency.release(ticket)
 
       body = decode(JSON.encode!(conversation("Fix #{n}", 2)))
       assert Steps.record(:openai, victim, session, body) == 1

@@ -72,7 +72,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
                "gateway:hitl",
                "gateway:loop_detection",
                "gateway:loop_verdict",
-               "gateway:alerts"
+               "gateway:alerts",
+               "gateway:cluster"
              ]
     end
 
@@ -823,6 +824,42 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       Application.put_env(:observatory, :alert_source, :verdict)
       socket = mount!()
       assert %{verdict: :suspect, base: "blocked"} = socket.assigns.fleet[sid]
+    end
+  end
+
+  describe "a cluster's reconciliation shown to the operator" do
+    test "a heal's decisions reach the page as a notice, escaped" do
+      socket = mount!()
+
+      report = %{
+        kind: :heal,
+        losers: [:"obs3@10.0.0.3"],
+        changed: 5,
+        notes: [
+          "agent \"#{@hostile}\": inactive on obs3, active on obs1: kept inactive, the safer state",
+          "session \"s1\": paused on obs3, not on obs1: paused everywhere",
+          "agent key k1 of \"a\": revoked (its revocation holds)",
+          "session \"s2\": blocked everywhere"
+        ]
+      }
+
+      Events.broadcast("gateway:cluster", %{event_type: "cluster_reconciled", report: report})
+      assert_receive %{event_type: "cluster_reconciled"} = event
+      socket = feed(socket, [event])
+
+      assert {:info, text} = socket.assigns.notice
+      assert text =~ "healed a partition (obs3@10.0.0.3 rejoined): 5 record(s) reconciled"
+      assert text =~ "kept inactive, the safer state"
+      assert text =~ "and 1 more: see /healthz"
+
+      html = html(socket)
+      refute html =~ @hostile
+      assert html =~ "&lt;img src=x"
+
+      # A heal that changed nothing leaves the notice as it was.
+      quiet = %{report | changed: 0, notes: []}
+      socket = feed(socket, [%{event_type: "cluster_reconciled", report: quiet}])
+      assert {:info, ^text} = socket.assigns.notice
     end
   end
 end

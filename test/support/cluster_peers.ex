@@ -15,28 +15,55 @@ defmodule Observatory.Test.ClusterPeers do
   cluster of `all` (full node names). Returns `{peer, node}`.
   """
   def start(short, all, root, env \\ []) do
+    # The peer is controlled over a TCP connection of its own, not distribution, and
+    # this node reaches it over a hidden connection: the test runner is never a
+    # member of the peers' `global` group, so a partition staged between peers
+    # neither involves it nor cuts it from a peer (a peer whose controlling
+    # connection drops stops).
     {:ok, peer, node} =
       :peer.start_link(%{
         name: short,
         host: ~c"127.0.0.1",
         longnames: true,
+        connection: 0,
         args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
       })
+
+    true = :net_kernel.hidden_connect_node(node)
 
     config =
       Application.get_all_env(:observatory)
       |> Keyword.merge(
         data_dir: Path.join(root, Atom.to_string(short)),
-        cluster: [nodes: all, poll_ms: 200, rpc_timeout_ms: 5_000, join_timeout_ms: 10_000]
+        cluster: Keyword.merge(cluster_config(all), Keyword.get(env, :cluster, []))
       )
       |> Keyword.put(ObservatoryWeb.Endpoint, server: true, ip: {127, 0, 0, 1}, port: 0)
-      |> Keyword.merge(env)
+      |> Keyword.merge(Keyword.delete(env, :cluster))
 
     :ok = :erpc.call(node, Application, :put_env, [:logger, :level, :warning])
     :ok = :erpc.call(node, Application, :load, [:observatory])
     for {k, v} <- config, do: :ok = :erpc.call(node, Application, :put_env, [:observatory, k, v])
     {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:observatory], 30_000)
     {peer, node}
+  end
+
+  @doc """
+  The peers' `:cluster` configuration: short timings, so that the tests of frozen
+  members and partitions run in seconds (the defaults are in `Observatory.Cluster`).
+  """
+  def cluster_config(all) do
+    [
+      nodes: all,
+      poll_ms: 200,
+      rpc_timeout_ms: 5_000,
+      join_timeout_ms: 10_000,
+      heartbeat_ms: 500,
+      member_timeout_ms: 3_000,
+      write_timeout_ms: 5_000,
+      heal_timeout_ms: 10_000,
+      load_timeout_ms: 10_000,
+      verify_ms: 60_000
+    ]
   end
 
   @doc "Waits until every node in `nodes` sees exactly `members` as the live members."

@@ -3,17 +3,37 @@ defmodule Observatory.Test.ToolConversation do
   The request bodies a tool-calling agent on an SDK sends: the task, then each tool
   call of the model with the result the agent sent back, the whole conversation
   re-sent on every turn. In the OpenAI Chat Completions shape (`tool_calls` and
-  `role: "tool"` messages) or the Anthropic Messages shape (`tool_use` and
-  `tool_result` blocks).
+  `role: "tool"` messages), the Anthropic Messages shape (`tool_use` and
+  `tool_result` blocks) or the OpenAI Responses shape (`function_call` and
+  `function_call_output` items in `input`).
   """
 
   alias Observatory.JSON
 
-  @type api :: :chat_completions | :messages
+  @type api :: :chat_completions | :messages | :responses
   @type turn :: {name :: String.t(), arguments :: map(), result :: String.t()}
 
   @doc "The body of the request sent after `turns`, as a map."
   @spec body(api(), String.t(), [turn()]) :: map()
+  def body(:responses, task, turns) do
+    items =
+      turns
+      |> Enum.with_index(1)
+      |> Enum.flat_map(fn {{name, args, result}, k} ->
+        [
+          %{
+            "type" => "function_call",
+            "call_id" => "call_#{k}",
+            "name" => name,
+            "arguments" => JSON.encode!(args)
+          },
+          %{"type" => "function_call_output", "call_id" => "call_#{k}", "output" => result}
+        ]
+      end)
+
+    %{"model" => "test-model", "input" => [user(task) | items]}
+  end
+
   def body(api, task, turns) do
     history =
       turns

@@ -75,7 +75,24 @@ defmodule Mix.Tasks.Observatory.Replay do
     * `--no-progress`, `--quiet` (`-q`) — no progress bar; it is drawn on stderr when
       stderr is a terminal, or always with `--progress`
 
+  Recorded LLM requests also go through the kill switch and the budgets in a shadow
+  run (`Observatory.Replay.WouldTrip`); its settings:
+
+    * `--kill-switch-window N`, `--kill-switch-threshold X` — default: the settings of
+      new agents (`config :observatory, :kill_switch`; 5 and 5.5)
+    * `--budget-session-requests N`, `--budget-session-tokens N`,
+      `--budget-session-cost USD`, `--budget-window-requests N`,
+      `--budget-window-tokens N`, `--budget-window-cost USD`, `--budget-window-seconds N`
+      — limits, over the defaults of new agents (`config :observatory, :budgets,
+      :defaults`)
+    * `--prices FILE` — the price table, JSON: `{"gpt-4.1": {"input": 2.0, "output": 8.0}}`
+      (USD per million tokens), instead of `config :observatory, :budgets, :prices`
+
   ## Report
+
+  For recorded LLM requests, which agents the kill switch would have stopped and which
+  sessions (or agents' windows) the budgets would have, at which request and line,
+  and what the requests refused from there would have saved (requests, tokens, cost).
 
   Per session: its accepted steps; the step number (1-based, counting the session's
   accepted steps) of its first WARNING and first LOOP; its alerts; its lowest entropy
@@ -129,7 +146,26 @@ defmodule Mix.Tasks.Observatory.Replay do
     revisit_window: :integer,
     revisit_suspect: :integer,
     revisit_loop: :string,
-    extra_volatile_keys: :keep
+    extra_volatile_keys: :keep,
+    kill_switch_window: :integer,
+    kill_switch_threshold: :float,
+    budget_session_requests: :integer,
+    budget_session_tokens: :integer,
+    budget_session_cost: :float,
+    budget_window_seconds: :integer,
+    budget_window_requests: :integer,
+    budget_window_tokens: :integer,
+    budget_window_cost: :float,
+    prices: :string
+  ]
+  @budget_flags [
+    budget_session_requests: "session_requests",
+    budget_session_tokens: "session_tokens",
+    budget_session_cost: "session_cost_usd",
+    budget_window_seconds: "window_seconds",
+    budget_window_requests: "window_requests",
+    budget_window_tokens: "window_tokens",
+    budget_window_cost: "window_cost_usd"
   ]
   @overrides [
     :window_size,
@@ -173,6 +209,7 @@ defmodule Mix.Tasks.Observatory.Replay do
       e in ArgumentError -> Mix.raise("observatory.replay: #{Exception.message(e)}")
     end
 
+    shadow = shadow_settings!(opts)
     workers = Keyword.get(opts, :workers, System.schedulers_online())
     workers >= 1 || Mix.raise("observatory.replay: --workers must be at least 1")
     progress = progress(opts)
@@ -181,7 +218,7 @@ defmodule Mix.Tasks.Observatory.Replay do
 
     report =
       try do
-        Replay.run(sources, workers: workers, progress: progress && progress.update)
+        Replay.run(sources, [workers: workers, progress: progress && progress.update] ++ shadow)
       after
         Logger.configure(level: level)
         progress && progress.clear.()
@@ -199,6 +236,68 @@ defmodule Mix.Tasks.Observatory.Replay do
     end
 
     report
+  end
+
+  # The kill switch's and the budgets' settings for the shadow run of recorded LLM
+  # requests, and the price table (--prices FILE, JSON: model => {input, output, …}).
+  defp shadow_settings!(opts) do
+    if file = opts[:prices] do
+      prices =
+        with {:ok, text} <- File.read(file),
+             {:ok, %{} = prices} <- Observatory.JSON.decode(text) do
+          prices
+        else
+          _ ->
+            Mix.raise(
+              "observatory.replay: --prices #{file} must be a JSON object of model => prices"
+            )
+        end
+
+      budgets = Application.get_env(:observatory, :budgets, [])
+      Application.put_env(:observatory, :budgets, Keyword.put(budgets, :prices, prices))
+
+      try do
+        Observatory.Budget.Prices.check!()
+      rescue
+        e in ArgumentError ->
+          Mix.raise("observatory.replay: --prices #{file}: #{Exception.message(e)}")
+      end
+    end
+
+    kill_switch =
+      for {flag, key} <- [kill_switch_window: :window_size, kill_switch_threshold: :threshold],
+          Keyword.has_key?(opts, flag),
+          do: {key, opts[flag]}
+
+    if n = kill_switch[:window_size],
+      do:
+        n in Observatory.KillSwitch.Settings.window_sizes() ||
+          bad_flag!("--kill-switch-window must be 2 to 1000, got: #{n}")
+
+    if t = kill_switch[:threshold],
+      do: t > 0 || bad_flag!("--kill-switch-threshold must be greater than 0, got: #{t}")
+
+    params =
+      for {flag, key} <- @budget_flags,
+          Keyword.has_key?(opts, flag),
+          into: %{},
+          do: {key, opts[flag]}
+
+    budget =
+      case Observatory.Budget.Settings.validate(params) do
+        {:ok, changes} ->
+          Keyword.new(changes)
+
+        {:error, violations} ->
+          flags =
+            Map.new(@budget_flags, fn {flag, key} ->
+              {key, "--" <> String.replace(Atom.to_string(flag), "_", "-")}
+            end)
+
+          bad_flag!(Enum.map_join(violations, "; ", &"#{flags[&1.path] || &1.path} #{&1.reason}"))
+      end
+
+    [kill_switch: kill_switch, budget: budget]
   end
 
   defp parse!(argv) do

@@ -9,7 +9,10 @@ defmodule Observatory.Gateway.DecisionLog do
   `outcome` of `action.status` + canonical `action.result` (nil without a result);
   and for the loop verdict, from the same canonical text with per-call ids normalized
   away (`Observatory.Gateway.LoopVerdict`): `verdict_keys` is
-  `{call_key, outcome_key, has_result, failure}`, two 64-bit integers and two booleans.
+  `{call_key, outcome_key, has_result, failure}`, two 64-bit integers and two booleans;
+  and for idempotent ingest (`Observatory.Gateway.Idempotency`): `fingerprint`, 16
+  bytes that are the same for two deliveries of one step — the envelope's canonical
+  JSON without `meta.timestamp` and `cognition.entropy_score`, SHA-256.
 
       iex> {:error, violations} = Observatory.Gateway.DecisionLog.parse(~s({"meta": {}}))
       iex> hd(violations)
@@ -34,7 +37,8 @@ defmodule Observatory.Gateway.DecisionLog do
           status: ActionStatus.t(),
           approach: binary(),
           outcome: binary() | nil,
-          verdict_keys: LoopVerdict.keys()
+          verdict_keys: LoopVerdict.keys(),
+          fingerprint: binary()
         }
 
   @doc "Parses one JSON envelope: the decoded envelope (string keys) and its key fields."
@@ -44,7 +48,7 @@ defmodule Observatory.Gateway.DecisionLog do
     |> parse_nif()
     |> case do
       {:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, code},
-       {approach, outcome}, verdict_keys} ->
+       {approach, outcome, fingerprint}, verdict_keys} ->
         {:ok, envelope,
          %{
            step_id: step_id,
@@ -55,7 +59,8 @@ defmodule Observatory.Gateway.DecisionLog do
            status: ActionStatus.from_code(code),
            approach: approach,
            outcome: outcome,
-           verdict_keys: verdict_keys
+           verdict_keys: verdict_keys,
+           fingerprint: fingerprint
          }}
 
       {:error, list} ->

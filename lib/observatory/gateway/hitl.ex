@@ -18,7 +18,7 @@ defmodule Observatory.Gateway.HITL do
 
   ## Durability
 
-  Pauses and the audit log (its last 10,000 entries) are Mnesia `disc_copies`
+  Pauses and the audit log (its last 10,000 entries, in time order) are Mnesia `disc_copies`
   tables, created by `Observatory.Storage` before this process starts; each command
   is a `sync_transaction` followed by `:mnesia.sync_log/0`, so when `pause/2`
   returns the pause is on disk. A crash of this process, or of anything else, loses
@@ -58,9 +58,17 @@ defmodule Observatory.Gateway.HITL do
   @spec pause(String.t(), keyword()) :: {:ok, audit_entry()} | {:error, atom()}
   def pause(session_id, opts), do: command(:pause, session_id, opts)
 
-  @doc "Resumes a paused session. Returns `{:ok, entry}` or `{:error, :not_paused}`."
+  @doc """
+  Resumes a paused session. Returns `{:ok, entry}` or `{:error, :not_paused}`; in a
+  cluster, `{:error, :no_majority}` on a node cut off from the majority (a resume
+  lowers safety state: `Observatory.Cluster.with_majority/2`).
+  """
   @spec resume(String.t(), keyword()) :: {:ok, audit_entry()} | {:error, atom()}
-  def resume(session_id, opts), do: command(:resume, session_id, opts)
+  def resume(session_id, opts) do
+    Observatory.Cluster.with_majority("resuming session #{inspect(session_id)}", fn ->
+      command(:resume, session_id, opts)
+    end)
+  end
 
   @doc "Whether the session is paused."
   @spec paused?(String.t()) :: boolean()
@@ -148,36 +156,44 @@ defmodule Observatory.Gateway.HITL do
   end
 
   def handle_call({:resume, session_id, operator, reason}, _from, state) do
-    if paused?(session_id) do
-      entry = entry(:resume, session_id, operator, reason)
-      state = write(state, entry, fn -> :mnesia.delete({@paused, session_id}) end)
-      {:reply, {:ok, entry}, announce(entry, state)}
-    else
-      {:reply, {:error, :not_paused}, state}
+    case pause_of(session_id) do
+      nil ->
+        {:reply, {:error, :not_paused}, state}
+
+      pause ->
+        entry = entry(:resume, session_id, operator, reason)
+
+        state =
+          write(state, entry, fn ->
+            :mnesia.delete({@paused, session_id})
+            # A replica that missed this resume must not bring the pause back.
+            Observatory.Cluster.Tombstones.bury(@paused, session_id, pause.at)
+          end)
+
+        {:reply, {:ok, entry}, announce(entry, state)}
     end
   end
 
   # The change and its audit entry in one transaction, on disk when this returns.
+  # The entry's key is an integer made of its time (µs), this node and a counter:
+  # nodes of a cluster never take each other's keys (during a partition either), and
+  # the log stays in time order. Earlier releases numbered entries 1, 2, 3…: theirs
+  # sort first, and one of them still running during a rolling upgrade goes on from
+  # the largest key without meeting ours.
   defp write(state, entry, change) do
-    seq =
-      Observatory.Storage.transaction("HITL", fn ->
-        # The next number of the log, which every node of a cluster writes (issue 14):
-        # taken under the table's write lock, so two nodes never take the same one.
-        :mnesia.lock({:table, @audit}, :write)
+    key =
+      System.os_time(:microsecond) * 1_000_000 + :erlang.phash2(node(), 1_000) * 1_000 +
+        rem(System.unique_integer([:positive, :monotonic]), 1_000)
 
-        seq =
-          case :mnesia.last(@audit) do
-            :"$end_of_table" -> 1
-            last -> last + 1
-          end
+    Observatory.Storage.transaction("HITL", fn ->
+      change.()
+      :mnesia.write({@audit, key, entry})
 
-        change.()
-        :mnesia.write({@audit, seq, entry})
-        if seq > @max_audit, do: :mnesia.delete({@audit, seq - @max_audit})
-        seq
-      end)
+      if :mnesia.table_info(@audit, :size) > @max_audit,
+        do: :mnesia.delete({@audit, :mnesia.first(@audit)})
+    end)
 
-    %{state | seq: seq}
+    %{state | seq: key}
   end
 
   defp entry(action, session_id, operator, reason) do
@@ -203,17 +219,28 @@ defmodule Observatory.Gateway.HITL do
       Map.take(entry, [:session_id, :operator, :reason])
     )
 
+    if entry.action == :pause or Observatory.Cluster.owner(entry.session_id) == node() do
+      topology(entry)
+    else
+      # The session's state is on its owner (a cluster): asked from another process,
+      # so a slow owner never holds this one's commands.
+      Task.start(fn -> topology(entry) end)
+    end
+
+    state
+  end
+
+  defp topology(entry) do
     {agent_id, state_name} = node_state(entry)
     Topology.broadcast(entry.session_id, agent_id, state_name, force: true)
-    state
   end
 
   # A resumed node shows its entropy state again: a session still looping flashes
   # red at once rather than showing `active` until its next step.
   defp node_state(%{action: :pause}), do: {nil, "paused"}
 
-  defp node_state(%{action: :resume, session_id: session_id}) do
-    case EntropyTracker.session(session_id) do
+  defp node_state(%{action: :resume, session_id: id}) do
+    case Observatory.Cluster.on_owner(id, EntropyTracker, :session, [id]) do
       %{severity: :loop, agent_id: agent_id} -> {agent_id, "alert_entropy"}
       %{severity: :warning, agent_id: agent_id} -> {agent_id, "blocked"}
       %{agent_id: agent_id} -> {agent_id, "active"}

@@ -17,6 +17,13 @@ defmodule Observatory.Gateway.SchemaInterceptor do
        directives for the agent — `pause` when an operator has paused the session
        (design.md §5), `warn` or `block` with guidance from the step detector.
 
+  Before step 2, on the session's owner, one check makes ingest idempotent
+  (`Observatory.Gateway.Idempotency`): a step (session and `meta.step_id`) already
+  answered with the same body is answered again — the first answer, `replayed: true`
+  — and steps 2–6 do not run for it: nothing is counted, stored or broadcast twice.
+  Its `pause` directive is the session's pause now, not then: a retry is the agent
+  asking what to do next. The same step id with a different body is refused.
+
   Who raises `EntropyAlertEvent`s and topology states is `config :observatory,
   :alert_source`: the tracker itself with `:entropy` (FRD-009, the default), or
   `Observatory.Gateway.AlertSource` from the verdict with `:verdict` (the tracker then
@@ -36,6 +43,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     EntropyTracker,
     Events,
     HITL,
+    Idempotency,
     LoopVerdict,
     SessionLog,
     StepDetector
@@ -53,13 +61,18 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           verdict: LoopVerdict.verdict() | nil,
           step: StepDetector.verdict() | nil,
           directives: [map()],
-          envelope: map()
+          envelope: map(),
+          replayed: boolean()
         }
 
   @doc """
   Ingests one envelope, given as JSON text or as a map.
 
-  Returns `{:ok, result}` or `{:error, {:invalid, violations}}`.
+  Returns `{:ok, result}` or `{:error, {:invalid, violations}}`. A step delivered
+  again (same session, `meta.step_id` and body) gets the first delivery's result with
+  `replayed: true` and is not counted again; under a step id already used for another
+  body it gets `{:error, {:conflict, violation}}`, and while its first delivery is
+  still being scored `{:error, {:in_progress, violation}}` (retry it).
 
   ## Options
     * `:tracker` — the `EntropyTracker` to score with (default: the application's).
@@ -84,6 +97,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           | {:error,
              {:invalid, [DecisionLog.violation()]}
              | {:forbidden, DecisionLog.violation()}
+             | {:conflict, DecisionLog.violation()}
+             | {:in_progress, DecisionLog.violation()}
              | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
     started = System.monotonic_time(:microsecond)
@@ -119,23 +134,20 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     if owner == node() do
       score_here(envelope, fields, opts)
     else
-      try do
-        :erpc.call(
-          owner,
-          __MODULE__,
-          :score_here,
-          [envelope, fields, opts],
-          Cluster.rpc_timeout()
-        )
-      catch
+      # At most once: an owner that gets the step after the caller gave up (a node
+      # frozen, then thawed) refuses it (Observatory.Cluster.remote/4).
+      case Cluster.remote(owner, __MODULE__, :score_here, [envelope, fields, opts]) do
+        {:ok, result} ->
+          result
+
         # The owner is gone (distribution says so): the next owner scores the step,
         # in a fresh window (F1). Nothing was scored on the lost node.
-        :error, {:erpc, :noconnection} ->
+        {:error, :noconnection} ->
           score_on_owner(envelope, fields, opts, [owner | down])
 
         # The owner is there but did not answer in time: it may have scored the step,
         # so another node must not score it again. The caller gets an error to retry.
-        :error, {:erpc, :timeout} ->
+        {:error, _timeout_or_late} ->
           Metrics.inc(:violations)
 
           {:error,
@@ -154,7 +166,54 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # Runs on the session's owner (`score_on_owner/4`, possibly over :erpc).
   def score_here(envelope, fields, opts) do
     with :ok <- authorize(fields, opts[:agent], opts),
-         do: {:ok, accept(envelope, fields, opts)}
+         do: once(envelope, fields, opts)
+  end
+
+  # Not kept for a retry: its own (ids, envelope) or current (the pause) instead.
+  @not_kept [:step_id, :session_id, :agent_id, :envelope, :paused, :directives]
+
+  # A step is scored once; its retries get the first answer (Idempotency).
+  defp once(envelope, fields, opts) do
+    case Idempotency.claim(fields) do
+      {:new, ticket} ->
+        result =
+          try do
+            accept(envelope, fields, opts)
+          catch
+            kind, reason ->
+              Idempotency.release(ticket)
+              :erlang.raise(kind, reason, __STACKTRACE__)
+          end
+
+        Idempotency.complete(ticket, Map.drop(result, @not_kept))
+        {:ok, Map.put(result, :replayed, false)}
+
+      {:replay, first} ->
+        {:ok, replay(first, envelope, fields)}
+
+      {:error, _refusal} = error ->
+        error
+    end
+  end
+
+  # The first answer again, with the session's pause as it is now.
+  defp replay(first, envelope, fields) do
+    pause = HITL.pause_of(fields.session_id)
+
+    envelope =
+      if first.severity,
+        do: put_in(envelope, ["cognition", "entropy_score"], first.entropy_score),
+        else: envelope
+
+    Map.merge(first, %{
+      step_id: fields.step_id,
+      session_id: fields.session_id,
+      agent_id: fields.agent_id,
+      paused: pause != nil,
+      directives: directives(pause) ++ step_directives(first.step),
+      envelope: envelope,
+      replayed: true
+    })
   end
 
   # An agent acts only as itself, and only in its own sessions.
@@ -223,6 +282,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
 
     step = analyze_step(fields)
+    count_step_action(step)
     pause = HITL.pause_of(fields.session_id)
     # Stored under the verdict's step number, which its evidence names.
     SessionLog.put(fields.session_id, envelope, verdict && verdict.step_number)
@@ -286,17 +346,20 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
   end
 
-  defp step_directives(%{action: :warn} = step) do
-    Metrics.inc(:step_warnings)
-    [%{"type" => "warn", "source" => "step_detector", "guidance" => step.guidance}]
-  end
-
-  defp step_directives(%{action: :block} = step) do
-    Metrics.inc(:step_blocks)
-    [%{"type" => "block", "source" => "step_detector", "guidance" => step.guidance}]
-  end
+  defp step_directives(%{action: action} = step) when action in [:warn, :block],
+    do: [
+      %{
+        "type" => Atom.to_string(action),
+        "source" => "step_detector",
+        "guidance" => step.guidance
+      }
+    ]
 
   defp step_directives(_), do: []
+
+  defp count_step_action(%{action: :warn}), do: Metrics.inc(:step_warnings)
+  defp count_step_action(%{action: :block}), do: Metrics.inc(:step_blocks)
+  defp count_step_action(_), do: :ok
 
   defp reject(violations, log?) do
     Metrics.inc(:violations)
@@ -331,7 +394,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       result: :ok,
       session_id: result.session_id,
       agent_id: result.agent_id,
-      violations: 0
+      violations: 0,
+      replayed: result.replayed
     })
   end
 
@@ -341,7 +405,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       result: kind,
       session_id: nil,
       agent_id: nil,
-      violations: if(is_list(details), do: length(details), else: 1)
+      violations: if(is_list(details), do: length(details), else: 1),
+      replayed: false
     })
   end
 end

@@ -167,14 +167,30 @@ defmodule Observatory.Gateway.StepDetector do
     Enum.take(live ++ rebuilt, limit)
   end
 
-  @doc "Lifts a block and clears the session's history (an operator action, logged and broadcast)."
-  @spec reset(String.t(), keyword()) :: :ok | {:error, :unknown_session}
+  @doc """
+  Lifts a block and clears the session's history (an operator action, logged and
+  broadcast). In a cluster, `{:error, :no_majority}` on a node cut off from the
+  majority (`Observatory.Cluster.with_majority/2`).
+  """
+  @spec reset(String.t(), keyword()) :: :ok | {:error, :unknown_session | :no_majority}
   def reset(session_id, opts) do
-    durable? = block_of(session_id) != nil
+    Observatory.Cluster.with_majority(
+      "lifting the step-detector block of session #{inspect(session_id)}",
+      fn -> lift(session_id, opts) end
+    )
+  end
 
-    if durable?,
-      do:
-        Storage.transaction("step detector block", fn -> :mnesia.delete({@blocks, session_id}) end)
+  defp lift(session_id, opts) do
+    block = block_of(session_id)
+    durable? = block != nil
+
+    if durable? do
+      Storage.transaction("step detector block", fn ->
+        :mnesia.delete({@blocks, session_id})
+        # A replica that missed this reset must not bring the block back.
+        Observatory.Cluster.Tombstones.bury(@blocks, session_id, block.at)
+      end)
+    end
 
     if Native.step_reset(store(), session_id) or durable? do
       operator = Keyword.get(opts, :operator, "operator")

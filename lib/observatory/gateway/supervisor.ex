@@ -1,8 +1,8 @@
 defmodule Observatory.Gateway.Supervisor do
   @moduledoc """
   The gateway's detectors and stores: the entropy tracker, HITL, the step detector,
-  the loop verdict, the call breaker, the session log and the alerted sessions, each
-  restarted on its own
+  the loop verdict, the call breaker, the session log, the alerted sessions and the
+  memory of answered steps (`Idempotency`), each restarted on its own
   (`:one_for_one`: none depends on another's process).
 
   A restart is cheap and safe here: the safety state a crash could lose (pauses, the
@@ -26,7 +26,8 @@ defmodule Observatory.Gateway.Supervisor do
       Observatory.Gateway.LoopVerdict,
       Observatory.Gateway.CallBreaker,
       Observatory.Gateway.SessionLog,
-      Observatory.Gateway.Alerts
+      Observatory.Gateway.Alerts,
+      Observatory.Gateway.Idempotency
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)

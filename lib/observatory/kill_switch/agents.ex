@@ -10,15 +10,21 @@ defmodule Observatory.KillSwitch.Agents do
         active: true,
         deactivated_by: nil,            # :kill_switch | :manual | nil
         deactivated_at: nil,            # DateTime | nil
-        kill_switch: %{enabled: false, window_size: 5, threshold: 5.5},
+        reactivated_from: nil,          # the deactivated_at an activation undid
+        kill_switch: %{enabled: false, window_size: 5, threshold: 5.5, mode: :enforce},
         notification_webhook: nil,      # URL | nil
+        guidance: nil,                  # true | false | nil (the configured default)
+        budget: %{mode: :enforce, session_tokens: nil, …},  # Observatory.Budget.Settings
         created_at: ~U[...], updated_at: ~U[...]
       }
 
   Events are `%{id, agent_id, event_type, at, details}` with `event_type` one of
   `"kill_switch"` (the switch stopped the agent; details carry the score, the
-  threshold, the window and the three signal counts), `"manual_deactivation"`,
-  `"activation"` and `"settings_changed"` (details carry the operator).
+  threshold, the window and the three signal counts), `"kill_switch_would_trip"` (in
+  `shadow` or `warn` mode: it would have), `"manual_deactivation"`, `"activation"`,
+  `"settings_changed"` (details carry the operator), `"guidance_injected"` (a note was
+  appended to a proxied request), `"budget_exhausted"`, `"budget_would_exhaust"` and
+  `"budget_reset"`. An agent keeps its newest `:max_events_per_agent` events (10,000).
 
   ## Storage
 
@@ -43,6 +49,7 @@ defmodule Observatory.KillSwitch.Agents do
 
   require Logger
 
+  alias Observatory.Cluster.Tombstones
   alias Observatory.KillSwitch.Settings
   alias Observatory.Storage
 
@@ -51,6 +58,8 @@ defmodule Observatory.KillSwitch.Agents do
   @keys Observatory.AgentKeys.table()
   # Signed-out dashboard sessions (ObservatoryWeb.Dashboard.Session): sid → expiry.
   @revoked_sessions :observatory_revoked_sessions
+  # Agent events trimmed to :max_events_per_agent once in this many recorded events.
+  @trim_every 64
   @tables [@agents, @events, @keys, @revoked_sessions]
 
   @type deactivated_by :: :kill_switch | :manual | nil
@@ -59,8 +68,16 @@ defmodule Observatory.KillSwitch.Agents do
           active: boolean(),
           deactivated_by: deactivated_by(),
           deactivated_at: DateTime.t() | nil,
-          kill_switch: %{enabled: boolean(), window_size: pos_integer(), threshold: float()},
+          reactivated_from: DateTime.t() | nil,
+          kill_switch: %{
+            enabled: boolean(),
+            window_size: pos_integer(),
+            threshold: float(),
+            mode: :enforce | :warn | :shadow
+          },
           notification_webhook: String.t() | nil,
+          guidance: boolean() | nil,
+          budget: Observatory.Budget.Settings.t(),
           created_at: DateTime.t(),
           updated_at: DateTime.t()
         }
@@ -80,7 +97,8 @@ defmodule Observatory.KillSwitch.Agents do
 
   ## Options
     * `:dir` — Mnesia's directory, default `dir/0`.
-    * `:timeout` — how long to wait for the tables, default 30 s.
+    * `:timeout` — how long to wait for the tables, default the cluster's
+      `:load_timeout_ms` (30 s).
   """
   @spec setup(keyword()) :: :ok
   def setup(opts \\ []) do
@@ -88,7 +106,7 @@ defmodule Observatory.KillSwitch.Agents do
 
     cond do
       :mnesia.system_info(:is_running) in [:yes, :starting] -> adopt_running(dir)
-      # Issue 14: a new node of a cluster joins it rather than creating its own schema.
+      # In a cluster a new node joins it, a restarted one starts on its own copy.
       Observatory.Cluster.Store.start(dir) != :local -> :ok
       true -> start(dir)
     end
@@ -99,9 +117,10 @@ defmodule Observatory.KillSwitch.Agents do
     create_table(@keys, attributes: [:hash, :agent_id, :info], type: :set, index: [:agent_id])
     create_table(@revoked_sessions, attributes: [:sid, :expires], type: :set)
 
-    case :mnesia.wait_for_tables(@tables, Keyword.get(opts, :timeout, 30_000)) do
-      :ok -> :ok
-      other -> raise "Mnesia tables #{inspect(@tables)} did not load: #{inspect(other)}"
+    case opts[:timeout] do
+      # Says which tables wait, where their copies are, and what to do.
+      nil -> Observatory.Cluster.Store.await_tables(@tables)
+      timeout -> :ok = :mnesia.wait_for_tables(@tables, timeout)
     end
   end
 
@@ -254,14 +273,21 @@ defmodule Observatory.KillSwitch.Agents do
         nil ->
           {:error, :not_found}
 
-        _agent ->
+        agent ->
           :mnesia.delete({@agents, id})
+          # In a cluster, a replica that missed the deletion must not bring it back.
+          Tombstones.bury(@agents, id, agent.created_at)
 
           for {@events, key, _} <- :mnesia.match_object({@events, {id, :_, :_}, :_}),
               do: :mnesia.delete({@events, key})
 
           keys = :mnesia.index_read(@keys, id, :agent_id)
-          for {@keys, hash, ^id, _} <- keys, do: :mnesia.delete({@keys, hash})
+
+          for {@keys, hash, ^id, _} <- keys do
+            :mnesia.delete({@keys, hash})
+            Tombstones.bury(@keys, hash, :revoked)
+          end
+
           {:ok, for({@keys, _, ^id, info} <- keys, do: info.key_id)}
       end
     end)
@@ -277,7 +303,7 @@ defmodule Observatory.KillSwitch.Agents do
   def configure(id, changes, details \\ %{}) do
     Storage.transaction("agent store", fn ->
       with {:ok, before} <- read_or_create(id, true) do
-        {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold])
+        {ks, top} = Map.split(changes, [:enabled, :window_size, :threshold, :mode])
         now = now()
 
         updated =
@@ -291,6 +317,106 @@ defmodule Observatory.KillSwitch.Agents do
         {:ok, before, updated, event}
       end
     end)
+  end
+
+  @doc """
+  Applies validated changes to one section of the agent's settings — `:budget` (merged,
+  see `Observatory.Budget.Settings`) or `:guidance` (`true`, `false` or `nil`) — and
+  records a `"settings_changed"` event. The agent must exist. Returns the agent before
+  and after, and the event.
+  """
+  @spec configure_section(String.t(), :budget | :guidance, term(), map()) ::
+          {:ok, agent(), agent(), event()} | {:error, :not_found}
+  def configure_section(id, section, changes, details \\ %{})
+      when section in [:budget, :guidance] do
+    Storage.transaction("agent store", fn ->
+      case read(id) do
+        nil ->
+          {:error, :not_found}
+
+        before ->
+          now = now()
+
+          value =
+            case section do
+              :budget -> Map.merge(before.budget, changes)
+              :guidance -> changes
+            end
+
+          updated = before |> Map.put(section, value) |> Map.put(:updated_at, now)
+          write(updated)
+
+          event =
+            write_event(
+              id,
+              "settings_changed",
+              Map.put(details, :changes, %{section => changes}),
+              now
+            )
+
+          {:ok, before, updated, event}
+      end
+    end)
+  end
+
+  @doc """
+  Records an event of a registered agent (a guidance note, a budget stop, a would-trip):
+  one transaction, not waited on to reach the disk, so the proxy's request is not held
+  by it. Returns `{:ok, event}`, or `{:error, :not_found}` when the agent is gone.
+  Every #{@trim_every}th event of a node trims the agent's oldest beyond
+  `:max_events_per_agent`.
+  """
+  @spec record_event(String.t(), String.t(), map()) :: {:ok, event()} | {:error, :not_found}
+  def record_event(id, type, details) when is_binary(id) and is_binary(type) do
+    result =
+      :mnesia.transaction(fn ->
+        if :mnesia.read(@agents, id, :read) == [],
+          do: {:error, :not_found},
+          else: {:ok, write_event(id, type, details, now())}
+      end)
+
+    case result do
+      {:atomic, {:ok, _} = ok} ->
+        maybe_trim(id)
+        ok
+
+      {:atomic, error} ->
+        error
+
+      {:aborted, reason} ->
+        raise "agent event transaction aborted: #{inspect(reason)}"
+    end
+  end
+
+  defp maybe_trim(id) do
+    counter = :persistent_term.get({__MODULE__, :trim_counter}, nil) || trim_counter()
+
+    if :atomics.add_get(counter, 1, 1) |> rem(@trim_every) == 0 do
+      max =
+        Keyword.get(
+          Application.get_env(:observatory, :kill_switch, []),
+          :max_events_per_agent,
+          10_000
+        )
+
+      keys =
+        :mnesia.dirty_select(@events, [{{@events, {id, :_, :_}, :_}, [], [{:element, 2, :"$_"}]}])
+
+      excess = length(keys) - max
+
+      if excess > 0 do
+        old = keys |> Enum.sort() |> Enum.take(excess)
+        :mnesia.transaction(fn -> for key <- old, do: :mnesia.delete({@events, key}) end)
+      end
+    end
+
+    :ok
+  end
+
+  defp trim_counter do
+    counter = :atomics.new(1, [])
+    :persistent_term.put({__MODULE__, :trim_counter}, counter)
+    counter
   end
 
   @doc """
@@ -347,11 +473,14 @@ defmodule Observatory.KillSwitch.Agents do
           now = now()
           details = Map.put(details, :previously_deactivated_by, agent.deactivated_by)
 
+          # Which deactivation this activation undid: a cluster that reconciles two
+          # versions of the agent keeps it active only over that very deactivation.
           agent = %{
             agent
             | active: true,
               deactivated_by: nil,
               deactivated_at: nil,
+              reactivated_from: agent.deactivated_at,
               updated_at: now
           }
 
@@ -415,9 +544,13 @@ defmodule Observatory.KillSwitch.Agents do
       kill_switch: %{
         enabled: false,
         window_size: Keyword.get(config, :window_size, 5),
-        threshold: Keyword.get(config, :threshold, 5.5) / 1
+        threshold: Keyword.get(config, :threshold, 5.5) / 1,
+        mode: Keyword.get(config, :mode, :enforce)
       },
       notification_webhook: nil,
+      guidance: nil,
+      budget: Observatory.Budget.Settings.defaults(),
+      reactivated_from: nil,
       created_at: now,
       updated_at: now
     }
@@ -430,6 +563,7 @@ defmodule Observatory.KillSwitch.Agents do
     defaults
     |> Map.merge(stored)
     |> Map.put(:kill_switch, Map.merge(defaults.kill_switch, Map.get(stored, :kill_switch, %{})))
+    |> Map.put(:budget, Map.merge(defaults.budget, Map.get(stored, :budget, %{})))
   end
 
   defp max_agents do

@@ -8,15 +8,16 @@ defmodule Observatory.KillSwitch.Notifier do
   Delivery runs in a task under the kill switch supervisor, once, with a 5 s timeout;
   a failure is logged and never affects the proxy. Redirects are not followed (a
   `3xx` is a failure), and the URL is checked again just before the POST
-  (`Observatory.KillSwitch.WebhookURL.resolve/1`): no user information, no loopback,
-  private or link-local address unless `webhook_allow_private_networks` is set. The event itself is already
+  (`Observatory.Webhook.post/4`): no user information, no loopback, private or
+  link-local address unless `webhook_allow_private_networks` is set. (The
+  notification sinks, `Observatory.Notifications`, add Slack, PagerDuty, retries and
+  rate limits for every agent.) The event itself is already
   recorded and broadcast on `"gateway:kill_switch"` whether or not a webhook is set.
   """
 
   require Logger
 
   alias Observatory.JSON
-  alias Observatory.KillSwitch.WebhookURL
 
   @doc "The webhook the agent's alerts go to, or nil."
   @spec webhook(map()) :: String.t() | nil
@@ -49,20 +50,11 @@ defmodule Observatory.KillSwitch.Notifier do
   @doc false
   # Runs in the task; returns what happened (the tests read it).
   def deliver(url, payload) do
-    options = [timeout: 5_000, connect_timeout: 5_000, autoredirect: false]
-
-    result =
-      with {:ok, uri, ip} <- WebhookURL.resolve(url) do
-        {target, headers, tls} = target(uri, ip)
-        request = {target, headers, ~c"application/json", JSON.encode!(payload)}
-        :httpc.request(:post, request, options ++ tls, [])
-      end
-
-    case result do
-      {:ok, {{_, status, _}, _, _}} when status in 200..299 ->
+    case Observatory.Webhook.post(url, JSON.encode!(payload)) do
+      {:ok, status, _headers} when status in 200..299 ->
         :ok
 
-      {:error, reason} when is_binary(reason) ->
+      {:error, {:refused, reason}} ->
         Logger.warning("kill switch notification not sent: the webhook #{reason}")
         {:error, :refused}
 
@@ -71,30 +63,4 @@ defmodule Observatory.KillSwitch.Notifier do
         {:error, :failed}
     end
   end
-
-  # Both schemes connect to the address that was checked (no second DNS answer can
-  # send the POST elsewhere), naming the host in `Host`; https:// also checks the
-  # certificate against the system's CAs and the host name (sent as SNI).
-  defp target(uri, ip) do
-    address = if tuple_size(ip) == 8, do: "[#{:inet.ntoa(ip)}]", else: to_string(:inet.ntoa(ip))
-    default_port = if uri.scheme == "https", do: 443, else: 80
-    host_header = if uri.port == default_port, do: uri.host, else: "#{uri.host}:#{uri.port}"
-    url = String.to_charlist(URI.to_string(%{uri | host: address}))
-    {url, [{~c"host", String.to_charlist(host_header)}], tls(uri)}
-  end
-
-  defp tls(%URI{scheme: "https", host: host}) do
-    [
-      ssl: [
-        verify: :verify_peer,
-        cacerts: :public_key.cacerts_get(),
-        server_name_indication: String.to_charlist(host),
-        customize_hostname_check: [
-          match_fun: :public_key.pkix_verify_hostname_match_fun(:https)
-        ]
-      ]
-    ]
-  end
-
-  defp tls(_uri), do: []
 end

@@ -7,6 +7,7 @@ defmodule Observatory.KillSwitch.Settings do
   | `enabled` | boolean | |
   | `window_size` | integer | `#{inspect(2..1000)}` — the last N requests the score looks at |
   | `threshold` | number | `> 0` — the agent is stopped when its score *exceeds* it |
+  | `mode` | `"enforce"`, `"warn"` or `"shadow"` | what a score over the threshold does: stop the agent (`enforce`, the default); record it, alert and warn the model (`warn`); only record that it would have stopped the agent (`shadow`) |
   | `notification_webhook` | string or `nil` | an `http://` or `https://` URL, at most 2048 bytes, no `user:pass@`, no loopback/private host (`Observatory.KillSwitch.WebhookURL`) |
 
   Every key is optional (a partial update); an unknown key is refused, so a typo does
@@ -27,6 +28,7 @@ defmodule Observatory.KillSwitch.Settings do
     "enabled" => :enabled,
     "window_size" => :window_size,
     "threshold" => :threshold,
+    "mode" => :mode,
     "notification_webhook" => :notification_webhook
   }
 
@@ -34,6 +36,7 @@ defmodule Observatory.KillSwitch.Settings do
           optional(:enabled) => boolean(),
           optional(:window_size) => pos_integer(),
           optional(:threshold) => float(),
+          optional(:mode) => :enforce | :warn | :shadow,
           optional(:notification_webhook) => String.t() | nil
         }
   @type violation :: %{path: String.t(), reason: String.t()}
@@ -90,6 +93,14 @@ defmodule Observatory.KillSwitch.Settings do
 
   defp check(:threshold, value),
     do: {:error, "must be a number greater than 0, got: #{inspect(value)}"}
+
+  defp check(:mode, mode) when mode in [:enforce, :warn, :shadow], do: {:ok, mode}
+  defp check(:mode, "enforce"), do: {:ok, :enforce}
+  defp check(:mode, "warn"), do: {:ok, :warn}
+  defp check(:mode, "shadow"), do: {:ok, :shadow}
+
+  defp check(:mode, value),
+    do: {:error, "must be enforce, warn or shadow, got: #{inspect(value)}"}
 
   defp check(:notification_webhook, nil), do: {:ok, nil}
 

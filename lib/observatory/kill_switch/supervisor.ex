@@ -3,8 +3,11 @@ defmodule Observatory.KillSwitch.Supervisor do
   Starts the kill switch: the configured agent keys are checked and seeded in
   `init/1` (the agent store — Mnesia and its tables — is set up before, by
   `Observatory.Storage`), then the window store's owner, the task supervisor for
-  notifications, the proxy's upstream slots, its memory of ingested steps and its
-  registry of open requests (ended when their agent, key or session stops being valid).
+  notifications, the proxy's upstream slots and its registry of open requests (ended
+  when their agent, key or session stops being valid), the budgets' housekeeping, and
+  the notifications' dispatcher with its tasks. (The budgets', guidance notes' and
+  notifications' configuration is checked when the application starts:
+  `Observatory.Application`.)
   """
 
   use Supervisor
@@ -21,8 +24,10 @@ defmodule Observatory.KillSwitch.Supervisor do
       Observatory.KillSwitch.Windows,
       {Task.Supervisor, name: Observatory.KillSwitch.TaskSupervisor},
       Observatory.KillSwitch.Upstream,
-      Observatory.Proxy.StepMemory,
-      Observatory.Proxy.OpenRequests
+      Observatory.Proxy.OpenRequests,
+      Observatory.Budget.Server,
+      {Task.Supervisor, name: Observatory.Notifications.TaskSupervisor},
+      Observatory.Notifications.Dispatcher
     ]
 
     Supervisor.init(children, strategy: :one_for_one, max_restarts: 20, max_seconds: 5)

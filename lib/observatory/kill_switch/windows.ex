@@ -114,9 +114,27 @@ defmodule Observatory.KillSwitch.Windows do
 
   def resize(_agent_id, _size, _name), do: {:error, :invalid_kill_switch_window}
 
-  @doc "Forgets the agent's window; true when it had one."
+  @doc "Forgets the agent's window (and its run over the threshold); true when it had one."
   @spec clear(String.t(), atom()) :: boolean()
-  def clear(agent_id, name \\ __MODULE__), do: Native.kill_switch_clear(store(name), agent_id)
+  def clear(agent_id, name \\ __MODULE__) do
+    :ets.delete(would_trip_table(name), agent_id)
+    Native.kill_switch_clear(store(name), agent_id)
+  end
+
+  @doc """
+  Marks the start of a run of requests over the threshold that did not stop the agent
+  (shadow and warn modes); true when the run is new.
+  """
+  @spec start_would_trip(String.t(), atom()) :: boolean()
+  def start_would_trip(agent_id, name \\ __MODULE__),
+    do: :ets.insert_new(would_trip_table(name), {agent_id})
+
+  @doc "Ends the agent's run over the threshold; true when there was one."
+  @spec end_would_trip(String.t(), atom()) :: boolean()
+  def end_would_trip(agent_id, name \\ __MODULE__),
+    do: :ets.take(would_trip_table(name), agent_id) != []
+
+  defp would_trip_table(name), do: Module.concat(name, WouldTrip)
 
   @doc "The score of the agent's latest request and the window's fill, or nil."
   @spec status(String.t(), atom()) ::
@@ -181,6 +199,7 @@ defmodule Observatory.KillSwitch.Windows do
 
     shards = max |> div(256) |> max(1) |> min(64)
     store = Native.kill_switch_new(shards, max)
+    :ets.new(would_trip_table(name), [:named_table, :public, :set])
     :persistent_term.put({__MODULE__, name}, store)
     state = %{name: name, store: store, tick: tick}
     tick_now(state)

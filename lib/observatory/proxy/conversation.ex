@@ -21,7 +21,7 @@ defmodule Observatory.Proxy.Conversation do
   """
 
   # Tool calls read from one assistant turn: a body of a few KiB can hold thousands of
-  # calls, each a synchronous ingest and a slot of the step memory.
+  # calls, each a synchronous ingest and a remembered step.
   @max_calls 128
 
   @type format :: :openai | :anthropic

@@ -77,6 +77,25 @@ defmodule Observatory.Proxy.SSE do
     end
   end
 
+  @doc """
+  The complete events of `complete` (as `parse/2` returned them) without those for
+  which `fun` is true, each ending with a blank line (line ends made `\\n`).
+  """
+  @spec reject(binary(), (event() -> boolean())) :: binary()
+  def reject(complete, fun) do
+    complete
+    |> String.replace(["\r\n", "\r"], "\n")
+    |> String.split("\n\n")
+    |> Enum.reject(fn block ->
+      block == "" or
+        case event(block) do
+          nil -> false
+          event -> fun.(event)
+        end
+    end)
+    |> Enum.map_join(&(&1 <> "\n\n"))
+  end
+
   @doc "The bytes of an event not completed yet."
   @spec rest(t()) :: binary()
   def rest(sse), do: IO.iodata_to_binary(sse.pending)

@@ -32,8 +32,10 @@ defmodule Observatory.Proxy.Steps do
 
   **Once each.** A step's key hashes the conversation up to its assistant turn and
   the call's place in it: the same on every later turn and on a retry, different
-  for the next turn even when the model repeats the same call with the same id.
-  `Observatory.Proxy.StepMemory` remembers the keys ingested per agent and session.
+  for the next turn even when the model repeats the same call with the same id. The
+  gateway's own idempotency (`Observatory.Gateway.Idempotency`) answers a step id it
+  has seen with the first answer and counts it once, as for every entry point; a
+  call first seen unanswered (`pending`) keeps that first record.
 
   The Responses API's `function_call` and `function_call_output` items are read as
   the Chat Completions tool calls and `role: "tool"` messages they are
@@ -44,7 +46,7 @@ defmodule Observatory.Proxy.Steps do
 
   alias Observatory.Gateway.SchemaInterceptor
   alias Observatory.Metrics
-  alias Observatory.Proxy.{Conversation, Responses, SessionId, StepMemory}
+  alias Observatory.Proxy.{Conversation, Responses, SessionId}
 
   @max_field_bytes 1024
   @max_reasoning_bytes 8 * 1024
@@ -60,18 +62,29 @@ defmodule Observatory.Proxy.Steps do
   defdelegate session_id(agent_id, body), to: SessionId, as: :derive
 
   @doc """
-  Ingests the steps of the request's previous assistant turn that were not ingested
-  before. Returns how many were.
+  Ingests the steps of the request's previous assistant turn. Returns how many were
+  new: a step ingested before is answered as a replay and not counted again.
   """
   @spec record(Conversation.format() | :responses, String.t(), String.t(), map()) ::
           non_neg_integer()
-  def record(format, agent_id, session_id, body) do
-    format
-    |> envelopes(agent_id, session_id, body)
-    |> Enum.count(fn {key, envelope} ->
-      StepMemory.claim(agent_id, session_id, key) and
-        (ingest(envelope, agent_id, session_id) or release(agent_id, session_id, key))
-    end)
+  def record(format, agent_id, session_id, body),
+    do: Enum.count(take(format, agent_id, session_id, body).results, &(not &1.replayed))
+
+  @doc """
+  Like `record/4`, returning what the proxy acts on: the ingest results of the
+  request's steps (`Observatory.Gateway.SchemaInterceptor.ingest/2`'s, in order) —
+  a step ingested before is answered with its first result, `replayed: true`, so a
+  retried request reads as the request did.
+  """
+  @spec take(Conversation.format() | :responses, String.t(), String.t(), map()) ::
+          %{results: [map()]}
+  def take(format, agent_id, session_id, body) do
+    results =
+      for {_key, envelope} <- envelopes(format, agent_id, session_id, body),
+          result = ingest(envelope, agent_id, session_id),
+          do: result
+
+    %{results: results}
   end
 
   @doc """
@@ -159,38 +172,42 @@ defmodule Observatory.Proxy.Steps do
   defp ingest(envelope, agent_id, session_id) do
     # As the key's agent (issue 13): a session another agent took meanwhile is refused.
     case SchemaInterceptor.ingest(envelope, agent: agent_id) do
-      {:ok, _result} ->
+      {:ok, %{replayed: false} = result} ->
         Metrics.inc(:proxy_steps)
-        true
+        result
+
+      # Seen before, on a retry of the turn: its first answer.
+      {:ok, %{replayed: true} = result} ->
+        result
+
+      # Seen unanswered (pending) first, answered since: the first record stands.
+      {:error, {:conflict, _violation}} ->
+        nil
 
       {:error, {:invalid, violations}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violations)}"
         )
 
-        false
+        nil
 
       {:error, {:forbidden, violation}} ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was refused: #{inspect(violation)}"
         )
 
-        false
+        nil
 
-      # In a cluster, the session's owner did not answer in time (issue 14).
-      {:error, {:unavailable, violation}} ->
+      # In a cluster, the session's owner did not answer in time (issue 14), or the
+      # step's first delivery is still being scored: a retry of the request carries it
+      # again.
+      {:error, {kind, violation}} when kind in [:unavailable, :in_progress] ->
         Logger.warning(
           "LLM proxy: a step of session #{inspect(session_id)} was not scored: #{violation.reason}"
         )
 
-        false
+        nil
     end
-  end
-
-  # A step that was not ingested is not remembered: the next turn carries it again.
-  defp release(agent_id, session_id, key) do
-    StepMemory.release(agent_id, session_id, key)
-    false
   end
 
   defp api_name(:openai), do: "chat_completions"

@@ -27,6 +27,7 @@ defmodule Observatory.Replay.Report do
       "alert source: #{s.alert_source}\n\n",
       table(sessions, length(report.sessions)),
       loop_verdicts(sessions),
+      would_trip(report[:would_trip]),
       bad_lines(report),
       input_errors(report),
       summary(report)
@@ -44,6 +45,7 @@ defmodule Observatory.Replay.Report do
       sessions: sessions(report, opts),
       bad_lines: %{count: report.bad_lines, lines: report.bad},
       input_errors: report.input_errors,
+      would_trip: report[:would_trip],
       elapsed_ms: div(report.elapsed_us, 1000)
     })
   end
@@ -183,6 +185,54 @@ defmodule Observatory.Replay.Report do
     end
   end
 
+  # The shadow run of the kill switch and the budgets on the recorded LLM requests.
+  defp would_trip(nil), do: []
+
+  defp would_trip(w) do
+    ks = w.kill_switch
+    b = w.budgets
+    limits = for {k, v} <- b.limits, k != :window_seconds, v != nil, do: "#{k} #{v}"
+
+    [
+      "Kill switch and budgets on #{delimit(w.requests)} recorded LLM requests of #{w.agents} agent(s) ",
+      "(#{delimit(w.spent.tokens)} tokens, #{usd(w.spent.cost_usd)}), each alone, in enforce mode\n",
+      "  kill switch (window #{ks.window_size}, threshold #{ks.threshold}): ",
+      "#{ks.agents_stopped} agent(s) would have been stopped\n",
+      Enum.map(ks.trips, fn t ->
+        [
+          "    #{t.agent_id}  at its request #{t.request} (#{t.source}:#{t.line}",
+          if(t.at, do: ", #{t.at}", else: ""),
+          ")  score #{t.score}  would have saved #{saved(t.saved)}\n"
+        ]
+      end),
+      "  budgets (",
+      if(limits == [], do: "no limit", else: Enum.join(limits, ", ")),
+      if(Enum.any?(limits, &String.starts_with?(&1, "window")),
+        do: "; window #{b.limits.window_seconds} s",
+        else: ""
+      ),
+      "): #{length(b.stops)} stop(s)\n",
+      Enum.map(b.stops, fn stop ->
+        who =
+          if stop.scope == :session,
+            do: "session #{stop.session_id} of #{stop.agent_id}",
+            else: "agent #{stop.agent_id} (its window)"
+
+        [
+          "    #{who}: #{stop.limit} #{stop.used} of #{stop.max} at #{stop.source}:#{stop.line}",
+          if(stop.at, do: " (#{stop.at})", else: ""),
+          "  would have saved #{saved(stop.saved)}\n"
+        ]
+      end),
+      "  would have saved in all: kill switch #{saved(ks.saved)}; budgets #{saved(b.saved)}\n\n"
+    ]
+  end
+
+  defp saved(s),
+    do: "#{delimit(s.requests)} requests, #{delimit(s.tokens)} tokens, #{usd(s.cost_usd)}"
+
+  defp usd(cost), do: "$" <> :erlang.float_to_binary(cost / 1, decimals: 4)
+
   defp verdict(%{first_verdict_loop: %{step: n}, verdict_rule: rule}),
     do: "loop at #{n} (#{rule})"
 
@@ -241,6 +291,7 @@ defmodule Observatory.Replay.Report do
       "Summary\n",
       line("sessions", s.sessions),
       line("steps", s.steps),
+      replayed_line(s),
       line("sessions with WARNING", s.sessions_warning),
       line("sessions with LOOP", s.sessions_loop),
       line("alerts (LOOP steps)", s.alerts),
@@ -253,6 +304,10 @@ defmodule Observatory.Replay.Report do
       "  #{String.pad_trailing("time", 24)}#{:erlang.float_to_binary(seconds, decimals: 2)} s (#{delimit(rate)} steps/s)\n"
     ]
   end
+
+  # Only when the input held steps met twice (a recorded retry, a re-sent request).
+  defp replayed_line(%{replayed_steps: n}) when n > 0, do: line("steps met again", n)
+  defp replayed_line(_summary), do: []
 
   defp line(label, n), do: ["  ", String.pad_trailing(label, 24), delimit(n), "\n"]
 

@@ -3,9 +3,10 @@ defmodule ObservatoryWeb.AgentDetail.View do
   Renders the Agent Detail page's assigns as HTML iodata.
 
   Layout: the agent's id and status indicator; the kill switch (toggle, the prompt
-  to configure alert notifications, `window_size` and `threshold`) beside its status
-  and actions (Deactivate, Activate) and its current loop score; its alert
-  notifications; its recent events.
+  to configure alert notifications, `window_size`, `threshold` and mode) and its
+  guidance notes beside its status and actions (Deactivate, Activate) and its current
+  loop score; its alert notifications; its budget (mode, limits, what it spent in all,
+  within its window and per recent session, with resets); its recent events.
 
   The status indicator follows seed 003: "Active"; "Deactivated by Kill Switch" for
   an inactive agent whose `deactivated_by` is `:kill_switch`; the standard "Inactive"
@@ -19,10 +20,17 @@ defmodule ObservatoryWeb.AgentDetail.View do
   a `<meter>`. Styles are in `priv/static/manager.css`, under `.scm`.
   """
 
-  import ObservatoryWeb.HTML, only: [escape: 1]
+  import ObservatoryWeb.HTML, only: [escape: 1, spend: 1]
 
   alias Observatory.KillSwitch.Settings
   alias ObservatoryWeb.API.Agents, as: AgentJSON
+
+  # The kill switch's modes, as the settings form offers them.
+  @modes [
+    {"enforce", "Enforce — stop the agent"},
+    {"warn", "Warn — alert, refuse nothing"},
+    {"shadow", "Shadow — record only"}
+  ]
 
   @doc "The whole page: its `parts/1`, in order."
   @spec render(map()) :: iodata()
@@ -120,11 +128,13 @@ defmodule ObservatoryWeb.AgentDetail.View do
     [
       ~s(<div class="ad-grid"><div class="ad-col">),
       kill_switch_panel(assigns),
+      guidance_panel(assigns.agent),
       notifications_panel(assigns),
       ~s(</div><div class="ad-col">),
       status_panel(assigns.agent),
       score_panel(assigns.agent, assigns.score),
-      "</div></div>"
+      "</div></div>",
+      budget_panel(assigns)
     ]
   end
 
@@ -133,8 +143,14 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp kill_switch_panel(%{agent: agent} = assigns) do
     %{enabled: on?, window_size: size, threshold: threshold} = agent.kill_switch
 
+    mode = agent.kill_switch |> Map.get(:mode, :enforce) |> Atom.to_string()
+
     values =
-      form_values(assigns.settings_form, %{"window_size" => size, "threshold" => threshold})
+      form_values(assigns.settings_form, %{
+        "window_size" => size,
+        "threshold" => threshold,
+        "mode" => mode
+      })
 
     errors = form_errors(assigns.settings_form)
 
@@ -146,9 +162,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
       toggle(on?),
       "</header>",
       if(on?,
-        do:
-          ~s(<p class="muted">On: each request through the proxy is scored against the agent's last ) <>
-            ~s(requests, and the agent is stopped when its score exceeds the threshold.</p>),
+        do: mode_sentence(mode),
         else:
           ~s(<p class="muted">Off: nothing is scored or stopped. The settings below apply ) <>
             ~s(once it is on.</p>)
@@ -173,11 +187,221 @@ defmodule ObservatoryWeb.AgentDetail.View do
         "Stop the agent when its score exceeds this. A window of #{size} scores at most " <>
           "#{number(Settings.max_score(size))}."
       ),
+      select_field(
+        "ks-mode",
+        "mode",
+        "Mode",
+        values["mode"],
+        errors["mode"],
+        @modes,
+        "Enforce stops the agent; warn alerts and warns the model; shadow only records."
+      ),
       "</div>",
       ~s(<div class="ad-actions"><button type="submit" class="btn btn-primary-sm">Save settings</button></div>),
       "</form>",
       unreachable(size, threshold),
       "</section>"
+    ]
+  end
+
+  defp mode_sentence("enforce"),
+    do:
+      ~s(<p class="muted">On: each request through the proxy is scored against the agent's last ) <>
+        ~s(requests, and the agent is stopped when its score exceeds the threshold.</p>)
+
+  defp mode_sentence("warn"),
+    do:
+      ~s(<p class="muted" id="ks-mode-note">On, in <strong>warn</strong> mode: a score over the threshold ) <>
+        ~s[is recorded and alerted, and the model is warned (with guidance notes on); nothing is refused.</p>]
+
+  defp mode_sentence(_shadow),
+    do:
+      ~s(<p class="muted" id="ks-mode-note">On, in <strong>shadow</strong> mode: a score over the threshold ) <>
+        ~s(is recorded as "would have stopped the agent"; nothing is refused or alerted.</p>)
+
+  ## Guidance notes
+
+  defp guidance_panel(agent) do
+    setting =
+      case Map.get(agent, :guidance) do
+        true -> "on"
+        false -> "off"
+        nil -> "default"
+      end
+
+    on? = Observatory.Proxy.Guidance.enabled?(agent)
+
+    [
+      ~s(<section id="guidance-panel" class="panel" aria-labelledby="guidance-title" data-setting="),
+      setting,
+      ~s(" data-enabled="),
+      to_string(on?),
+      ~s(">),
+      ~s(<header class="panel-head"><h2 id="guidance-title">Guidance notes</h2>),
+      if(on?, do: ~s(<span class="pill ad-ok">on</span>), else: ~s(<span class="pill">off</span>)),
+      "</header>",
+      ~s(<p class="muted">When a proxied session of this agent repeats itself, its next request ),
+      ~s(tells the model so, in the newest tool result: what repeats, and to change approach or ),
+      ~s(stop. Every note is in the events below.</p>),
+      ~s(<div class="ad-segmented" role="group" aria-label="Guidance notes">),
+      for {value, label} <- [
+            {"on", "On"},
+            {"off", "Off"},
+            {"default",
+             "Default (#{if Observatory.Proxy.Guidance.default(), do: "on", else: "off"})"}
+          ] do
+        [
+          ~s(<button type="button" class="btn ),
+          if(value == setting, do: "btn-primary-sm", else: "btn-ghost"),
+          ~s(" phx-click="set_guidance" phx-value-setting="),
+          value,
+          ~s(" aria-pressed="),
+          to_string(value == setting),
+          ~s(">),
+          label,
+          "</button>"
+        ]
+      end,
+      "</div></section>"
+    ]
+  end
+
+  ## Budget
+
+  @budget_limits [
+    {"session_requests", "Requests per session", ~s(inputmode="numeric" min="0" step="1")},
+    {"session_tokens", "Tokens per session", ~s(inputmode="numeric" min="0" step="1")},
+    {"session_cost_usd", "Cost per session (USD)", ~s(inputmode="decimal" min="0" step="any")},
+    {"window_requests", "Requests per window", ~s(inputmode="numeric" min="0" step="1")},
+    {"window_tokens", "Tokens per window", ~s(inputmode="numeric" min="0" step="1")},
+    {"window_cost_usd", "Cost per window (USD)", ~s(inputmode="decimal" min="0" step="any")},
+    {"window_seconds", "Window (seconds)", ~s(inputmode="numeric" min="60" step="1")}
+  ]
+
+  # Without a budget or its usage (a record written before budgets, rendered as it
+  # was stored): no panel.
+  defp budget_panel(%{agent: %{budget: _}, usage: %{}} = assigns),
+    do: budget_panel(assigns, assigns.usage)
+
+  defp budget_panel(_assigns), do: ""
+
+  defp budget_panel(%{agent: agent} = assigns, usage) do
+    b = agent.budget
+    stored = Map.new(b, fn {k, v} -> {Atom.to_string(k), if(v == nil, do: "", else: show(v))} end)
+    values = form_values(Map.get(assigns, :budget_form), stored)
+    errors = form_errors(Map.get(assigns, :budget_form))
+
+    [
+      ~s(<section id="budget-panel" class="panel ad-budget" aria-labelledby="budget-title" data-mode="),
+      escape(b.mode),
+      ~s(">),
+      ~s(<header class="panel-head"><h2 id="budget-title">Budget</h2>),
+      budget_pill(usage),
+      "</header>",
+      ~s(<dl class="facts ad-spent">),
+      spent_fact("Spent in all", "budget-total", usage.total),
+      spent_fact("Within its window (#{b.window_seconds} s)", "budget-window", usage.window),
+      "</dl>",
+      ~s(<form id="budget-form" class="ad-form" phx-submit="save_budget" novalidate><div class="ad-fields ad-fields-wide">),
+      select_field(
+        "budget-mode",
+        "mode",
+        "Past a limit",
+        values["mode"],
+        errors["mode"],
+        [
+          {"enforce", "Enforce — refuse (budget_exhausted)"},
+          {"warn", "Warn — alert, refuse nothing"},
+          {"shadow", "Shadow — record only"}
+        ],
+        nil
+      ),
+      for {name, label, attrs} <- @budget_limits do
+        field(
+          "budget-" <> name,
+          name,
+          label,
+          values[name],
+          errors[name],
+          ~s(type="number" ) <> attrs,
+          if(name == "window_seconds", do: nil, else: "Blank: no limit.")
+        )
+      end,
+      ~s(</div><div class="ad-actions"><button type="submit" class="btn btn-primary-sm">Save budget</button>),
+      ~s(<button type="button" class="btn btn-ghost" id="budget-reset-window" phx-click="reset_budget">Reset the window</button></div></form>),
+      budget_sessions(usage.sessions),
+      "</section>"
+    ]
+  end
+
+  defp budget_pill(%{window: %{exhausted: true}}),
+    do: ~s(<span class="pill ad-missing" id="budget-state">window exhausted</span>)
+
+  defp budget_pill(%{sessions: sessions}) do
+    case Enum.count(sessions, & &1.exhausted) do
+      0 ->
+        ~s(<span class="pill" id="budget-state">within limits</span>)
+
+      n ->
+        [
+          ~s(<span class="pill ad-missing" id="budget-state">),
+          escape(n),
+          " session(s) exhausted</span>"
+        ]
+    end
+  end
+
+  defp spent_fact(label, id, spent) do
+    [
+      "<div><dt>",
+      escape(label),
+      ~s(</dt><dd id="),
+      id,
+      ~s(">),
+      spend(spent),
+      "</dd></div>"
+    ]
+  end
+
+  defp budget_sessions([]),
+    do: ~s(<p class="empty">No proxied session yet: what each session spends shows here.</p>)
+
+  defp budget_sessions(sessions) do
+    [
+      ~s(<div class="table-wrap"><table class="ad-sessions"><thead><tr>),
+      ~s(<th scope="col">Session</th><th scope="col" class="num">Requests</th>),
+      ~s(<th scope="col" class="num">Tokens</th><th scope="col" class="num">Cost</th>),
+      ~s(<th scope="col">Since the loop began</th><th scope="col"><span class="sr-only">Actions</span></th>),
+      "</tr></thead><tbody>",
+      Enum.map(sessions, fn s ->
+        [
+          ~s(<tr class="ad-session),
+          if(s.exhausted, do: " exhausted", else: ""),
+          ~s(" data-session-id="),
+          escape(s.session_id),
+          ~s("><td class="mono">),
+          escape(s.session_id),
+          if(s.exhausted, do: ~s( <span class="pill ad-missing">exhausted</span>), else: ""),
+          ~s(</td><td class="num">),
+          ObservatoryWeb.HTML.delimit(s.requests),
+          ~s(</td><td class="num">),
+          ObservatoryWeb.HTML.delimit(s.tokens),
+          ~s(</td><td class="num">),
+          if(s.cost_usd > 0,
+            do: ["$", :erlang.float_to_binary(s.cost_usd / 1, decimals: 4)],
+            else: "–"
+          ),
+          "</td><td>",
+          case s.since_loop do
+            nil -> ~s(<span class="muted">no loop alarm</span>)
+            since -> spend(since)
+          end,
+          ~s(</td><td><button type="button" class="btn btn-ghost" phx-click="reset_budget" phx-value-session_id="),
+          escape(s.session_id),
+          ~s(">Reset</button></td></tr>)
+        ]
+      end),
+      "</tbody></table></div>"
     ]
   end
 
@@ -449,6 +673,11 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp event_title("manual_deactivation"), do: "Deactivated"
   defp event_title("activation"), do: "Activated"
   defp event_title("settings_changed"), do: "Settings changed"
+  defp event_title("kill_switch_would_trip"), do: "Kill switch would have stopped it"
+  defp event_title("guidance_injected"), do: "Guidance note"
+  defp event_title("budget_exhausted"), do: "Budget exhausted"
+  defp event_title("budget_would_exhaust"), do: "Budget would have stopped it"
+  defp event_title("budget_reset"), do: "Budget reset"
   defp event_title(other), do: escape(other)
 
   defp event_text("kill_switch", d) do
@@ -475,6 +704,69 @@ defmodule ObservatoryWeb.AgentDetail.View do
         hash ->
           [~s( <span class="muted">Prompt fingerprint <code>), escape(hash), "</code>.</span>"]
       end
+    ]
+  end
+
+  defp event_text("kill_switch_would_trip", d) do
+    [
+      "In ",
+      escape(d[:mode]),
+      " mode: score ",
+      number2(d[:score]),
+      " exceeded the threshold ",
+      number2(d[:threshold]),
+      " (",
+      escape(d[:repeated_tool_calls]),
+      " repeated tool calls, ",
+      escape(d[:similar_prompts]),
+      " similar prompts, ",
+      escape(d[:similar_responses]),
+      " similar responses). Nothing was refused."
+    ]
+  end
+
+  defp event_text("guidance_injected", d) do
+    [
+      "Session <code>",
+      escape(d[:session_id]),
+      "</code> (",
+      escape(d[:source]),
+      "): ",
+      ~s(<span class="ad-note">),
+      escape(d[:note]),
+      "</span>"
+    ]
+  end
+
+  defp event_text(type, d) when type in ["budget_exhausted", "budget_would_exhaust"] do
+    [
+      if(type == "budget_exhausted",
+        do: "",
+        else: ["In ", escape(d[:mode]), " mode, nothing refused: "]
+      ),
+      escape(d[:message])
+    ]
+  end
+
+  defp event_text("budget_reset", d) do
+    scope =
+      case d[:scope] do
+        %{kind: "session", session_id: id} -> ["session <code>", escape(id), "</code>"]
+        _ -> "the rolling window"
+      end
+
+    spent = d[:spent] || %{}
+
+    [
+      "By ",
+      who(d),
+      ": ",
+      scope,
+      " (it had spent ",
+      escape(spent[:requests] || 0),
+      " requests, ",
+      escape(spent[:tokens] || 0),
+      " tokens)."
     ]
   end
 
@@ -517,6 +809,21 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp reason(""), do: ""
   defp reason(text), do: [" (", escape(text), ")"]
 
+  # A section's changes (the budget's): "mode enforce, session_tokens 20000", the
+  # limits left unset said once.
+  defp show(%{} = changes) when not is_struct(changes) do
+    {set, unset} =
+      changes
+      |> Enum.sort_by(fn {k, _} -> to_string(k) end)
+      |> Enum.split_with(fn {_, v} -> v != nil end)
+
+    Enum.map_join(set, ", ", fn {k, v} -> "#{k} #{show(v)}" end) <>
+      case unset do
+        [] -> ""
+        _ -> "; no limit on " <> Enum.map_join(unset, ", ", fn {k, _} -> to_string(k) end)
+      end
+  end
+
   defp show(nil), do: "null"
   defp show(value) when is_binary(value) or is_number(value) or is_atom(value), do: value
   defp show(value), do: inspect(value)
@@ -558,6 +865,37 @@ defmodule ObservatoryWeb.AgentDetail.View do
         do: [~s(<p id="), id, ~s(-error" class="field-error">), label, " ", escape(error), "</p>"],
         else: ""
       ),
+      "</div>"
+    ]
+  end
+
+  defp select_field(id, name, label, value, error, options, hint) do
+    [
+      ~s(<div class="field),
+      if(error, do: " has-error", else: ""),
+      ~s("><label for="),
+      id,
+      ~s(">),
+      label,
+      ~s(</label><select id="),
+      id,
+      ~s(" name="),
+      name,
+      ~s(">),
+      for {option, text} <- options do
+        [
+          ~s(<option value="),
+          option,
+          ~s("),
+          if(to_string(value) == option, do: " selected", else: ""),
+          ">",
+          text,
+          "</option>"
+        ]
+      end,
+      "</select>",
+      if(hint, do: [~s(<p class="hint">), escape(hint), "</p>"], else: ""),
+      if(error, do: [~s(<p class="field-error">), label, " ", escape(error), "</p>"], else: ""),
       "</div>"
     ]
   end

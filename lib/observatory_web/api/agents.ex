@@ -7,9 +7,22 @@ defmodule ObservatoryWeb.API.Agents do
     * `GET /api/v1/agents/:id` — the agent, its window's current `score` and its
       latest `events` (newest first, `?events=N`, default 20, at most 1000); `404`;
     * `PUT /api/v1/agents/:id/kill_switch` — any of `enabled`, `window_size` (2..1000),
-      `threshold` (> 0), `notification_webhook` (URL or null); registers the agent if
-      it is new; `422` with every violation; the answer carries `warnings` (alert
-      notifications not configured, a threshold the window can never exceed);
+      `threshold` (> 0), `mode` (`enforce`, `warn`, `shadow`), `notification_webhook`
+      (URL or null); registers the agent if it is new; `422` with every violation; the
+      answer carries `warnings` (alert notifications not configured, a threshold the
+      window can never exceed);
+    * `PUT /api/v1/agents/:id/guidance` — `{"enabled": true | false | null}` (null: the
+      configured default): guidance notes for the agent's looping sessions
+      (`Observatory.Proxy.Guidance`); `404`, `422`;
+    * `GET /api/v1/agents/:id/budget` — the budget's settings and what the agent spent:
+      in total, within its window, per recent session (`?sessions=N`, default 20, at
+      most 200); `404`;
+    * `PUT /api/v1/agents/:id/budget` — any of `mode`, `session_requests`,
+      `session_tokens`, `session_cost_usd`, `window_seconds`, `window_requests`,
+      `window_tokens`, `window_cost_usd` (`Observatory.Budget.Settings`); `404`, `422`;
+    * `POST /api/v1/agents/:id/budget/reset` — forgets what was spent: `{"session_id":
+      "..."}` for a session, an empty body for the agent's rolling window; `404`, `403`
+      (a session of another agent);
     * `POST /api/v1/agents/:id/activate`, `POST /api/v1/agents/:id/deactivate` —
       optional body `{"reason": "..."}`; `404` unknown agent, `409` already so;
     * `DELETE /api/v1/agents/:id` — deletes the agent, its events and its keys; `404`;
@@ -24,7 +37,10 @@ defmodule ObservatoryWeb.API.Agents do
       {"agent_id": "agent-7", "active": false, "deactivated_by": "kill_switch",
        "deactivated_at": "2026-02-22T10:30:00.000000Z",
        "status": "deactivated_by_kill_switch", "status_label": "Deactivated by Kill Switch",
-       "kill_switch": {"enabled": true, "window_size": 5, "threshold": 5.5, "max_score": 18.0},
+       "kill_switch": {"enabled": true, "window_size": 5, "threshold": 5.5, "mode": "enforce",
+                       "max_score": 18.0},
+       "guidance": {"setting": "default", "enabled": false},
+       "budget": {"mode": "enforce", "session_tokens": 2000000, "window_seconds": 3600, …},
        "notification_webhook": null, "notifications_configured": false,
        "score": {"score": 7.5, "similar_prompts": 3, "similar_responses": 0,
                  "repeated_tool_calls": 3, "window_len": 4, "window_size": 5},
@@ -35,8 +51,9 @@ defmodule ObservatoryWeb.API.Agents do
   `score` is null while the switch is off (no window).
   """
 
-  alias Observatory.{AgentKeys, JSON}
+  alias Observatory.{AgentKeys, Budget, JSON}
   alias Observatory.KillSwitch
+  alias Observatory.Proxy.Guidance
   alias Observatory.KillSwitch.Settings
   alias ObservatoryWeb.{Auth, Conn}
 
@@ -81,7 +98,107 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :agent_limit} ->
           Conn.error(conn, 409, "agent_limit_reached", "no more agents can be registered")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
+    end
+  end
+
+  def guidance(conn, id) do
+    with {:ok, operator} <- authorize(conn),
+         {:ok, params} <- json_object(conn) do
+      case params do
+        %{"enabled" => setting} when setting in [true, false, nil] and map_size(params) == 1 ->
+          case Guidance.configure(id, setting, operator: operator) do
+            {:ok, agent} -> Conn.json(conn, 200, view(agent))
+            {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such agent")
+            {:error, :no_majority} -> Conn.no_majority(conn)
+          end
+
+        _ ->
+          Conn.error(conn, 422, "invalid_settings", ~s(send {"enabled": true | false | null}))
+      end
+    end
+  end
+
+  def budget(conn, id) do
+    with {:ok, _} <- authorize(conn),
+         {:ok, agent} <- fetch(conn, id) do
+      sessions = limit(conn.query["sessions"], 20, 200)
+      usage = Budget.agent_usage(agent, sessions: sessions)
+
+      Conn.json(
+        conn,
+        200,
+        Map.merge(%{agent_id: id, budget: Budget.settings_json(agent.budget)}, usage)
+      )
+    end
+  end
+
+  def configure_budget(conn, id) do
+    with {:ok, operator} <- authorize(conn),
+         {:ok, params} <- json_object(conn) do
+      case Budget.configure(id, params, operator: operator) do
+        {:ok, agent} ->
+          Conn.json(conn, 200, view(agent))
+
+        {:error, {:invalid, violations}} ->
+          Conn.error(
+            conn,
+            422,
+            "invalid_settings",
+            Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
+            %{violations: violations}
+          )
+
+        {:error, :not_found} ->
+          Conn.error(conn, 404, "not_found", "no such agent")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
+      end
+    end
+  end
+
+  def reset_budget(conn, id) do
+    with {:ok, operator} <- authorize(conn),
+         {:ok, params} <- json_object(conn, allow_empty: true) do
+      case params do
+        %{"session_id" => session} when is_binary(session) ->
+          reset(conn, id, session_id: session, operator: operator)
+
+        params when map_size(params) == 0 ->
+          reset(conn, id, operator: operator)
+
+        _ ->
+          Conn.error(conn, 400, "bad_request", ~s(send {"session_id": "..."} or an empty body))
+      end
+    end
+  end
+
+  defp reset(conn, id, opts) do
+    case Budget.reset(id, opts) do
+      {:ok, details} ->
+        Conn.json(conn, 200, Map.put(details, :agent_id, id))
+
+      {:error, :not_found} ->
+        Conn.error(conn, 404, "not_found", "no such agent")
+
+      {:error, :not_this_agent} ->
+        Conn.error(conn, 403, "forbidden", "the session belongs to another agent")
+
+      {:error, :no_majority} ->
+        Conn.no_majority(conn)
+    end
+  end
+
+  defp limit(nil, default, _max), do: default
+
+  defp limit(text, default, max) do
+    case Integer.parse(text) do
+      {n, ""} when n > 0 -> min(n, max)
+      _ -> default
     end
   end
 
@@ -119,6 +236,9 @@ defmodule ObservatoryWeb.API.Agents do
             "too_many_keys",
             "the agent holds #{AgentKeys.max_keys_per_agent()} keys; revoke one first"
           )
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end
@@ -127,6 +247,7 @@ defmodule ObservatoryWeb.API.Agents do
     with {:ok, operator} <- authorize(conn) do
       case AgentKeys.rotate(id, operator: operator) do
         {:ok, issued} -> Conn.json(conn, 201, key_json(issued))
+        {:error, :no_majority} -> Conn.no_majority(conn)
         {:error, _} -> Conn.error(conn, 404, "not_found", "no such agent")
       end
     end
@@ -187,8 +308,19 @@ defmodule ObservatoryWeb.API.Agents do
         enabled: ks.enabled,
         window_size: ks.window_size,
         threshold: ks.threshold,
+        mode: Atom.to_string(Map.get(ks, :mode, :enforce)),
         max_score: Settings.max_score(ks.window_size)
       },
+      guidance: %{
+        setting:
+          case agent.guidance do
+            true -> "on"
+            false -> "off"
+            nil -> "default"
+          end,
+        enabled: Guidance.enabled?(agent)
+      },
+      budget: Budget.settings_json(agent.budget),
       notification_webhook: agent.notification_webhook,
       notifications_configured: KillSwitch.notifications_configured?(agent),
       score: score(agent),
@@ -275,6 +407,9 @@ defmodule ObservatoryWeb.API.Agents do
 
         {:error, :already_inactive} ->
           Conn.error(conn, 409, "already_inactive", "the agent is already inactive")
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
       end
     end
   end

@@ -86,6 +86,16 @@ defmodule ObservatoryWeb.API.ChatCompletions do
 
   def stream_text(_event), do: nil
 
+  @doc "The usage chunk (`stream_options.include_usage`): the last one, with `usage` set."
+  @impl LLMProxy
+  def stream_usage(%{data: %{"usage" => %{} = usage} = chunk}),
+    do: {string(chunk["model"]), usage}
+
+  def stream_usage(_event), do: nil
+
+  defp string(value) when is_binary(value), do: value
+  defp string(_), do: nil
+
   @doc "OpenAI's error in a stream: `data: {\"error\": …}`, which the SDK raises."
   @impl LLMProxy
   def stream_error(status, type, code, message),

@@ -8,6 +8,14 @@ defmodule ObservatoryWeb.API.DecisionLogs do
   lines are skipped. Also: `401` without a valid agent key, `413` over the body limit,
   `415` for another content type.
 
+  Ingest is idempotent (`Observatory.Gateway.Idempotency`): a step sent again — same
+  session, `meta.step_id` and body — is answered with its first answer, marked
+  `"replayed": true` and, for one envelope, the header `Idempotent-Replayed: true`;
+  it is not counted again. A step id already used with a different body is refused:
+  `409 step_conflict` (a rejected line in a batch). While the first delivery is still
+  being scored, a retry gets `503 step_in_progress` with `Retry-After: 1`. A batch's
+  answer counts its replayed lines in `replayed` (they are also `accepted`).
+
   The key's agent acts only as itself (issue 13): an envelope whose `meta.agent_id`
   is another agent, or whose session the gateway has recorded for another agent, is
   refused — `403 forbidden` alone, a rejected line in a batch — and touches nothing.
@@ -44,8 +52,26 @@ defmodule ObservatoryWeb.API.DecisionLogs do
 
   defp single(conn, body, agent) do
     case SchemaInterceptor.ingest(body, agent: agent) do
+      {:ok, %{replayed: true} = result} ->
+        Conn.json(conn, 200, answer(result), [{"Idempotent-Replayed", "true"}])
+
       {:ok, result} ->
         Conn.json(conn, 200, answer(result))
+
+      {:error, {:conflict, violation}} ->
+        Conn.error(conn, 409, "step_conflict", "step " <> violation.reason, %{
+          violations: [violation]
+        })
+
+      {:error, {:in_progress, violation}} ->
+        Conn.error(
+          conn,
+          503,
+          "step_in_progress",
+          "step " <> violation.reason,
+          %{violations: [violation]},
+          [{"Retry-After", "1"}]
+        )
 
       {:error, {:forbidden, violation}} ->
         Conn.error(
@@ -92,8 +118,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
           case SchemaInterceptor.ingest(line, log_violations: false, agent: agent) do
             {:ok, result} -> {[Map.put(answer(result), :line, number) | results], rejected}
             {:error, {:invalid, violations}} -> {results, [{number, violations} | rejected]}
-            {:error, {:forbidden, violation}} -> {results, [{number, [violation]} | rejected]}
-            {:error, {:unavailable, violation}} -> {results, [{number, [violation]} | rejected]}
+            {:error, {_refused, violation}} -> {results, [{number, [violation]} | rejected]}
           end
         end
       end)
@@ -111,6 +136,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
 
     Conn.json(conn, status, %{
       accepted: accepted,
+      replayed: Enum.count(results, & &1.replayed),
       rejected: length(rejected),
       omitted: max(length(rejected) - @max_rejected_lines, 0),
       results: Enum.sort_by(Enum.reverse(results) ++ listed, & &1.line)
@@ -150,7 +176,8 @@ defmodule ObservatoryWeb.API.DecisionLogs do
       paused: result.paused,
       verdict: result.verdict,
       step: result.step,
-      directives: result.directives
+      directives: result.directives,
+      replayed: result.replayed
     }
   end
 

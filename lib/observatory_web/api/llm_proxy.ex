@@ -22,11 +22,21 @@ defmodule ObservatoryWeb.API.LLMProxy do
        refused (`403`);
     4. a paused session is refused (`403 session_paused`), and so is a session the
        step detector has blocked (`403 session_blocked`, with its guidance);
-    5. the kill switch admits or refuses the request;
-    6. the request goes upstream holding one of the `:llm_max_concurrent` slots
+    5. the agent's budget (`Observatory.Budget`) admits the request or, past a limit
+       in `enforce` mode, refuses it (`429 budget_exhausted`, with `x-should-retry:
+       false` so that the SDKs do not retry it);
+    6. the kill switch admits or refuses the request; an admitted request is counted
+       against the budget;
+    7. the body that goes upstream is the agent's, with at most two edits that keep
+       every other byte (`Observatory.Proxy.BodyEdit`): a guidance note appended to
+       the newest tool result when the steps just recorded show a loop
+       (`Observatory.Proxy.Guidance`), and, for a streamed chat completion,
+       `stream_options.include_usage` (the usage chunk it adds is not passed on
+       unless the agent asked for it). Everything above read the agent's own body;
+    8. the request goes upstream holding one of the `:llm_max_concurrent` slots
        (none free: `503`), the answer comes back — streamed as it arrives when the
-       agent asked for `"stream": true` — and its text is fingerprinted into the
-       agent's kill-switch window.
+       agent asked for `"stream": true` — its text is fingerprinted into the
+       agent's kill-switch window, and its `usage` is counted against the budget.
 
   Every answer names its session in `X-Observatory-Session-Id` once it is known, and
   carries the upstream's own headers (`retry-after`, `x-request-id`,
@@ -41,10 +51,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   require Logger
 
-  alias Observatory.{JSON, KillSwitch, Metrics}
-  alias Observatory.KillSwitch.Upstream
-  alias Observatory.Gateway.{HITL, StepDetector}
-  alias Observatory.Proxy.{HTTPClient, OpenRequests, SSE, SessionId, Steps}
+  alias Observatory.{Budget, JSON, KillSwitch, Metrics}
+  alias Observatory.Budget.Usage
+  alias Observatory.KillSwitch.{Agents, Upstream}
+  alias Observatory.Gateway.{AlertSource, HITL, StepDetector}
+  alias Observatory.Proxy.{BodyEdit, Guidance, HTTPClient, OpenRequests, SSE, SessionId, Steps}
   alias ObservatoryWeb.{Auth, Conn}
 
   @session_header "X-Observatory-Session-Id"
@@ -64,6 +75,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
   @callback stream_text(SSE.event()) :: String.t() | nil
   @doc "An error event to end a stream with (status, OpenAI-style type and code, message)."
   @callback stream_error(pos_integer(), String.t(), String.t(), String.t()) :: iodata()
+  @doc """
+  The usage a decoded stream event reports — `{model | nil, usage}`, `usage` the
+  API's own object (`Observatory.Budget.Usage.read/2`) — or nil.
+  """
+  @callback stream_usage(SSE.event()) :: {String.t() | nil, map()} | nil
   @doc "Request headers passed on to the upstream."
   @callback forward_headers(Conn.t()) :: [{String.t(), String.t()}]
 
@@ -71,7 +87,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   @spec handle(Conn.t(), module()) :: :ok | :halt
   def handle(conn, dialect) do
     Metrics.inc(:proxy_requests)
-    ctx = %{conn: conn, dialect: dialect, agent_id: nil, session_id: nil, upstream: []}
+    ctx = new_ctx(conn, dialect)
 
     with {:ok, agent_id} <- check(ctx, Auth.proxy_agent(conn)),
          ctx = %{ctx | agent_id: agent_id},
@@ -82,20 +98,73 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  # Steps 2 to 5: the body read, fingerprinted, decoded, its steps recorded, and the
-  # request admitted or refused.
+  # `agent`: the agent's record once read; `model`: the request's; `strip_usage`: the
+  # proxy asked a stream for its usage, which the agent did not ask for.
+  defp new_ctx(conn, dialect) do
+    %{
+      conn: conn,
+      dialect: dialect,
+      agent_id: nil,
+      session_id: nil,
+      upstream: [],
+      agent: nil,
+      model: nil,
+      strip_usage: false
+    }
+  end
+
+  # Steps 2 to 7: the body read, fingerprinted, decoded, its steps recorded, the
+  # request admitted or refused, and the body that goes upstream.
   defp admitted(ctx) do
     with {:ok, body} <- body(ctx),
          {:ok, request} <- fingerprint(ctx, body),
          {:ok, decoded} <- decode(ctx, body),
          {:ok, session_id} <- session_id(ctx, decoded),
-         ctx = %{ctx | session_id: session_id},
-         _steps = Steps.record(ctx.dialect.format(), ctx.agent_id, session_id, decoded),
+         ctx = %{ctx | session_id: session_id, model: string(decoded["model"])},
+         steps = Steps.take(ctx.dialect.format(), ctx.agent_id, session_id, decoded),
+         :ok <- loop_began(ctx, steps.results),
          :ok <- not_paused(ctx),
          :ok <- not_blocked(ctx),
+         {:ok, ctx} <- within_budget(ctx),
          {:ok, verdict} <- admit(ctx, request) do
+      if ctx.agent, do: Budget.count_request(ctx.agent, session_id)
+      {ctx, body} = upstream_body(ctx, body, steps, verdict)
       {:forward, ctx, verdict, request, body}
     end
+  end
+
+  # A step of this request raised the session's loop alarm: what the session spent
+  # from here on is "since the loop began" (alarms raised elsewhere are marked by
+  # Observatory.Budget.Server).
+  defp loop_began(ctx, results) do
+    source = AlertSource.current()
+    if Enum.any?(results, &AlertSource.alert?(&1, source)), do: Budget.loop_began(ctx.session_id)
+    :ok
+  end
+
+  defp string(value) when is_binary(value), do: value
+  defp string(_), do: nil
+
+  # The agent's own body, read by everything above, with the proxy's edits for the
+  # upstream: the usage of a streamed chat completion asked for, a guidance note.
+  defp upstream_body(%{agent: nil} = ctx, body, _steps, _verdict), do: {ctx, body}
+
+  defp upstream_body(ctx, body, steps, verdict) do
+    {ctx, body} =
+      with :chat_completions <- ctx.dialect.api(),
+           true <- Budget.stream_usage?(),
+           {:ok, edited} <- BodyEdit.ensure_stream_usage(body) do
+        {%{ctx | strip_usage: true}, edited}
+      else
+        _ -> {ctx, body}
+      end
+
+    request = %{agent: ctx.agent, session_id: ctx.session_id}
+
+    {body, _note} =
+      Guidance.apply(body, ctx.dialect.api(), request, Guidance.note(steps.results, verdict))
+
+    {ctx, body}
   end
 
   @doc """
@@ -109,7 +178,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   @spec pass(Conn.t(), module(), Upstream.api(), keyword()) :: :ok | :halt
   def pass(conn, dialect, api, opts) do
     Metrics.inc(:proxy_requests)
-    ctx = %{conn: conn, dialect: dialect, agent_id: nil, session_id: nil, upstream: []}
+    ctx = new_ctx(conn, dialect)
 
     with {:ok, agent_id} <- check(ctx, Auth.proxy_agent(conn)),
          ctx = %{ctx | agent_id: agent_id},
@@ -355,6 +424,22 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
+  # The agent's budget; an unknown or inactive agent is left to the kill switch's check.
+  defp within_budget(ctx) do
+    case Agents.get(ctx.agent_id) do
+      %{active: true} = agent ->
+        ctx = %{ctx | agent: agent}
+
+        case Budget.check(agent, ctx.session_id) do
+          {:refuse, breaches} -> refuse(ctx, {:budget, breaches})
+          _admitted -> {:ok, ctx}
+        end
+
+      _other ->
+        {:ok, ctx}
+    end
+  end
+
   defp admit(ctx, request) do
     case KillSwitch.check_request(ctx.agent_id, request) do
       {:ok, verdict} ->
@@ -385,7 +470,12 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
   ## Refusals: why a request is not (or no longer) served
 
-  @typep refusal :: :inactive | :revoked | {:paused, map()} | {:blocked, String.t() | nil}
+  @typep refusal ::
+           :inactive
+           | :revoked
+           | {:paused, map()}
+           | {:blocked, String.t() | nil}
+           | {:budget, [Budget.breach()]}
 
   # `what` says what became of the request: refused before it went upstream ("the
   # request was not sent"), or its stream ended ("the answer was cut short").
@@ -410,6 +500,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
        "(POST /api/v1/sessions/:id/step_detector/reset)."}
   end
 
+  defp refusal(ctx, {:budget, breaches}, _what),
+    do:
+      {429, "budget_exhausted", "budget_exhausted",
+       Budget.refusal_message(breaches, ctx.agent_id, ctx.session_id)}
+
   defp refusal(_ctx, :revoked, what),
     do:
       {401, "invalid_request_error", "invalid_api_key",
@@ -418,6 +513,23 @@ defmodule ObservatoryWeb.API.LLMProxy do
   defp refuse(ctx, :inactive) do
     Metrics.inc(:proxy_inactive)
     send_json(ctx, 403, ctx.dialect.inactive_body(ctx.agent_id))
+  end
+
+  # A budget stop is final until an operator acts: `x-should-retry: false` keeps the
+  # SDKs from retrying the 429.
+  defp refuse(ctx, {:budget, _} = reason) do
+    {status, type, code, message} = refusal(ctx, reason, "the request was not sent")
+    body = ctx.dialect.error_body(status, type, code, message)
+
+    Conn.send_resp(
+      ctx.conn,
+      status,
+      "application/json",
+      JSON.encode_lossy!(body),
+      answer_headers(ctx) ++ [{"x-should-retry", "false"}]
+    )
+
+    :halt
   end
 
   defp refuse(ctx, reason) do
@@ -544,6 +656,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
     case ctx.dialect.fingerprint_response(body) do
       {:ok, hash} ->
         if verdict, do: KillSwitch.observe_response(ctx.agent_id, hash)
+        meter(ctx, body)
         pass_through(ctx, verdict, status, type, body)
 
       {:error, {:invalid_json, _}} ->
@@ -564,6 +677,26 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
       {:error, _} ->
         {:failed, {:bad_response, "HTTP #{status} with a body that is not JSON"}, ctx}
+    end
+  end
+
+  # A whole answer's tokens, from its top-level `model` and `usage` (nothing else of
+  # it is decoded).
+  defp meter(%{agent: nil}, _body), do: :ok
+
+  defp meter(ctx, body) do
+    case BodyEdit.top_level_fields(body, ["model", "usage"]) do
+      {:ok, [model, usage]} ->
+        Budget.record(
+          ctx.agent,
+          ctx.session_id,
+          ctx.dialect.api(),
+          string(model) || ctx.model,
+          usage
+        )
+
+      :error ->
+        :ok
     end
   end
 
@@ -646,10 +779,27 @@ defmodule ObservatoryWeb.API.LLMProxy do
       resp: resp,
       dialect: ctx.dialect,
       sse: SSE.new(Upstream.max_event_bytes()),
-      text: []
+      text: [],
+      strip_usage: ctx.strip_usage,
+      model: nil,
+      usage: nil
     }
 
-    case relay(upstream, state) do
+    result = relay(upstream, state)
+    # What the stream reported of its usage is counted however it ended.
+    state = elem(result, tuple_size(result) - 1)
+
+    if ctx.agent,
+      do:
+        Budget.record(
+          ctx.agent,
+          ctx.session_id,
+          ctx.dialect.api(),
+          state.model || ctx.model,
+          state.usage
+        )
+
+    case result do
       {:ok, state} ->
         # Fingerprinted before the stream's end goes out: once the agent has it, its
         # next request may arrive and is scored against this answer.
@@ -666,10 +816,10 @@ defmodule ObservatoryWeb.API.LLMProxy do
         write(resp, "")
         :ok
 
-      {:error, :client_closed} ->
+      {:error, :client_closed, _state} ->
         {:error, :client_closed}
 
-      {:error, reason} ->
+      {:error, reason, _state} ->
         # The status line is gone: end the stream with an error event the SDKs raise.
         {status, type, code, message} = stream_failure(ctx, reason)
         unwatch_client(watch)
@@ -693,23 +843,62 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   # Passes on whole events only, so that an error event never lands in the middle of
-  # one.
+  # one. Returns the state (its text and usage) with the outcome.
   defp relay(upstream, state) do
     case HTTPClient.read(upstream) do
       {:data, data, upstream} ->
-        with {events, complete, sse} <- SSE.parse(state.sse, data),
-             :ok <- write_some(state.resp, complete) do
-          texts = for event <- events, text = state.dialect.stream_text(event), do: text
-          relay(upstream, %{state | sse: sse, text: [state.text | texts]})
+        case SSE.parse(state.sse, data) do
+          {events, complete, sse} ->
+            state = meter_events(%{state | sse: sse}, events)
+
+            case write_some(state.resp, strip_usage(state, events, complete)) do
+              :ok ->
+                texts = for event <- events, text = state.dialect.stream_text(event), do: text
+                relay(upstream, %{state | text: [state.text | texts]})
+
+              {:error, reason} ->
+                {:error, reason, state}
+            end
+
+          {:error, reason} ->
+            {:error, reason, state}
         end
 
       {:done, _upstream} ->
-        with :ok <- write_some(state.resp, SSE.rest(state.sse)), do: {:ok, state}
+        case write_some(state.resp, SSE.rest(state.sse)) do
+          :ok -> {:ok, state}
+          {:error, reason} -> {:error, reason, state}
+        end
 
       {:error, reason} ->
-        {:error, reason}
+        {:error, reason, state}
     end
   end
+
+  defp meter_events(state, events) do
+    Enum.reduce(events, state, fn event, state ->
+      case state.dialect.stream_usage(event) do
+        nil ->
+          state
+
+        {model, usage} ->
+          %{state | model: model || state.model, usage: Usage.merge(state.usage, usage)}
+      end
+    end)
+  end
+
+  # The chunk that only carries the usage (`"choices": []`), when the agent did not ask
+  # for it: an agent that reads `chunk.choices[0]` would fail on it.
+  defp strip_usage(%{strip_usage: true}, events, complete) do
+    if Enum.any?(events, &usage_only?/1),
+      do: SSE.reject(complete, &usage_only?/1),
+      else: complete
+  end
+
+  defp strip_usage(_state, _events, complete), do: complete
+
+  defp usage_only?(%{data: %{"choices" => [], "usage" => %{}}}), do: true
+  defp usage_only?(_event), do: false
 
   defp write_some(_resp, ""), do: :ok
   defp write_some(resp, data), do: write(resp, data)

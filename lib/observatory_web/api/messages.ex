@@ -67,6 +67,21 @@ defmodule ObservatoryWeb.API.Messages do
 
   def stream_text(_event), do: nil
 
+  @doc """
+  The usage of a stream: `message_start` carries the input tokens (and the model),
+  `message_delta` the output tokens so far.
+  """
+  @impl LLMProxy
+  def stream_usage(%{
+        data: %{"type" => "message_start", "message" => %{"usage" => %{} = usage} = message}
+      }),
+      do: {if(is_binary(message["model"]), do: message["model"]), usage}
+
+  def stream_usage(%{data: %{"type" => "message_delta", "usage" => %{} = usage}}),
+    do: {nil, usage}
+
+  def stream_usage(_event), do: nil
+
   @doc "Anthropic's error event: `event: error`, the error body as its data."
   @impl LLMProxy
   def stream_error(status, type, code, message),

@@ -51,6 +51,14 @@ defmodule ObservatoryWeb.API.Responses do
   @impl LLMProxy
   defdelegate stream_text(event), to: Responses
 
+  @doc "The usage of a stream: in its last event, `response.completed` (or `.incomplete`, `.failed`)."
+  @impl LLMProxy
+  def stream_usage(%{data: %{"type" => type, "response" => %{"usage" => %{} = usage} = response}})
+      when type in ["response.completed", "response.incomplete", "response.failed"],
+      do: {if(is_binary(response["model"]), do: response["model"]), usage}
+
+  def stream_usage(_event), do: nil
+
   @impl LLMProxy
   def stream_error(status, type, code, message) do
     %{error: error} = error_body(status, type, code, message)

@@ -3,13 +3,17 @@ defmodule ObservatoryWeb.API.Sessions do
   Session state and the HITL commands (design.md §5).
 
     * `GET /api/v1/sessions/:id` — window, score, severity, loop verdict, pause, the
-      alert, the recent steps (arguments and results cut) and the explanation of the
-      verdict and of the entropy window (`Observatory.Gateway.Evidence`); operator, or
-      the agent key of the session's own agent;
+      alert, the recent steps (arguments and results cut), the explanation of the
+      verdict and of the entropy window (`Observatory.Gateway.Evidence`), and what the
+      session spent through the proxy (`usage`: requests, tokens, cost, and since its
+      first loop alarm; `Observatory.Budget.session_usage/1`); operator, or the agent
+      key of the session's own agent; `owner_node` names the cluster node that holds
+      the session;
     * `GET /api/v1/sessions/:id/steps/:step` — one stored step whole: its envelope as
       the gateway stored it and its texts uncut (same access);
     * `POST /api/v1/sessions/:id/pause` and `/resume` — operator token; optional JSON body
-      `{"reason": "..."}`; `409` when already paused / not paused;
+      `{"reason": "..."}`; `409` when already paused / not paused; a resume on a
+      cluster node cut off from the majority is `503 no_majority`;
     * `POST /api/v1/sessions/:id/step_detector/reset` — lift a step-detector block (operator);
     * `GET /api/v1/hitl/audit?session_id=&limit=` — the audit log (operator).
   """
@@ -41,12 +45,7 @@ defmodule ObservatoryWeb.API.Sessions do
           Conn.error(conn, 404, "not_found", "no such session")
 
         {:error, :owner_unavailable} ->
-          Conn.error(
-            conn,
-            503,
-            "owner_unavailable",
-            "the session's owner in the gateway cluster did not answer in time; retry"
-          )
+          owner_unavailable(conn)
       end
     end
   end
@@ -114,7 +113,7 @@ defmodule ObservatoryWeb.API.Sessions do
 
     unknown? =
       session == nil and pause == nil and StepDetector.state(id) == nil and
-        LoopVerdict.session(id) == nil
+        LoopVerdict.session(id) == nil and Observatory.Budget.Store.session_meta(id) == nil
 
     {session, if(not unknown?, do: view(id, session, pause))}
   end
@@ -126,21 +125,40 @@ defmodule ObservatoryWeb.API.Sessions do
   defp readable?({:agent, agent}, %{agent_id: agent}), do: true
   defp readable?({:agent, _agent}, _session), do: false
 
-  # Commands run on the session's owner, which answers its steps (issue 14).
-  def pause(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :pause, [&1, &2]))
-  def resume(conn, id), do: command(conn, id, &Cluster.on_owner(&1, HITL, :resume, [&1, &2]))
+  # Pauses and resumes are replicated writes: made by the node that got the request,
+  # enforced by every node, whatever the session's owner does (a frozen owner cannot
+  # hold them, and nothing is run twice).
+  def pause(conn, id), do: command(conn, id, &HITL.pause/2)
+  def resume(conn, id), do: command(conn, id, &HITL.resume/2)
 
+  # The step detector's streaks live on the session's owner: the reset runs there,
+  # once, or is answered 503 when the owner does not answer in time.
   def reset_step_detector(conn, id) do
     with {:ok, operator} <- authorize(conn, &Auth.operator/1) do
-      case Cluster.on_owner(id, StepDetector, :reset, [id, [operator: operator]]) do
-        :ok ->
+      case Cluster.call_owner(id, StepDetector, :reset, [id, [operator: operator]]) do
+        {:ok, :ok} ->
           state = Cluster.on_owner(id, StepDetector, :state, [id])
           Conn.json(conn, 200, %{session_id: id, step_detector: state})
 
-        {:error, :unknown_session} ->
+        {:ok, {:error, :unknown_session}} ->
           Conn.error(conn, 404, "not_found", "the step detector has no state for this session")
+
+        {:ok, {:error, :no_majority}} ->
+          Conn.no_majority(conn)
+
+        {:error, :owner_unavailable} ->
+          owner_unavailable(conn)
       end
     end
+  end
+
+  defp owner_unavailable(conn) do
+    Conn.error(
+      conn,
+      503,
+      "owner_unavailable",
+      "the session's owner in the gateway cluster did not answer in time; retry"
+    )
   end
 
   def audit(conn) do
@@ -175,6 +193,7 @@ defmodule ObservatoryWeb.API.Sessions do
       pause: pause && entry(pause),
       step_detector: StepDetector.state(id),
       messages: SessionLog.count(id),
+      usage: Observatory.Budget.session_usage(id),
       steps:
         for step <- Evidence.steps(stored, result_bytes: 2_000, arguments_bytes: 1_000) do
           step
@@ -189,7 +208,9 @@ defmodule ObservatoryWeb.API.Sessions do
       explanation: %{
         verdict: Evidence.explain_verdict(verdict, stored),
         entropy_window: Evidence.explain_window(window, stored)
-      }
+      },
+      # The cluster node that holds the session's state and scores its steps.
+      owner_node: node()
     }
   end
 
@@ -209,8 +230,10 @@ defmodule ObservatoryWeb.API.Sessions do
          {:ok, reason} <- reason(conn) do
       case fun.(id, operator: operator, reason: reason) do
         {:ok, entry} ->
-          paused = Cluster.on_owner(id, HITL, :paused?, [id])
-          Conn.json(conn, 200, %{session_id: id, paused: paused, audit: entry(entry)})
+          Conn.json(conn, 200, %{session_id: id, paused: HITL.paused?(id), audit: entry(entry)})
+
+        {:error, :no_majority} ->
+          Conn.no_majority(conn)
 
         {:error, conflict} when conflict in [:already_paused, :not_paused] ->
           Conn.error(

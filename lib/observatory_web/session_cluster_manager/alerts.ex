@@ -33,6 +33,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
           since: DateTime.t(),
           at: DateTime.t(),
           node: node() | nil,
+          usage: map() | nil,
           seq: non_neg_integer()
         }
   @type t :: %__MODULE__{
@@ -69,6 +70,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
         since: alert.since,
         at: alert.last_at,
         node: Map.get(alert, :node),
+        usage: Map.get(alert, :usage),
         seq: seq
       }
 
@@ -153,6 +155,7 @@ defmodule ObservatoryWeb.SessionClusterManager.Alerts do
       since: since,
       at: since,
       node: nil,
+      usage: nil,
       seq: seq
     }
   end

@@ -6,8 +6,10 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
   (`Observatory.Gateway.Alerts`), the pause in force from `HITL.pause_of/1`, how many
   DecisionLogs it has sent (`SessionLog.count/1`), and the evidence: its recent steps
   with their calls, arguments and results, and what repeats
-  (`Observatory.Gateway.Evidence.for_session/2`). Every step is named by the session's
-  step number, which the verdict's evidence and the window use too.
+  (`Observatory.Gateway.Evidence.for_session/2`), and what it spent through the proxy,
+  in all and since its loop began (`Observatory.Budget.session_usage/1`). Every step
+  is named by the session's step number, which the verdict's evidence and the window
+  use too.
 
   `load/2` costs a few ETS and NIF reads and a comparison of at most the stored steps;
   the manager calls it again when the inspected session changes (coalescing a burst
@@ -27,7 +29,8 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
           pause: HITL.audit_entry() | nil,
           messages: non_neg_integer(),
           steps: [map()],
-          explained: %{verdict: map() | nil, window: map() | nil}
+          explained: %{verdict: map() | nil, window: map() | nil},
+          usage: map()
         }
 
   @doc """
@@ -35,8 +38,13 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
   shown whole (the panel's "Show all").
   """
   @spec load(String.t(), keyword()) :: t()
-  def load(session_id, opts \\ []) when is_binary(session_id),
-    do: Observatory.Cluster.on_owner(session_id, __MODULE__, :load_here, [session_id, opts])
+  def load(session_id, opts \\ []) when is_binary(session_id) do
+    # A read: an owner that does not answer in time leaves what this node knows.
+    case Observatory.Cluster.call_owner(session_id, __MODULE__, :load_here, [session_id, opts]) do
+      {:ok, loaded} -> loaded
+      {:error, :owner_unavailable} -> load_here(session_id, opts)
+    end
+  end
 
   # In a cluster (issue 14) on the session's owner, where its window and steps live.
   @doc false
@@ -59,7 +67,8 @@ defmodule ObservatoryWeb.SessionClusterManager.Inspector do
       pause: HITL.pause_of(session_id),
       messages: SessionLog.count(session_id),
       steps: evidence.steps,
-      explained: %{verdict: evidence.verdict, window: evidence.window}
+      explained: %{verdict: evidence.verdict, window: evidence.window},
+      usage: Observatory.Budget.session_usage(session_id)
     }
   end
 end

@@ -13,7 +13,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   (`state-alert_entropy` flashes red, `state-blocked` is amber `#f59e0b`).
   """
 
-  import ObservatoryWeb.HTML, only: [escape: 1]
+  import ObservatoryWeb.HTML, only: [escape: 1, spend: 1]
 
   alias Observatory.Gateway.AlertSource
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet}
@@ -231,7 +231,9 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(</span><span class="last">last ),
       time(row.at),
       alert_times(row.alerts),
-      "</span></td>",
+      "</span>",
+      spent_since(Map.get(row, :usage)),
+      "</td>",
       ~s(<td class="action">),
       row_actions(row.session_id, state == "paused"),
       "</td></tr>"
@@ -338,6 +340,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       fact("Entropy", [score(info.score), " ", severity(info.severity)]),
       fact("Verdict", verdict_fact(Map.get(info, :verdict))),
       fact("Steps received", escape(info.messages)),
+      spend_facts(Map.get(info, :usage)),
       "</dl>",
       pause_box(info),
       why_section(info, source),
@@ -345,6 +348,40 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       "</aside>"
     ]
   end
+
+  # What a proxied session spent (Observatory.Budget): nothing for a session that
+  # spent nothing through the proxy.
+  defp spend_facts(%{requests: n} = usage) when n > 0 do
+    [
+      fact("Spent", [~s(<span id="inspect-spent">), spend(usage), "</span>"]),
+      fact("Since the loop began", since_loop(usage.since_loop))
+    ]
+  end
+
+  defp spend_facts(_usage), do: ""
+
+  defp since_loop(nil), do: ~s(<span class="muted">no loop alarm yet</span>)
+
+  defp since_loop(since) do
+    {:ok, at, _} = DateTime.from_iso8601(since.loop_at)
+
+    [
+      ~s(<span id="inspect-since-loop">),
+      spend(since),
+      ~s( <span class="muted">since ),
+      time(at),
+      "</span></span>"
+    ]
+  end
+
+  defp spent_since(%{since_loop: %{} = since}),
+    do: [
+      ~s(<span class="spent" title="spent through the proxy since the loop began">spent since: ),
+      spend(since),
+      "</span>"
+    ]
+
+  defp spent_since(_usage), do: ""
 
   defp state_of_info(%{pause: pause}) when pause != nil, do: "paused"
   defp state_of_info(_), do: nil

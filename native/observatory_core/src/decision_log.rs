@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
-use crate::stable_json::{hash_parts, stable_stringify, Digest};
+use crate::stable_json::{hash_parts, stable_stringify, stable_stringify_without, Digest};
 
 /// The fixed set of `action.status` values; a status's code is its index here.
 /// `Observatory.Gateway.ActionStatus` lists the same values in the same order (a test
@@ -227,6 +227,31 @@ pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
         outcome,
         verdict: keys::keys_from_canonical(tool, status, &input, verdict_result, rules),
     }
+}
+
+/// What a step's body is, for idempotent ingest: two deliveries with the same
+/// fingerprint are the same step. The envelope's canonical JSON (key order and
+/// whitespace do not count) without the two fields that say nothing about the step —
+/// `meta.timestamp`, which a client may stamp again on a retry, and
+/// `cognition.entropy_score`, which the gateway overwrites — hashed with SHA-256, of
+/// which 16 bytes are kept. The tool's input and result, the parts that can be large,
+/// enter through `hashes` (the same canonical text, hashed once already).
+pub fn body_fingerprint(envelope: &Value, hashes: &StepHashes) -> [u8; 16] {
+    const LEFT_OUT: [(&str, &str); 4] = [
+        ("meta", "timestamp"),
+        ("cognition", "entropy_score"),
+        ("action", "tool_input"),
+        ("action", "result"),
+    ];
+    let rest = stable_stringify_without(envelope, &LEFT_OUT);
+    let outcome = hashes
+        .outcome
+        .as_ref()
+        .map_or(&[][..], |digest| &digest[..]);
+    let digest = hash_parts(&[rest.as_bytes(), &hashes.approach, outcome]);
+    let mut fingerprint = [0; 16];
+    fingerprint.copy_from_slice(&digest[..16]);
+    fingerprint
 }
 
 /// The code of a status string, or `None` when it is not in the fixed set.

@@ -3,6 +3,7 @@
 //! Nothing here knows about the BEAM: the `observatory_nif` crate converts terms and
 //! maps errors; this crate holds the algorithms and their tests.
 //!
+//! * [`answered_steps`] — the steps answered recently, so a retried step is answered again.
 //! * [`window`] — the per-session ring buffer and its uniqueness ratio (FR-9.2, FR-9.3).
 //! * [`severity`] — score rounding and the LOOP / WARNING / Normal bands (FR-9.4–9.6).
 //! * [`session_store`] — the sharded, bounded store of windows behind `EntropyTracker`.
@@ -18,18 +19,21 @@
 //! * [`messages`] — a chat-completions request read as such a conversation.
 //! * [`anthropic_messages`] — the same for an Anthropic Messages request and answer.
 //! * [`responses`] — the same for an OpenAI Responses API request and answer.
+//! * [`json_splice`] — edits to a request body that keep every other byte (guidance notes, usage).
 //! * [`kill_switch`] — the per-agent window and loop-detection score (seed 003).
 //! * [`stable_json`] — canonical JSON and SHA-256 for step and call hashing (seed 002 §5).
 //! * [`step_loop_detector`] — the 2×2 progress matrix over agent steps (seed 002, layer 1).
 //! * [`call_circuit_breaker`] — sliding-window limit on identical tool calls (seed 002, layer 2).
 //! * [`loop_verdict`] — progress / suspect / loop per step from calls, results and entropy (issue 8).
 
+pub mod answered_steps;
 pub mod anthropic_messages;
 pub mod call_circuit_breaker;
 pub mod conversation;
 pub mod decision_log;
 pub mod error;
 pub mod interner;
+pub mod json_splice;
 pub mod keyed_store;
 pub mod kill_switch;
 pub mod loop_verdict;

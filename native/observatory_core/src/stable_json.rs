@@ -45,6 +45,35 @@ pub fn stable_stringify(value: &Value) -> String {
     out
 }
 
+/// [`stable_stringify`] of an object with some members of its sections left out:
+/// `skip` lists `(section, key)` pairs, e.g. `("meta", "timestamp")` drops
+/// `value.meta.timestamp`. Everything else is written whole.
+pub fn stable_stringify_without(value: &Value, skip: &[(&str, &str)]) -> String {
+    let Value::Object(map) = value else {
+        return stable_stringify(value);
+    };
+    let mut out = String::with_capacity(256);
+    let mut members: Vec<_> = map.iter().collect();
+    members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out.push('{');
+    for (i, (key, member)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(&mut out, key);
+        out.push(':');
+        let dropped = |name: &String| skip.iter().any(|&(s, k)| s == key && k == name);
+        match member {
+            Value::Object(section) if skip.iter().any(|&(s, _)| s == key) => {
+                write_object(&mut out, section.iter().filter(|&(name, _)| !dropped(name)));
+            }
+            other => write_value(&mut out, other),
+        }
+    }
+    out.push('}');
+    out
+}
+
 /// SHA-256 of [`stable_stringify`]: equal for values that differ only in key order.
 pub fn stable_hash(value: &Value) -> Digest {
     Sha256::digest(stable_stringify(value).as_bytes()).into()

@@ -9,8 +9,8 @@ use crate::json::{binary, value_to_term};
 use crate::loop_verdict::VerdictRules;
 
 /// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
-/// {approach_digest, outcome_digest | nil}, {call_key, outcome_key, has_result,
-/// failure}}` or `{:error, [{path, reason}]}`. The verdict keys are normalized with
+/// {approach_digest, outcome_digest | nil, body_fingerprint}, {call_key, outcome_key,
+/// has_result, failure}}` or `{:error, [{path, reason}]}`. The verdict keys are normalized with
 /// `rules` (nil: the defaults).
 #[rustler::nif]
 fn decision_log_parse<'a>(
@@ -54,11 +54,13 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRu
             let rules = rules
                 .as_ref()
                 .map_or(Normalization::shared_default(), |r| &r.0);
+            let hashes = decision_log::step_hashes(&value, rules);
+            let fingerprint = decision_log::body_fingerprint(&value, &hashes);
             let StepHashes {
                 approach,
                 outcome,
                 verdict,
-            } = decision_log::step_hashes(&value, rules);
+            } = hashes;
             (
                 atoms::ok(),
                 value_to_term(env, &value),
@@ -66,6 +68,7 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRu
                 (
                     binary(env, &approach),
                     outcome.map(|digest| binary(env, &digest)),
+                    binary(env, &fingerprint),
                 ),
                 crate::loop_verdict::keys_term(env, &verdict),
             )

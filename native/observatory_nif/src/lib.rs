@@ -1,10 +1,12 @@
 //! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
 //! live in `observatory_core`.
 
+mod body_edit;
 mod data_dir_lock;
 mod decision_log;
 mod entropy_tracker;
 mod error;
+mod idempotency;
 mod json;
 mod kill_switch;
 mod loop_verdict;
@@ -62,8 +64,16 @@ mod atoms {
         invalid_json,
         // data directory lock
         locked,
+        // idempotency: what a claim finds
+        new,
+        replay,
+        conflict,
+        in_progress,
         // kill switch: how a request's prompt is read
         last_user_message,
+        // proxied APIs (body edits)
+        messages,
+        responses,
     }
 }
 

@@ -114,15 +114,18 @@ defmodule Observatory.Gateway.AlertSourceTest do
     end
 
     test "a tracker error leaves no gateway score: the loop alert is not sent", %{sid: sid} do
-      env =
+      # Three steps (each its own step_id), the same call failing the same way.
+      env = fn ->
         HTTP.envelope(%{
           "meta" => %{"session_id" => sid},
           "action" => %{"tool_input" => %{"path" => "x"}, "result" => "ENOENT"}
         })
+      end
 
       log =
         capture_log(fn ->
-          for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(env, tracker: :no_such_tracker)
+          for _ <- 1..3,
+              do: {:ok, _} = SchemaInterceptor.ingest(env.(), tracker: :no_such_tracker)
         end)
 
       assert log =~ "alert not sent"

@@ -57,11 +57,12 @@ defmodule Observatory.Gateway.HITLTest do
        %{sid: sid} do
     {:ok, _} = HITL.pause(sid, operator: "alice", reason: "inspect")
     assert_receive %{state: "paused", session_id: ^sid}
-    msg = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
+    # Each call a new step (a new step_id).
+    msg = fn -> HTTP.envelope(%{"meta" => %{"session_id" => sid}}) end
 
     for _ <- 1..5 do
       assert {:ok, %{paused: true, directives: [%{"type" => "pause", "operator" => "alice"}]}} =
-               SchemaInterceptor.ingest(msg)
+               SchemaInterceptor.ingest(msg.())
     end
 
     assert length(SessionLog.recent(sid)) == 5, "nothing is lost"
@@ -70,7 +71,7 @@ defmodule Observatory.Gateway.HITLTest do
     refute_received %{event_type: "topology_update", session_id: ^sid, state: "blocked"}
 
     {:ok, _} = HITL.resume(sid, operator: "alice")
-    assert {:ok, %{paused: false, directives: []}} = SchemaInterceptor.ingest(msg)
+    assert {:ok, %{paused: false, directives: []}} = SchemaInterceptor.ingest(msg.())
     assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
   end
 

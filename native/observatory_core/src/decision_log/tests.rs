@@ -196,3 +196,54 @@ fn step_hashes_agree_with_step_digests_and_verdict_keys() {
         assert_eq!(hashes.verdict, verdict_keys(&envelope, rules));
     }
 }
+
+fn fingerprint(envelope: &Value) -> [u8; 16] {
+    body_fingerprint(
+        envelope,
+        &step_hashes(envelope, Normalization::shared_default()),
+    )
+}
+
+#[test]
+fn the_body_fingerprint_leaves_out_the_timestamp_and_the_self_reported_score() {
+    let first = valid();
+    let mut retry = valid();
+    retry["meta"]["timestamp"] = json!("2026-02-22T10:31:07Z");
+    retry["cognition"]["entropy_score"] = json!(0.1);
+    assert_eq!(fingerprint(&first), fingerprint(&retry));
+    // Key order and whitespace are not in a parsed value; 1 and 1.0 are one number.
+    let reordered = parse(
+        br#"{"extra": {"kept": true}, "action": {"result": {"error": "ENOENT"}, "status": "failure",
+            "tool_input": {"path": "/tmp/x"}, "tool_call": "read_file"},
+            "cognition": {"confidence": 0.8, "reasoning_chain": ["look for the file"], "intent": "search"},
+            "meta": {"timestamp": "2026-02-22T10:30:00Z", "parent_step_id": null, "agent_id": "agent-7",
+            "session_id": "sess-abc", "step_id": "step-1"}}"#,
+    )
+    .unwrap();
+    assert_eq!(fingerprint(&first), fingerprint(&reordered));
+}
+
+#[test]
+fn the_body_fingerprint_changes_with_anything_else() {
+    let first = fingerprint(&valid());
+    let changes: [(&str, &str, Value); 7] = [
+        ("action", "result", json!({"error": "EACCES"})),
+        ("action", "tool_input", json!({"path": "/tmp/y"})),
+        ("action", "status", json!("success")),
+        ("cognition", "intent", json!("plan")),
+        ("cognition", "reasoning_chain", json!([])),
+        ("meta", "agent_id", json!("agent-8")),
+        ("extra", "kept", json!(false)),
+    ];
+    for (section, key, value) in changes {
+        let mut changed = valid();
+        changed[section][key] = value;
+        assert_ne!(fingerprint(&changed), first, "{section}.{key}");
+    }
+    // A result present (even null) is not a result absent.
+    let mut without = valid();
+    without["action"].as_object_mut().unwrap().remove("result");
+    let mut null = valid();
+    null["action"]["result"] = Value::Null;
+    assert_ne!(fingerprint(&without), fingerprint(&null));
+}

@@ -1,0 +1,230 @@
+defmodule Observatory.Gateway.Idempotency do
+  @moduledoc """
+  The steps the gateway has answered recently, so that a step delivered again — a
+  client's retry after a timeout, an NDJSON batch re-sent whole, a conversation the
+  LLM proxy sees twice, a retry after a cluster owner's `503` — is answered with its
+  first answer and never counted twice.
+
+  A step is identified by its session and `meta.step_id`. `claim/1` is the one check,
+  made on the session's owner before anything is scored:
+
+    * `{:new, ticket}` — not seen (or no longer remembered): score it, then
+      `complete/2` the ticket with the answer (or `release/1` it if scoring failed);
+    * `{:replay, answer}` — seen with the same body: answer this, record nothing;
+    * `{:error, {:conflict, violation}}` — seen with a different body: refuse it;
+    * `{:error, {:in_progress, violation}}` — its first delivery is still being
+      scored: retry shortly. (A first delivery whose process died is taken over.)
+
+  A claim is atomic: of identical deliveries racing, one is scored.
+
+  ## The same body
+
+  Two deliveries are the same step when their envelopes are the same JSON value —
+  key order and whitespace do not count — apart from the two fields that say nothing
+  about the step itself: `cognition.entropy_score`, which the gateway overwrites, and
+  `meta.timestamp`, which a client may stamp again when it retries (the proxy does).
+  The parse computes that identity with the step's other hashes, in Rust: the
+  `fingerprint` of `Observatory.Gateway.DecisionLog.parse/1`.
+
+  ## Bounds
+
+  Every step a client sends is remembered, so memory is capped
+  (`config :observatory, :idempotency`, read on every step):
+
+  | key | default | what |
+  |---|---|---|
+  | `:window_ms` | 10 minutes | a step older than this is forgotten: delivered again, it is a new step |
+  | `:max_steps_per_session` | `1_000` | steps remembered per session; past it the session's oldest go |
+  | `:max_steps_per_agent` | `10_000` | steps remembered per agent; past it the agent's own oldest go, so no agent can flush another's |
+  | `:max_steps` | `100_000` | steps remembered in all; past it the oldest go, whatever their session |
+  | `:enabled` | `true` | `false`: every delivery is a new step, nothing is remembered |
+
+  The store is Rust (`observatory_core::answered_steps`), every check O(1) under one
+  short lock: a hash lookup, and evictions from the heads of linked lists (every
+  step's age order, its session's, its agent's). Steps past a cap go at once; steps
+  that left the window are never answered from memory and are freed at the idle
+  sweep (`:entropy_sweep_interval_ms`). `stats/0` and `count/1` count what is held. The memory lives on the node that scores the session's steps: when a
+  cluster moves a session to a new owner, its remembered steps stay behind, as its
+  window does.
+  """
+
+  use GenServer
+
+  alias Observatory.Gateway.{DecisionLog, IdleSweep}
+  alias Observatory.{Metrics, Native}
+
+  @defaults [
+    enabled: true,
+    window_ms: :timer.minutes(10),
+    max_steps_per_session: 1_000,
+    max_steps_per_agent: 10_000,
+    max_steps: 100_000
+  ]
+
+  @typedoc "What `claim/1` hands the first delivery, for `complete/2` or `release/1`."
+  @opaque ticket :: {String.t(), String.t(), non_neg_integer()} | nil
+
+  @typedoc "Why a delivery is not scored: its step's violation, path `meta.step_id`."
+  @type refusal :: {:conflict | :in_progress, %{path: String.t(), reason: String.t()}}
+
+  def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+
+  @doc """
+  The settings in force: each configured value that is valid, else its default
+  (`#{inspect(@defaults)}`).
+  """
+  @spec settings() :: keyword()
+  def settings do
+    env = env()
+    for {key, _default} <- @defaults, do: {key, setting(env, key)}
+  end
+
+  defp env do
+    case Application.get_env(:observatory, :idempotency, []) do
+      env when is_list(env) -> env
+      _other -> []
+    end
+  end
+
+  defp setting(env, key) do
+    case :lists.keyfind(key, 1, env) do
+      {:enabled, value} when is_boolean(value) -> value
+      {_limit, n} when key != :enabled and is_integer(n) and n > 0 -> n
+      _absent_or_invalid -> Keyword.fetch!(@defaults, key)
+    end
+  end
+
+  @doc """
+  Claims a step for scoring, or says why it is not scored again (see the module doc).
+  `step` is a parsed step's fields (`Observatory.Gateway.DecisionLog.parse/1`), or any
+  map with its `:session_id`, `:step_id`, `:agent_id` and `:fingerprint` (16 bytes).
+  """
+  @spec claim(DecisionLog.fields() | map()) ::
+          {:new, ticket()} | {:replay, term()} | {:error, refusal()}
+  def claim(%{fingerprint: fingerprint} = step) when byte_size(fingerprint) == 16 do
+    case limits() do
+      nil -> {:new, nil}
+      limits -> claim(step, fingerprint, limits)
+    end
+  end
+
+  # `{window_ms, max_steps_per_session, max_steps_per_agent, max_steps}`, or nil when
+  # the check is off.
+  defp limits do
+    env = env()
+
+    if setting(env, :enabled),
+      do:
+        {setting(env, :window_ms), setting(env, :max_steps_per_session),
+         setting(env, :max_steps_per_agent), setting(env, :max_steps)}
+  end
+
+  defp claim(%{session_id: session_id, step_id: step_id, agent_id: agent_id}, fingerprint, limits) do
+    now = :erlang.monotonic_time(:millisecond)
+    step = {session_id, step_id, agent_id}
+
+    case Native.answered_claim(store(), step, fingerprint, now, limits) do
+      {:new, seq} ->
+        {:new, {session_id, step_id, seq}}
+
+      {:replay, answer} ->
+        Metrics.inc(:step_replays)
+        {:replay, :erlang.binary_to_term(answer)}
+
+      :conflict ->
+        Metrics.inc(:step_conflicts)
+        refuse(:conflict, session_id, step_id)
+
+      :in_progress ->
+        refuse(:in_progress, session_id, step_id)
+    end
+  end
+
+  defp refuse(:conflict, session_id, step_id) do
+    {:error,
+     {:conflict,
+      %{
+        path: "meta.step_id",
+        reason:
+          "#{inspect(step_id)} of session #{inspect(session_id)} was already recorded " <>
+            "with a different body; a new step needs a new step_id"
+      }}}
+  end
+
+  defp refuse(:in_progress, session_id, step_id) do
+    {:error,
+     {:in_progress,
+      %{
+        path: "meta.step_id",
+        reason:
+          "#{inspect(step_id)} of session #{inspect(session_id)} is still being scored " <>
+            "(an earlier delivery); retry it"
+      }}}
+  end
+
+  @doc "Stores the first delivery's answer: the one every retry of the step gets."
+  @spec complete(ticket(), term()) :: :ok
+  def complete(nil, _answer), do: :ok
+
+  def complete({session_id, step_id, seq}, answer) do
+    Native.answered_complete(store(), session_id, step_id, seq, :erlang.term_to_binary(answer))
+    :ok
+  end
+
+  @doc "Forgets a claim whose step was not scored: a retry of it is a new step."
+  @spec release(ticket()) :: :ok
+  def release(nil), do: :ok
+
+  def release({session_id, step_id, seq}) do
+    Native.answered_release(store(), session_id, step_id, seq)
+    :ok
+  end
+
+  @doc "How many steps of a session (`{:session, id}`) or an agent (`{:agent, id}`) are remembered."
+  @spec count({:session | :agent, String.t()}) :: non_neg_integer()
+  def count({:session, session_id}), do: Native.answered_session_len(store(), session_id)
+  def count({:agent, agent_id}), do: Native.answered_agent_len(store(), agent_id)
+
+  @doc """
+  What is held: steps, the sessions and agents they belong to, and bytes (the store's
+  capacity plus the ids and answers it holds).
+  """
+  @spec stats() :: %{
+          steps: non_neg_integer(),
+          sessions: non_neg_integer(),
+          agents: non_neg_integer(),
+          bytes: non_neg_integer()
+        }
+  def stats do
+    {steps, sessions, agents, bytes} = Native.answered_stats(store())
+    %{steps: steps, sessions: sessions, agents: agents, bytes: bytes}
+  end
+
+  @doc false
+  # Forgets the steps older than `window_ms` now; the sweep's work, and tests'.
+  def sweep(window_ms \\ setting(env(), :window_ms)),
+    do: Native.answered_sweep(store(), System.monotonic_time(:millisecond), window_ms)
+
+  defp store, do: :persistent_term.get(__MODULE__)
+
+  ## The process: owns the store, forgets steps that left the window
+
+  @impl true
+  def init(_opts) do
+    # A restart keeps the memory: the store is the NIF resource, not this process's.
+    if :persistent_term.get(__MODULE__, nil) == nil,
+      do: :persistent_term.put(__MODULE__, Native.answered_new())
+
+    IdleSweep.schedule()
+    {:ok, %{}}
+  end
+
+  @impl true
+  def handle_info(:sweep, state) do
+    sweep()
+    IdleSweep.schedule()
+    {:noreply, state}
+  end
+
+  def handle_info(_other, state), do: {:noreply, state}
+end

@@ -1,0 +1,357 @@
+defmodule Observatory.Gateway.IdempotencyTest do
+  # A retried step is answered again, never counted twice. Changes :idempotency and
+  # pauses sessions: not async.
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Gateway.{
+    DecisionLog,
+    Events,
+    HITL,
+    Idempotency,
+    SchemaInterceptor,
+    SessionLog
+  }
+
+  alias Observatory.{JSON, Metrics}
+  alias Observatory.Test.HTTP
+
+  @fingerprint :binary.copy(<<7>>, 16)
+
+  setup do
+    restore_env_on_exit([:idempotency])
+    :ok = Events.subscribe(Events.decision_logs())
+    sid = unique_session("sess-idem")
+    %{sid: sid, step: step(sid, "step-1")}
+  end
+
+  defp step(sid, step_id, overrides \\ %{}) do
+    HTTP.envelope(
+      Map.merge(
+        %{
+          "meta" => %{"session_id" => sid, "step_id" => step_id},
+          "action" => %{"tool_input" => %{"path" => "a.txt"}, "result" => "not found"}
+        },
+        overrides
+      )
+    )
+  end
+
+  # What the agent is told, without the replay mark.
+  defp answer({:ok, result}), do: Map.drop(result, [:replayed])
+
+  defp broadcasts(sid, step_id) do
+    receive do
+      %{event_type: "decision_log", session_id: ^sid, step_id: ^step_id} ->
+        1 + broadcasts(sid, step_id)
+    after
+      0 -> 0
+    end
+  end
+
+  describe "the same step delivered again" do
+    test "posted 3 times: one step in the window, three identical answers, one broadcast",
+         %{sid: sid, step: step} do
+      json = JSON.encode!(step)
+      replays = Metrics.get(:step_replays)
+      results = for _ <- 1..3, do: SchemaInterceptor.ingest(json)
+
+      assert [false, true, true] = for({:ok, r} <- results, do: r.replayed)
+      [first | _] = answers = Enum.map(results, &answer/1)
+      assert Enum.uniq(answers) == [first]
+      assert first.verdict.step_number == 1
+
+      assert length(EntropyTracker.window(sid)) == 1
+      assert SessionLog.count(sid) == 1
+      assert broadcasts(sid, "step-1") == 1
+      assert Metrics.get(:step_replays) - replays == 2
+    end
+
+    test "a looping agent's retries do not make a loop; its real repeats do", %{sid: sid} do
+      # The same call three times, each retried twice: three steps, not nine.
+      results =
+        for n <- 1..3, _ <- 1..3 do
+          {:ok, r} = SchemaInterceptor.ingest(step(sid, "step-#{n}"))
+          r
+        end
+
+      assert length(EntropyTracker.window(sid)) == 3
+      assert Enum.map(results, & &1.verdict.step_number) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+      assert List.last(results).verdict.verdict == :loop
+    end
+
+    test "a retry re-stamped by the client (timestamp, self-reported score), keys reordered, is the same step",
+         %{sid: sid, step: step} do
+      {:ok, first} = SchemaInterceptor.ingest(JSON.encode!(step))
+
+      retry =
+        step
+        |> put_in(["meta", "timestamp"], "2026-02-22T10:31:07Z")
+        |> put_in(["cognition", "entropy_score"], 0.1)
+
+      # Another key order and whitespace: the same JSON value.
+      text =
+        ~s({"action": #{JSON.encode!(retry["action"])}, ) <>
+          ~s("cognition": #{JSON.encode!(retry["cognition"])},\n "meta": #{JSON.encode!(retry["meta"])}})
+
+      assert {:ok, %{replayed: true} = again} = SchemaInterceptor.ingest(text)
+
+      assert answer({:ok, again}) |> Map.delete(:envelope) ==
+               Map.delete(answer({:ok, first}), :envelope)
+
+      # The gateway's score, not the retry's self-reported one.
+      assert again.envelope["cognition"]["entropy_score"] == first.entropy_score
+      assert length(EntropyTracker.window(sid)) == 1
+    end
+
+    test "the same step_id in another session is another step", %{sid: sid, step: step} do
+      {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
+      other = put_in(step, ["meta", "session_id"], sid <> "-other")
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(other)
+    end
+
+    test "with enabled: false every delivery is a new step (nothing remembered)",
+         %{sid: sid, step: step} do
+      Application.put_env(:observatory, :idempotency, enabled: false)
+      for _ <- 1..2, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
+      assert length(EntropyTracker.window(sid)) == 2
+    end
+  end
+
+  describe "a different body under a used step id" do
+    test "is refused with a conflict naming the step; nothing is recorded",
+         %{sid: sid, step: step} do
+      {:ok, _} = SchemaInterceptor.ingest(step)
+      changed = put_in(step, ["action", "result"], "found it")
+
+      assert {:error, {:conflict, %{path: "meta.step_id", reason: reason}}} =
+               SchemaInterceptor.ingest(changed)
+
+      assert reason =~ ~s("step-1" of session "#{sid}" was already recorded with a different body)
+      assert length(EntropyTracker.window(sid)) == 1
+      assert SessionLog.count(sid) == 1
+      assert broadcasts(sid, "step-1") == 1
+      # The first body is still answered as before.
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step)
+    end
+  end
+
+  describe "a retry of a paused session's step" do
+    test "carries the pause as it is now: paused since, the retry says pause; resumed, it does not",
+         %{sid: sid, step: step} do
+      {:ok, first} = SchemaInterceptor.ingest(step)
+      assert first.directives == [] and not first.paused
+
+      {:ok, _} = HITL.pause(sid, operator: "alice", reason: "inspect")
+      {:ok, paused} = SchemaInterceptor.ingest(step)
+      assert paused.replayed and paused.paused
+
+      assert [%{"type" => "pause", "operator" => "alice", "reason" => "inspect"}] =
+               paused.directives
+
+      # Everything else is the first answer.
+      same = [:entropy_score, :severity, :verdict, :step]
+      assert Map.take(paused, same) == Map.take(first, same)
+
+      {:ok, _} = HITL.resume(sid, operator: "alice")
+      {:ok, resumed} = SchemaInterceptor.ingest(step)
+      assert resumed.replayed and resumed.directives == [] and not resumed.paused
+      assert length(EntropyTracker.window(sid)) == 1
+    end
+
+    test "a step sent while paused, retried after the resume, no longer says pause",
+         %{sid: sid, step: step} do
+      {:ok, _} = HITL.pause(sid, operator: "bob", reason: "look")
+      {:ok, %{paused: true, directives: [%{"type" => "pause"}]}} = SchemaInterceptor.ingest(step)
+      {:ok, _} = HITL.resume(sid, operator: "bob")
+
+      assert {:ok, %{replayed: true, paused: false, directives: []}} =
+               SchemaInterceptor.ingest(step)
+    end
+  end
+
+  describe "deliveries that race" do
+    test "of 20 concurrent deliveries one is scored; the others are replays or told to retry",
+         %{sid: sid, step: step} do
+      json = JSON.encode!(step)
+
+      results =
+        1..20
+        |> Task.async_stream(fn _ -> SchemaInterceptor.ingest(json) end, max_concurrency: 20)
+        |> Enum.map(fn {:ok, result} -> result end)
+
+      assert Enum.count(results, &match?({:ok, %{replayed: false}}, &1)) == 1
+
+      assert Enum.all?(results, fn
+               {:ok, _} -> true
+               {:error, {:in_progress, _}} -> true
+               _ -> false
+             end)
+
+      assert length(EntropyTracker.window(sid)) == 1
+    end
+
+    test "while the first delivery is being scored a retry is told to retry; after it, replayed",
+         %{sid: sid, step: step} do
+      {:ok, _envelope, fields} = DecisionLog.parse(JSON.encode!(step))
+      # This process plays the first delivery, mid-way through scoring.
+      {:new, ticket} = Idempotency.claim(fields)
+
+      assert {:error, {:in_progress, %{path: "meta.step_id", reason: reason}}} =
+               SchemaInterceptor.ingest(step)
+
+      assert reason =~ "is still being scored"
+
+      first = %{entropy_score: 1.0, severity: :normal, verdict: nil, step: nil}
+
+      Idempotency.complete(ticket, first)
+      assert {:ok, %{replayed: true, entropy_score: 1.0}} = SchemaInterceptor.ingest(step)
+      assert length(EntropyTracker.window(sid)) == 0
+    end
+
+    test "a first delivery that died before answering does not block its retry",
+         %{sid: sid, step: step} do
+      {:ok, _envelope, fields} = DecisionLog.parse(JSON.encode!(step))
+
+      {pid, ref} = spawn_monitor(fn -> {:new, _} = Idempotency.claim(fields) end)
+
+      assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
+      assert length(EntropyTracker.window(sid)) == 1
+    end
+
+    test "a released claim (the step was not scored) is a new step next time", %{sid: sid} do
+      step = %{session_id: sid, step_id: "s", agent_id: "agent-idem"}
+      {:new, ticket} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
+      :ok = Idempotency.release(ticket)
+      assert {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
+    end
+  end
+
+  describe "bounded memory" do
+    test "1M distinct steps: the memory stays under its bounds, per session, per agent and in all" do
+      Application.put_env(:observatory, :idempotency,
+        max_steps: 10_000,
+        max_steps_per_session: 100,
+        max_steps_per_agent: 5_000
+      )
+
+      hot = unique_session("sess-hot")
+      prefix = unique_session("sess-cold") <> "-"
+      agents = for a <- 0..6, do: "agent-1m-#{a}"
+      fingerprint = :crypto.strong_rand_bytes(16)
+
+      # Half the steps in one session, half each in a session of its own; seven agents.
+      claim = fn i ->
+        n = Integer.to_string(i)
+        session = if rem(i, 2) == 0, do: hot, else: prefix <> n
+        step = %{session_id: session, step_id: n, agent_id: Enum.at(agents, rem(i, 7))}
+        {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, fingerprint))
+      end
+
+      peaks =
+        for chunk <- 0..9 do
+          for i <- (chunk * 100_000 + 1)..(chunk * 100_000 + 100_000), do: claim.(i)
+          per_agent = for a <- agents, do: Idempotency.count({:agent, a})
+          {Idempotency.stats(), Idempotency.count({:session, hot}), per_agent}
+        end
+
+      for {stats, hot_count, per_agent} <- peaks do
+        assert stats.steps <= 10_000
+        assert stats.sessions <= 10_000
+        assert hot_count == 100
+        assert Enum.all?(per_agent, &(&1 <= 5_000))
+      end
+
+      # Memory stays flat once the cap is reached: the last tenth holds no more than
+      # the first (same steps, same sessions).
+      [{first, _, _} | _] = peaks
+      {last, _, _} = List.last(peaks)
+      assert last.bytes <= first.bytes * 1.1
+
+      # The newest steps are remembered (claimed, not yet answered: in progress); the
+      # oldest are forgotten.
+      newest = %{
+        session_id: hot,
+        step_id: "1000000",
+        agent_id: Enum.at(agents, rem(1_000_000, 7))
+      }
+
+      assert {:error, {:in_progress, _}} =
+               Idempotency.claim(Map.put(newest, :fingerprint, fingerprint))
+
+      oldest = %{session_id: hot, step_id: "2", agent_id: Enum.at(agents, 2)}
+      assert {:new, _} = Idempotency.claim(Map.put(oldest, :fingerprint, fingerprint))
+    end
+
+    test "issue 20 finding 7: one agent cannot flush another's remembered steps", %{sid: sid} do
+      Application.put_env(:observatory, :idempotency, max_steps: 1_000, max_steps_per_agent: 50)
+      victim = for n <- 1..20, do: step(sid, "turn-#{n}")
+      for s <- victim, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(s)
+      attacker = "agent-flood-#{System.unique_integer([:positive])}"
+
+      # Twice the cap in all of distinct steps from another agent, over many sessions.
+      for n <- 1..2_000 do
+        flood =
+          HTTP.envelope(%{
+            "meta" => %{
+              "session_id" => "#{sid}-flood-#{rem(n, 97)}",
+              "step_id" => "k#{n}",
+              "agent_id" => attacker
+            }
+          })
+
+        {:ok, _} = SchemaInterceptor.ingest(flood)
+      end
+
+      assert Idempotency.count({:agent, attacker}) == 50
+      assert Idempotency.count({:agent, "agent-http"}) >= 20
+      # Every one of the victim's steps is still remembered: a retry counts nothing again.
+      for s <- victim, do: assert({:ok, %{replayed: true}} = SchemaInterceptor.ingest(s))
+      assert length(EntropyTracker.window(sid)) == 5
+      assert SessionLog.count(sid) == 20
+    end
+
+    test "past :max_steps_per_session a session's oldest step is forgotten", %{sid: sid} do
+      Application.put_env(:observatory, :idempotency, max_steps_per_session: 3)
+      for n <- 1..4, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step(sid, "s#{n}"))
+      assert Idempotency.count({:session, sid}) == 3
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step(sid, "s4"))
+      # Forgotten: counted as a new step.
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step(sid, "s1"))
+    end
+
+    test "a step older than :window_ms is forgotten: delivered again, it is a new step",
+         %{sid: sid, step: step} do
+      Application.put_env(:observatory, :idempotency, window_ms: 20)
+      {:ok, _} = SchemaInterceptor.ingest(step)
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step)
+      Process.sleep(30)
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
+      assert length(EntropyTracker.window(sid)) == 2
+    end
+
+    test "the sweep frees the steps that left the window", %{sid: sid} do
+      step = %{session_id: sid, step_id: "old", agent_id: "agent-idem"}
+      {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
+      assert Idempotency.count({:session, sid}) == 1
+      # A window that ended a millisecond from now: every step has left it.
+      assert Idempotency.sweep(-1) >= 1
+      assert Idempotency.count({:session, sid}) == 0
+      assert {:new, _} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
+    end
+
+    test "invalid settings fall back to their defaults" do
+      Application.put_env(:observatory, :idempotency, max_steps: -1, window_ms: "soon", enabled: 1)
+
+      defaults = [
+        enabled: true,
+        window_ms: 600_000,
+        max_steps_per_session: 1_000,
+        max_steps_per_agent: 10_000,
+        max_steps: 100_000
+      ]
+
+      assert Enum.sort(Idempotency.settings()) == Enum.sort(defaults)
+    end
+  end
+end
