@@ -49,9 +49,10 @@
 //!   `near_repeat_loop` (4), or `blank_near_repeat_loop` (6) when every answer was
 //!   blank. The same edit re-applied with a character changed, the same query with
 //!   another `LIMIT`, each time the same error.
-//! * **(f) failure run** — the newest steps all failed with the same non-blank error,
-//!   whatever their calls: suspect at `failure_run_suspect` (3), loop at
-//!   `failure_run_loop` (4). New argument names, new wording, one identical rejection.
+//! * **(f) failure run** — the newest steps all failed with the same non-blank error
+//!   (word for word, numbers kept: "3 tests failed", then "2", is progress), whatever
+//!   their calls: suspect at `failure_run_suspect` (3), loop at `failure_run_loop` (4).
+//!   New argument names, new wording, one identical rejection.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
 //!   same or a nearly identical call and the same non-blank answer, or the identical
 //!   call and a blank answer again with nothing but failures and blank answers since
@@ -862,7 +863,7 @@ impl VerdictState {
             self.stale_blank = entry.blank;
         }
         let failed = entry.failure && !entry.blank;
-        let same_error = prev.is_some_and(|p| p.failure && !p.blank && p.fuzzy == entry.fuzzy);
+        let same_error = prev.is_some_and(|p| p.failure && !p.blank && p.outcome == entry.outcome);
         self.failure_run = match (failed, same_error) {
             (false, _) => 0,
             (true, true) => self.failure_run + 1,

@@ -845,6 +845,22 @@ fn f_a_success_another_error_or_an_empty_answer_breaks_the_run() {
 }
 
 #[test]
+fn f_failures_whose_number_moves_are_not_the_same_error() {
+    // "3 tests failed", "2 tests failed", "1 test failed": one gist (numbers masked),
+    // another answer each time — an edit-test cycle making progress.
+    let moving = |c, o| StepKeys {
+        gist: 99,
+        ..fail(c, o)
+    };
+    let v = run(&[moving(1, 3), moving(2, 2), moving(3, 1), moving(4, 5)]);
+    assert!(v.iter().all(|v| v.rule != Rule::FailureRun), "{v:?}");
+    // The same error word for word: a loop at the fourth.
+    let v = run(&[moving(1, 7), moving(2, 7), moving(3, 7), moving(4, 7)]);
+    assert_eq!(v[3].level, Loop);
+    assert_eq!(v[3].rule, Rule::FailureRun);
+}
+
+#[test]
 fn g_earlier_lookups_re_run_with_unchanged_results_are_revisits() {
     // A, B, C, then A again, D, B again, C again: three revisits in six steps.
     let v = run(&[
