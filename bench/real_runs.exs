@@ -24,6 +24,11 @@
 #     at the first step of the scenario's longest run of identical calls (the earliest,
 #     if several are as long; step 0 if no call repeats).
 #
+# Hand labels (--stuck FILE, default bench/real_runs/stuck/labels.jsonl): per source
+# and split (dev / held-out), the stuck sessions each detector caught, the fine ones it
+# alarmed and its precision; and, for the exact label's clean InterCode sessions, how
+# many of those a reader saw were stuck and what the ones each detector alarmed on were.
+#
 # Detectors: `:entropy` alarms at a session's first step at LOOP (FRD-009's uniqueness
 # ratio), `:verdict` at its first step whose loop verdict was loop; one replay judges
 # both, whatever :alert_source is. OpenHands-style and Gemini-style are the reference
@@ -183,6 +188,40 @@ defmodule Observatory.Bench.RealRuns do
 
         "| #{source} | #{split} | #{@detectors[f.detector]} | " <>
           "#{ratio(f.stuck_caught, f.stuck)} | #{ratio(f.fine_alarmed, f.fine)} | #{precision} |\n"
+      end),
+      "\n"
+    ]
+  end
+
+  @doc """
+  What the hand labels say about the exact label's *clean* sessions (no two identical
+  actions in a row): of those read, how many a reader called stuck, and of each
+  detector's alarms on clean sessions, how many were read and what they were.
+  """
+  def clean_read(clean, labels, detector) do
+    read = Enum.filter(clean, &labels[&1.id])
+    alarmed = Enum.filter(clean, & &1.alarms[detector])
+    alarmed_read = Enum.filter(alarmed, &labels[&1.id])
+
+    %{
+      detector: detector,
+      clean: length(clean),
+      read: length(read),
+      read_stuck: Enum.count(read, &(labels[&1.id] == "stuck")),
+      alarmed: length(alarmed),
+      alarmed_read: length(alarmed_read),
+      alarmed_read_stuck: Enum.count(alarmed_read, &(labels[&1.id] == "stuck"))
+    }
+  end
+
+  def clean_read_table(rows) do
+    [
+      "### Exact-clean InterCode sessions, read by hand (bench/real_runs/stuck, stratum ic-clean)\n\n",
+      "| detector | clean alarmed | alarmed and read: stuck / read | read: stuck / read |\n",
+      "|---|---:|---:|---:|\n",
+      Enum.map(rows, fn f ->
+        "| #{@detectors[f.detector]} | #{ratio(f.alarmed, f.clean)} | " <>
+          "#{f.alarmed_read_stuck} / #{f.alarmed_read} | #{ratio(f.read_stuck, f.read)} |\n"
       end),
       "\n"
     ]
@@ -348,6 +387,18 @@ stuck_rows =
     []
   end
 
+# The exact label's clean InterCode sessions against the hand labels: an agent can be
+# stuck without two identical actions in a row, so "clean alarmed" counts some true
+# alarms; the ones read say how many.
+clean_read_rows =
+  if File.regular?(stuck_file) do
+    read = Map.new(RealRuns.read_jsonl(stuck_file), &{&1["session_id"], &1["label"]})
+    clean = Enum.filter(dev, &(&1.label == "clean" and &1.source == "intercode"))
+    for {detector, _} <- RealRuns.detectors(), do: RealRuns.clean_read(clean, read, detector)
+  else
+    []
+  end
+
 ## Scripted runs
 
 scripted_steps = Path.join(scripted, "steps.jsonl")
@@ -446,7 +497,8 @@ if Keyword.get(opts, :json, false) do
         for {source, split, f} <- stuck_rows do
           f = if list?, do: f, else: Map.drop(f, [:missed, :false_alarms])
           Map.merge(f, %{source: source, split: split})
-        end
+        end,
+      exact_clean_read: clean_read_rows
     })
   )
 else
@@ -462,6 +514,7 @@ else
   end
 
   if stuck_rows != [], do: IO.write(RealRuns.stuck_table(stuck_rows))
+  if clean_read_rows != [], do: IO.write(RealRuns.clean_read_table(clean_read_rows))
 
   if list? do
     # "dev corpus: all" would repeat the per-source lists.
