@@ -7,7 +7,7 @@ defmodule Observatory.Health do
   |---|---|
   | `data_dir_lock` | this application holds the data directory's lock |
   | `mnesia` | Mnesia runs and the agent, pause and block tables can be read |
-  | `pubsub` | the event bus runs (Observatory's own; a host's Phoenix.PubSub is the host's to check) |
+  | `pubsub` | the event bus named in `config :observatory, :pubsub` runs (Observatory's own, or the host's) |
   | `tracker` | the entropy tracker runs and its store answers |
   | `gateway` | HITL, the step detector, the loop verdict, the call breaker and the session log run |
   | `kill_switch` | the kill switch's window store runs |
@@ -30,7 +30,12 @@ defmodule Observatory.Health do
     Gateway.SessionLog
   ]
 
-  @doc "Every check, `\"ok\"` or `\"down\"`; `:ok` only when all are ok."
+  @doc """
+  Every check, `"ok"` or `"down"`; `:ok` only when all are ok.
+
+  No check waits behind request work: none calls a NIF on a dirty scheduler (where a
+  large step's parse runs) or a process that handles requests.
+  """
   @spec check() :: {:ok | :error, %{String.t() => String.t()}}
   def check do
     checks =
@@ -96,7 +101,7 @@ defmodule Observatory.Health do
       {"data_dir_lock", &Observatory.DataDirLock.held?/0},
       {"mnesia", fn -> Observatory.Storage.available?(@tables) end},
       {"pubsub", &pubsub?/0},
-      {"tracker", fn -> is_integer(Gateway.EntropyTracker.stats().sessions) end},
+      {"tracker", fn -> is_integer(Gateway.EntropyTracker.session_count()) end},
       {"gateway", fn -> Enum.all?(@gateway, &alive?/1) end},
       {"kill_switch", fn -> alive?(Observatory.KillSwitch.Windows) end}
     ] ++ endpoint()
@@ -108,12 +113,7 @@ defmodule Observatory.Health do
       else: []
   end
 
-  defp pubsub? do
-    case Application.get_env(:observatory, :pubsub) do
-      {Observatory.PubSub, name} -> alive?(name)
-      _ -> true
-    end
-  end
+  defp pubsub?, do: Observatory.Gateway.Events.running?()
 
   defp alive?(name) do
     case Process.whereis(name) do

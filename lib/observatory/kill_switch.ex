@@ -64,7 +64,7 @@ defmodule Observatory.KillSwitch do
   alias Observatory.KillSwitch.{Agents, Notifier, Settings, Windows}
   alias Observatory.{Gateway.Events, Metrics, Native}
 
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
   @max_agent_id_bytes 256
   @prompt_sources [:newest_input, :last_user_message]
 
@@ -311,6 +311,8 @@ defmodule Observatory.KillSwitch do
           | {:error,
              {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id | :no_majority}
   def configure(agent_id, params, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("changing the settings of #{inspect(agent_id)}", fn ->
       do_configure(agent_id, params, opts)
     end)
@@ -341,6 +343,8 @@ defmodule Observatory.KillSwitch do
   @spec activate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_active | :no_majority}
   def activate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("activating #{inspect(agent_id)}", fn ->
       do_activate(agent_id, opts)
     end)
@@ -364,6 +368,8 @@ defmodule Observatory.KillSwitch do
   @spec deactivate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_inactive}
   def deactivate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, agent, event} <- Agents.deactivate(agent_id, :manual, audit(opts)) do
       Logger.info("agent #{inspect(agent_id)} deactivated by #{inspect(opts[:operator])}")
       broadcast(event)
@@ -380,6 +386,8 @@ defmodule Observatory.KillSwitch do
   """
   @spec delete(String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_found}
   def delete(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, revoked} <- Agents.delete(agent_id) do
       Windows.clear(agent_id)
       Observatory.Budget.Store.delete_agent(agent_id)

@@ -69,14 +69,30 @@ defmodule ObservatoryWeb.Router do
   @max_log_bytes 4096
 
   @doc false
-  def call(req) do
-    conn = Conn.new(req)
+  # A request to Observatory's own server (ObservatoryWeb.Endpoint): every route.
+  def call(req), do: serve(Conn.new(ObservatoryWeb.Conn.MochiWeb, req), :all)
 
+  @typedoc """
+  Which routes a server answers: `:all` (Observatory's own server), or one API a host
+  mounts — `:agents_api` (`/api/v1/…`: steps, tool-call checks, sessions, operator
+  routes) or `:llm_proxy` (`/v1/…`: the LLM proxy).
+  """
+  @type api :: :all | :agents_api | :llm_proxy
+
+  @doc """
+  Answers `conn` with the routes of `api`; a path of another API is `404`. The same
+  checks come first, whatever the server: a request that cannot be read is `400`, a
+  locked-out client's credentials `429`.
+  """
+  @spec serve(Conn.t(), api()) :: :ok | :halt
+  def serve(conn, api) do
     try do
       cond do
         conn.bad_request -> refuse(conn)
+        conn.not_implemented -> not_implemented(conn)
         throttled = throttled(conn) -> too_many_attempts(conn, throttled)
-        true -> route(conn, conn.method, conn.path_info)
+        api == :all or api(conn.path_info) == api -> route(conn, conn.method, conn.path_info)
+        true -> Conn.error(conn, 404, "not_found", "no such route")
       end
     rescue
       # A write the cluster could not take now (replicas being reconciled): nothing
@@ -100,27 +116,43 @@ defmodule ObservatoryWeb.Router do
     end
   end
 
+  @doc "Whether `path_info` is one of `api`'s routes (with any method)."
+  @spec route?(api(), [String.t()]) :: boolean()
+  def route?(api, path_info),
+    do: known_path?(path_info) and (api == :all or api(path_info) == api)
+
+  # The API a path belongs to; the dashboard, its assets, /healthz and /metrics are
+  # Observatory's own server's only.
+  defp api(["api", "v1" | _]), do: :agents_api
+  defp api(["v1" | _]), do: :llm_proxy
+  defp api(_path), do: :gateway
+
   # A request we cannot read is answered and its connection closed: MochiWeb would
   # otherwise parse its Content-Length to decide about keep-alive, and crash.
   defp refuse(conn) do
-    Process.put(:mochiweb_request_force_close, true)
+    Conn.close_after(conn)
     Conn.error(conn, 400, "bad_request", conn.bad_request)
   end
 
-  # A locked-out client's credentials are refused before they are checked (issue 13).
-  defp throttled(conn) do
-    sign_in? = conn.method == "POST" and conn.path_info == ["login"]
-
-    if sign_in? or Auth.credential?(conn) do
-      case AuthThrottle.check(conn.remote_ip) do
-        :ok -> nil
-        {:error, retry_after_s} -> retry_after_s
-      end
-    end
+  # A body in a transfer coding we cannot read: refused before it is read, and the
+  # connection closed (its unread body is no next request).
+  defp not_implemented(conn) do
+    Process.put(:mochiweb_request_force_close, true)
+    Conn.error(conn, 501, "not_implemented", conn.not_implemented)
   end
 
-  defp too_many_attempts(%{path_info: ["login"]} = conn, retry_after_s),
-    do: Login.throttled(conn, retry_after_s)
+  # A locked-out client's wrong credentials are answered 429 here; its valid ones go
+  # on to their handler, whatever the client's failures (AuthThrottle). The sign-in
+  # form's token is in its body: `Login` applies the same rule.
+  defp throttled(conn) do
+    with true <- Auth.credential?(conn),
+         {:error, retry_after_s} <- AuthThrottle.check(conn.remote_ip),
+         false <- Auth.valid_credential?(conn) do
+      retry_after_s
+    else
+      _ -> nil
+    end
+  end
 
   defp too_many_attempts(conn, retry_after_s) do
     body = %{
@@ -222,7 +254,7 @@ defmodule ObservatoryWeb.Router do
 
     case Observatory.Health.check() do
       {:ok, checks} ->
-        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        sessions = Observatory.Gateway.EntropyTracker.session_count()
 
         Conn.json(
           conn,
@@ -254,6 +286,12 @@ defmodule ObservatoryWeb.Router do
   defp known_path?([page]) when page in ["login", "logout"], do: true
   defp known_path?(["dashboard", "events"]), do: true
   defp known_path?(["v1", "chat", "completions"]), do: true
+  defp known_path?(["v1", "responses"]), do: true
+  defp known_path?(["v1", "messages"]), do: true
+  defp known_path?(["v1", "messages", "count_tokens"]), do: true
+  defp known_path?(["v1", "models"]), do: true
+  defp known_path?(["v1", "models", _id]), do: true
+  defp known_path?(["api", "v1", "hitl", "audit"]), do: true
 
   defp known_path?(["api", "v1", "agents" | rest]),
     do:

@@ -15,14 +15,17 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     6. feed the step detector (seed 002) when the step has a result;
     7. answer with the score, the severity, the loop verdict, the step verdict and the
        directives for the agent — `pause` when an operator has paused the session
-       (design.md §5), `warn` or `block` with guidance from the step detector.
+       (design.md §5), `stop` when the agent is inactive (the kill switch or an
+       operator deactivated it: its steps are still kept), `warn` or `block` with
+       guidance from the step detector.
 
   Before step 2, on the session's owner, one check makes ingest idempotent
   (`Observatory.Gateway.Idempotency`): a step (session and `meta.step_id`) already
   answered with the same body is answered again — the first answer, `replayed: true`
   — and steps 2–6 do not run for it: nothing is counted, stored or broadcast twice.
-  Its `pause` directive is the session's pause now, not then: a retry is the agent
-  asking what to do next. The same step id with a different body is refused.
+  Its `pause` and `stop` directives say the session's and the agent's state now, not
+  then: a retry is the agent asking what to do next. The same step id with a
+  different body is refused.
 
   Who raises `EntropyAlertEvent`s and topology states is `config :observatory,
   :alert_source`: the tracker itself with `:entropy` (FRD-009, the default), or
@@ -46,10 +49,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     Idempotency,
     LoopVerdict,
     SessionLog,
+    SessionOwners,
     StepDetector
   }
 
-  alias Observatory.{Cluster, Metrics}
+  alias Observatory.{Cluster, KillSwitch, Metrics}
 
   @type result :: %{
           step_id: String.t(),
@@ -78,10 +82,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     * `:tracker` — the `EntropyTracker` to score with (default: the application's).
     * `:log_violations` — log a rejected message as a `schema_violation` (default
       `true`); a batch caller that logs a capped summary itself turns it off.
-    * `:agent` — the authenticated agent sending it (issue 13): its `meta.agent_id`
-      must be this agent, and its session must not be one the gateway has recorded
-      for another agent; otherwise `{:error, {:forbidden, violation}}` and nothing is
-      touched. Unset (in-process callers, `:any_agent`): no check.
+    * `:agent` — the authenticated agent sending it: its `meta.agent_id` must be this
+      agent, and its session must not be owned by another agent
+      (`Observatory.Gateway.SessionOwners`); otherwise `{:error, {:forbidden,
+      violation}}` and nothing is touched. Unset (in-process callers, `:any_agent`):
+      no check, but a new session is still claimed for the envelope's agent.
 
   ## In a cluster (issue 14)
 
@@ -101,6 +106,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
              | {:in_progress, DecisionLog.violation()}
              | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
+    Observatory.Storage.require!()
     started = System.monotonic_time(:microsecond)
 
     parsed =
@@ -210,30 +216,53 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       session_id: fields.session_id,
       agent_id: fields.agent_id,
       paused: pause != nil,
-      directives: directives(pause) ++ step_directives(first.step),
+      directives:
+        directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(first.step),
       envelope: envelope,
       replayed: true
     })
   end
 
-  # An agent acts only as itself, and only in its own sessions.
-  defp authorize(_fields, agent, _opts) when agent in [nil, :any_agent], do: :ok
+  # An agent acts only as itself, and only in its own sessions: the first agent to
+  # write a session owns it (SessionOwners), whatever the detectors evicted since.
+  # A trusted caller (in-process, a shared key) is not checked, but the session
+  # it writes is still claimed for the envelope's agent.
+  defp authorize(fields, agent, opts) when agent in [nil, :any_agent] do
+    _ = claim(fields, opts)
+    :ok
+  end
 
-  defp authorize(%{agent_id: agent, session_id: session_id}, agent, opts)
-       when is_binary(agent) do
-    tracker = Keyword.get(opts, :tracker, EntropyTracker)
-
-    case EntropyTracker.session(session_id, tracker: tracker) do
-      %{agent_id: owner} when is_binary(owner) and owner != agent ->
-        forbidden(%{path: "meta.session_id", reason: "is a session of another agent"})
-
-      _ ->
+  defp authorize(%{agent_id: agent} = fields, agent, opts) when is_binary(agent) do
+    case claim(fields, opts) do
+      :ok ->
         :ok
+
+      :owned_by_other ->
+        forbidden(%{path: "meta.session_id", reason: "is a session of another agent"})
     end
   end
 
   defp authorize(_fields, agent, _opts) do
     forbidden(%{path: "meta.agent_id", reason: "is not #{inspect(agent)}, the agent of this key"})
+  end
+
+  # Past its quota the agent gives up its own least recently used sessions: their
+  # windows go too, so one agent cannot crowd the others out of the stores.
+  defp claim(%{session_id: session_id, agent_id: agent_id}, opts) do
+    case SessionOwners.claim(session_id, agent_id) do
+      {:ok, released} ->
+        tracker = Keyword.get(opts, :tracker, EntropyTracker)
+
+        for id <- released do
+          EntropyTracker.forget(id, tracker: tracker)
+          LoopVerdict.forget(id)
+        end
+
+        :ok
+
+      {:error, {:owned_by, _other}} ->
+        :owned_by_other
+    end
   end
 
   defp forbidden(violation) do
@@ -306,7 +335,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       paused: pause != nil,
       verdict: verdict,
       step: step,
-      directives: directives(pause) ++ step_directives(step),
+      directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
       envelope: envelope
     }
   end
@@ -373,6 +402,20 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
 
     {:error, {:invalid, violations}}
+  end
+
+  # An inactive agent (the kill switch, or an operator, deactivated it) is told to stop
+  # on every step it still sends; the step is kept, as a paused session's are.
+  defp stop_directives(agent_id) do
+    if KillSwitch.active?(agent_id),
+      do: [],
+      else: [
+        %{
+          "type" => "stop",
+          "code" => "agent_inactive",
+          "message" => "Agent #{agent_id} is inactive; an operator activates it again"
+        }
+      ]
   end
 
   defp directives(nil), do: []
