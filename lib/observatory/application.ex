@@ -3,8 +3,31 @@ defmodule Observatory.Application do
   use Application
   require Logger
 
+  # A failed start is one line that says what to do (Observatory.StartupError): printed,
+  # ending the VM, when Observatory runs as its own server; logged and returned in a host.
   @impl true
   def start(_type, _args) do
+    case with(:ok <- prepare_data_dir(), do: start_tree()) do
+      {:ok, pid} -> {:ok, pid}
+      {:error, reason} -> Observatory.StartupError.report(reason)
+    end
+  rescue
+    exception ->
+      if Observatory.StartupError.halt?(),
+        do: Observatory.StartupError.report(exception),
+        else: reraise(exception, __STACKTRACE__)
+  end
+
+  # Before anything touches the data directory: refuse one other users can read (said
+  # by Observatory.StartupError).
+  defp prepare_data_dir do
+    case Observatory.DataDir.prepare() do
+      :ok -> :ok
+      {:error, message} -> {:error, {:data_dir_refused, message}}
+    end
+  end
+
+  defp start_tree do
     Observatory.Metrics.setup()
     # Where the Rust stores are published (not :persistent_term: see the module).
     Observatory.NativeStores.setup()
@@ -19,6 +42,7 @@ defmodule Observatory.Application do
     Observatory.Proxy.Guidance.check_config!()
     Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
+    warn_without_operator_tokens()
 
     # A VM with storage off (a task beside a running server) runs nothing of
     # Observatory: Observatory.Storage.decide/0.
@@ -108,12 +132,50 @@ defmodule Observatory.Application do
     unless Application.get_env(:observatory, :secret_key_base) do
       key = :crypto.strong_rand_bytes(48) |> Base.encode64()
       Application.put_env(:observatory, :secret_key_base, key)
+      :persistent_term.put({__MODULE__, :generated_secret_key_base}, key)
 
-      ObservatoryWeb.Endpoint.server?() &&
-        Logger.info(
-          "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-            "dashboard sign-ins end when the application restarts"
-        )
+      cond do
+        # Each node would seal with a key of its own: none could read the webhook URLs
+        # and notification sinks another node stored (Observatory.AtRest).
+        Observatory.Cluster.enabled?() ->
+          Logger.warning(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE) on a cluster " <>
+              "node: set the same one on every node, or the nodes cannot read the webhook " <>
+              "URLs and notification sinks each other stored, nor each other's sign-ins"
+          )
+
+        ObservatoryWeb.Endpoint.server?() ->
+          Logger.warning(
+            "no OBSERVATORY_SECRET_KEY_BASE set: generated one, so dashboard sign-ins end " <>
+              "when the gateway restarts; set one, e.g. OBSERVATORY_SECRET_KEY_BASE=$(openssl rand -base64 48)"
+          )
+
+        true ->
+          :ok
+      end
+    end
+  end
+
+  @doc false
+  # Whether :secret_key_base was configured, not generated at start (Observatory.AtRest
+  # derives its key from a configured one only: a generated one changes at restart).
+  def secret_key_base_configured? do
+    case Application.get_env(:observatory, :secret_key_base) do
+      nil -> false
+      key -> key != :persistent_term.get({__MODULE__, :generated_secret_key_base}, nil)
+    end
+  end
+
+  # Without an operator token nobody can sign in to the dashboard or use the operator
+  # API: said once, with the fix, when Observatory's own server runs.
+  defp warn_without_operator_tokens do
+    if ObservatoryWeb.Endpoint.server?() and
+         Application.get_env(:observatory, :operator_tokens, %{}) == %{} do
+      Logger.warning(
+        "no operator token configured: nobody can sign in to the dashboard or use the " <>
+          "operator API; set OBSERVATORY_OPERATOR_TOKENS=<name>:<token>, e.g. " <>
+          "OBSERVATORY_OPERATOR_TOKENS=alice:$(openssl rand -hex 24)"
+      )
     end
   end
 end
