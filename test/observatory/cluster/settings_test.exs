@@ -80,7 +80,8 @@ defmodule Observatory.Cluster.SettingsTest do
     test "the release's environment script points ERL_CRASH_DUMP into OBSERVATORY_DATA_DIR, unless it is set" do
       dir = Path.join(System.tmp_dir!(), "obs-crash-#{System.unique_integer([:positive])}")
       on_exit(fn -> File.rm_rf!(dir) end)
-      script = ". rel/env.sh.eex; echo \"$ERL_CRASH_DUMP\""
+      # The umask a shell usually has (the test VM's own is 077).
+      script = "umask 022; . rel/env.sh.eex; echo \"$ERL_CRASH_DUMP\""
 
       {out, 0} =
         System.cmd("sh", ["-c", script],
@@ -111,7 +112,7 @@ defmodule Observatory.Cluster.SettingsTest do
       dir = Path.join(System.tmp_dir!(), "obs-start-#{System.unique_integer([:positive])}")
       on_exit(fn -> File.rm_rf!(dir) end)
       [mkdir] = Regex.run(~r/^\(umask 077 && mkdir -p "\$data_dir"\)$/m, File.read!("bin/start"))
-      {_, 0} = System.cmd("bash", ["-c", "data_dir=$1; " <> mkdir, "_", dir])
+      {_, 0} = System.cmd("bash", ["-c", "umask 022; data_dir=$1; " <> mkdir, "_", dir])
       assert Bitwise.band(File.stat!(dir).mode, 0o777) == 0o700
     end
   end
