@@ -68,6 +68,9 @@ defmodule Observatory.KillSwitch do
   @max_agent_id_bytes 256
   @prompt_sources [:newest_input, :last_user_message]
 
+  @typedoc "A proxied LLM API whose bodies the kill switch reads."
+  @type api :: :chat_completions | :messages | :responses
+
   @type fingerprint :: %{
           prompt_hash: non_neg_integer() | nil,
           tool_signatures: [non_neg_integer()],
@@ -113,12 +116,12 @@ defmodule Observatory.KillSwitch do
   @doc """
   Reads a request body: the fingerprint of its prompt (`nil` when it has no text), the
   signatures of the tool calls its newest input answers, and whether it asks for
-  streaming. `api` is `:chat_completions` (OpenAI, the default) or `:messages`
-  (Anthropic).
+  streaming. `api` is `:chat_completions` (OpenAI, the default), `:messages`
+  (Anthropic) or `:responses` (the OpenAI Responses API, `Observatory.Proxy.Responses`).
 
   The prompt is the newest input from the user's side: for a turn that answers tool
   calls, the tool results (OpenAI `role: "tool"` messages, Anthropic `tool_result`
-  blocks); otherwise the last user text. In a tool loop the last message with role
+  blocks, Responses `function_call_output` items); otherwise the last user text. In a tool loop the last message with role
   `user` is the original task, the same on every turn; read literally, every request
   of a healthy agent would be a "similar prompt".
 
@@ -127,7 +130,7 @@ defmodule Observatory.KillSwitch do
       the last user message on every turn (the kill switch specification's letter).
       Defaults to the `:kill_switch` `:prompt` setting (`prompt_source/0`).
   """
-  @spec fingerprint_request(binary(), :chat_completions | :messages, keyword()) ::
+  @spec fingerprint_request(binary(), api(), keyword()) ::
           {:ok, fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
   def fingerprint_request(body, api \\ :chat_completions, opts \\ []) when is_binary(body) do
     dirty? = byte_size(body) > @dirty_bytes
@@ -151,6 +154,12 @@ defmodule Observatory.KillSwitch do
 
         :messages ->
           Native.kill_switch_anthropic_request_fingerprint(body, source)
+
+        :responses when dirty? ->
+          Native.responses_request_fingerprint_dirty(body, source)
+
+        :responses ->
+          Native.responses_request_fingerprint(body, source)
       end
 
     case result do
@@ -206,10 +215,11 @@ defmodule Observatory.KillSwitch do
 
   @doc """
   Reads a response body: `{:ok, fingerprint | nil}` (nil when it has no text — a
-  chat completion's first choice, or an Anthropic message's text blocks), or an error
-  when it is not JSON or not a completion (a message).
+  chat completion's first choice, an Anthropic message's text blocks, a response's
+  `output_text` parts), or an error when it is not JSON or not a completion (a
+  message, a response with an `output` array).
   """
-  @spec fingerprint_response(binary(), :chat_completions | :messages) ::
+  @spec fingerprint_response(binary(), api()) ::
           {:ok, non_neg_integer() | nil}
           | {:error, {:invalid_json, String.t()} | :not_a_completion}
   def fingerprint_response(body, api \\ :chat_completions) when is_binary(body) do
@@ -220,6 +230,8 @@ defmodule Observatory.KillSwitch do
       :chat_completions -> Native.kill_switch_response_fingerprint(body)
       :messages when dirty? -> Native.kill_switch_anthropic_response_fingerprint_dirty(body)
       :messages -> Native.kill_switch_anthropic_response_fingerprint(body)
+      :responses when dirty? -> Native.responses_response_fingerprint_dirty(body)
+      :responses -> Native.responses_response_fingerprint(body)
     end
   end
 

@@ -13,54 +13,15 @@ defmodule Observatory.Proxy.Responses do
   for their outputs — so the steps are taken exactly as from Chat Completions
   (`Observatory.Proxy.Steps`).
 
-  What the kill switch reads (`observatory_core::responses`, through the readings
-  every API shares): the newest input from the user side — the `function_call_output`
-  items of the newest turn when it answers tool calls, else the last user text (or,
-  with the `:kill_switch` `:prompt` setting `:last_user_message`, the last user text)
-  — the `function_call` items those outputs answer (the same signatures as the
-  equivalent Chat Completions calls), and the answer's `output_text`.
+  What the kill switch reads (`Observatory.KillSwitch.fingerprint_request/3` and
+  `fingerprint_response/2` with `:responses`; in Rust `observatory_core::responses`,
+  through the readings every API shares): the newest input from the user side — the
+  `function_call_output` items of the newest turn when it answers tool calls, else
+  the last user text (or, with the `:kill_switch` `:prompt` setting
+  `:last_user_message`, the last user text) — the `function_call` items those outputs
+  answer (the same signatures as the equivalent Chat Completions calls), and the
+  answer's `output_text`.
   """
-
-  alias Observatory.{KillSwitch, Native}
-
-  @dirty_bytes 64 * 1024
-
-  @doc """
-  The kill switch's reading of a request body (see
-  `Observatory.KillSwitch.fingerprint_request/3`), with the prompt read as the
-  `:kill_switch` `:prompt` setting says (`Observatory.KillSwitch.prompt_source/0`).
-  """
-  @spec fingerprint_request(binary()) ::
-          {:ok, KillSwitch.fingerprint()} | {:error, {:invalid_json, String.t()} | :not_an_object}
-  def fingerprint_request(body) when is_binary(body) do
-    source = KillSwitch.prompt_source()
-
-    result =
-      if byte_size(body) > @dirty_bytes,
-        do: Native.responses_request_fingerprint_dirty(body, source),
-        else: Native.responses_request_fingerprint(body, source)
-
-    case result do
-      {:ok, prompt, signatures, stream} ->
-        {:ok, %{prompt_hash: prompt, tool_signatures: signatures, stream: stream}}
-
-      {:error, _} = error ->
-        error
-    end
-  end
-
-  @doc """
-  The fingerprint of a whole answer's `output_text` (`nil` when it has none: function
-  calls only); an error when it is not JSON or not a response (no `output` array).
-  """
-  @spec fingerprint_response(binary()) ::
-          {:ok, non_neg_integer() | nil}
-          | {:error, {:invalid_json, String.t()} | :not_a_completion}
-  def fingerprint_response(body) when is_binary(body) do
-    if byte_size(body) > @dirty_bytes,
-      do: Native.responses_response_fingerprint_dirty(body),
-      else: Native.responses_response_fingerprint(body)
-  end
 
   @doc "The text a streamed event adds to the answer (`response.output_text.delta`), or nil."
   @spec stream_text(map()) :: String.t() | nil

@@ -23,7 +23,6 @@ defmodule Observatory.Replay.WouldTrip do
   alias Observatory.{Budget, JSON, KillSwitch}
   alias Observatory.Budget.{Prices, Usage}
   alias Observatory.KillSwitch.Windows
-  alias Observatory.Proxy.Responses
 
   @windows Observatory.Replay.Windows
 
@@ -126,13 +125,7 @@ defmodule Observatory.Replay.WouldTrip do
   defp fingerprint(%{api: api, request: request}) do
     body = JSON.encode!(request)
 
-    result =
-      case api do
-        :responses -> Responses.fingerprint_request(body)
-        api -> KillSwitch.fingerprint_request(body, api)
-      end
-
-    case result do
+    case KillSwitch.fingerprint_request(body, api) do
       {:ok, fp} -> {:ok, fp}
       {:error, _} -> :error
     end
@@ -141,13 +134,7 @@ defmodule Observatory.Replay.WouldTrip do
   defp response_hash(%{response: %{} = response, api: api}) do
     body = JSON.encode!(response)
 
-    result =
-      case api do
-        :responses -> Responses.fingerprint_response(body)
-        api -> KillSwitch.fingerprint_response(body, api)
-      end
-
-    case result do
+    case KillSwitch.fingerprint_response(body, api) do
       {:ok, hash} -> hash
       {:error, _} -> nil
     end

@@ -23,7 +23,7 @@ defmodule ObservatoryWeb.API.Responses do
 
   @behaviour ObservatoryWeb.API.LLMProxy
 
-  alias Observatory.JSON
+  alias Observatory.{JSON, KillSwitch}
   alias Observatory.Proxy.Responses
   alias ObservatoryWeb.API.{ChatCompletions, LLMProxy}
 
@@ -43,10 +43,10 @@ defmodule ObservatoryWeb.API.Responses do
   defdelegate inactive_body(agent_id), to: ChatCompletions
 
   @impl LLMProxy
-  defdelegate fingerprint_request(body), to: Responses
+  def fingerprint_request(body), do: KillSwitch.fingerprint_request(body, :responses)
 
   @impl LLMProxy
-  defdelegate fingerprint_response(body), to: Responses
+  def fingerprint_response(body), do: KillSwitch.fingerprint_response(body, :responses)
 
   @impl LLMProxy
   defdelegate stream_text(event), to: Responses
