@@ -13,7 +13,7 @@ defmodule Observatory.Proxy.BodyEdit do
 
   alias Observatory.{JSON, Native}
 
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
 
   @typedoc "A proxied API, as the dialects name it."
   @type api :: :chat_completions | :messages | :responses
