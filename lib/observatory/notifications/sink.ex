@@ -179,26 +179,10 @@ defmodule Observatory.Notifications.Sink do
       name: sink.name,
       type: Atom.to_string(sink.type),
       events: Enum.map(sink.events, &Atom.to_string/1),
-      url: redact_url(sink.url),
+      url: WebhookURL.redact(sink.url),
       routing_key: if(sink.routing_key, do: "set"),
       secret: if(sink.secret, do: "set")
     }
-  end
-
-  defp redact_url(url) do
-    uri = URI.parse(url)
-
-    port =
-      if uri.port && uri.port != URI.default_port(uri.scheme || ""), do: ":#{uri.port}", else: ""
-
-    rest = (uri.path || "") <> if(uri.query, do: "?" <> uri.query, else: "")
-    origin = "#{uri.scheme}://#{uri.host}#{port}/"
-
-    cond do
-      rest in ["", "/"] -> origin
-      String.length(rest) >= 16 -> origin <> "…" <> String.slice(rest, -4, 4)
-      true -> origin <> "…"
-    end
   end
 
   @doc "The request for `alert` at this sink: `{url, headers, body}`."
