@@ -1,11 +1,12 @@
 //! A conversation as the kill switch reads it, whatever the API's shape.
 //!
 //! Each API (Chat Completions in [`crate::messages`], Anthropic Messages in
-//! [`crate::anthropic_messages`]) turns its request body into a list of [`Message`]s
-//! that borrow from the body; the readings the kill switch needs — the newest input
-//! from the user's side, the tool calls it answers, their signatures — are defined once,
-//! here, on that list. Another API (e.g. the OpenAI Responses API's `input` items) only
-//! needs a reader of its own.
+//! [`crate::anthropic_messages`], the OpenAI Responses API in [`crate::responses`])
+//! turns its request body into a list of [`Message`]s that borrow from the body; the
+//! readings the kill switch needs — the newest input from the user's side, the tool
+//! calls it answers, their signatures — are defined once, here, on that list
+//! ([`body_fingerprint`] reads a body with an API's reader). Another API only needs a
+//! reader of its own.
 //!
 //! A tool-calling agent re-sends the whole conversation on every turn. What is new in
 //! a request is its tail: the block of user-side messages after the model's last turn
@@ -16,6 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::simhash::{fingerprint, hash_bytes};
 use crate::stable_json::stable_stringify;
+use crate::Error;
 
 /// Which side of the conversation a message is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,6 +100,21 @@ pub fn request_fingerprint(
         tool_signatures: current_tool_signatures(messages),
         stream,
     }
+}
+
+/// Reads a request body with an API's `read`er: anything but a JSON object is refused
+/// ([`Error::NotAnObject`]); otherwise [`request_fingerprint`] of its conversation, with
+/// `stream` its `"stream": true`.
+pub fn body_fingerprint<'a>(
+    request: &'a Value,
+    source: PromptSource,
+    read: impl FnOnce(&'a Value) -> Vec<Message<'a>>,
+) -> Result<RequestFingerprint, Error> {
+    if !request.is_object() {
+        return Err(Error::NotAnObject);
+    }
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    Ok(request_fingerprint(&read(request), stream, source))
 }
 
 /// The text that stands for the request's prompt; `None` when there is none (no user

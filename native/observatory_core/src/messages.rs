@@ -23,15 +23,7 @@ pub fn request_fingerprint(
     request: &Value,
     source: PromptSource,
 ) -> Result<RequestFingerprint, Error> {
-    if !request.is_object() {
-        return Err(Error::NotAnObject);
-    }
-    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    Ok(conversation::request_fingerprint(
-        &read(request),
-        stream,
-        source,
-    ))
+    conversation::body_fingerprint(request, source, read)
 }
 
 /// The fingerprint of a chat-completions answer's text ("Response hash capture"):
