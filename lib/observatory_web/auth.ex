@@ -36,6 +36,18 @@ defmodule ObservatoryWeb.Auth do
   @spec agent(Conn.t()) :: {:ok, agent()} | {:error, :unauthorized}
   def agent(conn), do: conn |> agent_key() |> agent_for_key() |> count_failure(conn)
 
+  @doc """
+  The agent API's check: `{:ok, agent}`, or the request is answered `401` and the
+  result is `:halt` (what a handler returns once it has answered).
+  """
+  @spec require_agent(Conn.t()) :: {:ok, agent()} | :halt
+  def require_agent(conn) do
+    with {:error, :unauthorized} <- agent(conn) do
+      Conn.error(conn, 401, "unauthorized", "send a valid agent key: Authorization: Bearer <key>")
+      :halt
+    end
+  end
+
   @doc "The agent a key authenticates as."
   @spec agent_for_key(String.t() | nil) :: {:ok, agent()} | {:error, :unauthorized}
   def agent_for_key(nil), do: {:error, :unauthorized}
@@ -49,6 +61,24 @@ defmodule ObservatoryWeb.Auth do
   @doc "`{:ok, operator_name}` when the request carries a configured operator token."
   @spec operator(Conn.t()) :: {:ok, String.t()} | {:error, :unauthorized}
   def operator(conn), do: conn |> bearer() |> operator_for_token() |> count_failure(conn)
+
+  @doc """
+  The operator API's check: `{:ok, operator_name}`, or the request is answered `401`
+  and the result is `:halt` (what a handler returns once it has answered).
+  """
+  @spec require_operator(Conn.t()) :: {:ok, String.t()} | :halt
+  def require_operator(conn) do
+    with {:error, :unauthorized} <- operator(conn) do
+      Conn.error(
+        conn,
+        401,
+        "unauthorized",
+        "send an operator token: Authorization: Bearer <token>"
+      )
+
+      :halt
+    end
+  end
 
   @doc "Dashboard sign-in: the operator a token typed into the form belongs to."
   @spec sign_in(Conn.t(), String.t() | nil) :: {:ok, String.t()} | {:error, :unauthorized}

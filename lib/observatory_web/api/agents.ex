@@ -63,13 +63,13 @@ defmodule ObservatoryWeb.API.Agents do
   alias ObservatoryWeb.{Auth, Conn}
 
   def index(conn) do
-    with {:ok, _} <- authorize(conn) do
+    with {:ok, _} <- Auth.require_operator(conn) do
       Conn.json(conn, 200, %{agents: Enum.map(KillSwitch.agents(), &view/1)})
     end
   end
 
   def show(conn, id) do
-    with {:ok, _} <- authorize(conn),
+    with {:ok, _} <- Auth.require_operator(conn),
          {:ok, agent} <- fetch(conn, id) do
       limit = events_limit(conn.query["events"])
       events = KillSwitch.events(agent_id: id, limit: limit)
@@ -83,7 +83,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def configure(conn, id) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, params} <- json_object(conn) do
       case KillSwitch.configure(id, params, operator: operator) do
         {:ok, agent} ->
@@ -111,7 +111,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def guidance(conn, id) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, params} <- json_object(conn) do
       case params do
         %{"enabled" => setting} when setting in [true, false, nil] and map_size(params) == 1 ->
@@ -128,7 +128,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def budget(conn, id) do
-    with {:ok, _} <- authorize(conn),
+    with {:ok, _} <- Auth.require_operator(conn),
          {:ok, agent} <- fetch(conn, id) do
       sessions = limit(conn.query["sessions"], 20, 200)
       usage = Budget.agent_usage(agent, sessions: sessions)
@@ -142,7 +142,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def configure_budget(conn, id) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, params} <- json_object(conn) do
       case Budget.configure(id, params, operator: operator) do
         {:ok, agent} ->
@@ -167,7 +167,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def reset_budget(conn, id) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, params} <- json_object(conn, allow_empty: true) do
       case params do
         %{"session_id" => session} when is_binary(session) ->
@@ -208,7 +208,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def delete(conn, id) do
-    with {:ok, operator} <- authorize(conn) do
+    with {:ok, operator} <- Auth.require_operator(conn) do
       case KillSwitch.delete(id, operator: operator) do
         {:ok, revoked} ->
           Conn.json(conn, 200, %{agent_id: id, deleted: true, revoked_keys: revoked})
@@ -220,7 +220,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def issue_key(conn, id) do
-    with {:ok, operator} <- authorize(conn) do
+    with {:ok, operator} <- Auth.require_operator(conn) do
       case AgentKeys.issue(id, operator: operator) do
         {:ok, issued} ->
           Conn.json(conn, 201, key_json(issued))
@@ -249,7 +249,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def rotate_key(conn, id) do
-    with {:ok, operator} <- authorize(conn) do
+    with {:ok, operator} <- Auth.require_operator(conn) do
       case AgentKeys.rotate(id, operator: operator) do
         {:ok, issued} -> Conn.json(conn, 201, key_json(issued))
         {:error, :no_majority} -> Conn.no_majority(conn)
@@ -259,7 +259,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def keys(conn, id) do
-    with {:ok, _} <- authorize(conn),
+    with {:ok, _} <- Auth.require_operator(conn),
          {:ok, _agent} <- fetch(conn, id) do
       keys =
         for info <- AgentKeys.list(id) do
@@ -275,7 +275,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   def revoke_key(conn, id, key_id) do
-    with {:ok, operator} <- authorize(conn) do
+    with {:ok, operator} <- Auth.require_operator(conn) do
       case AgentKeys.revoke(id, key_id, operator: operator) do
         :ok -> Conn.json(conn, 200, %{agent_id: id, key_id: key_id, revoked: true})
         {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such key for this agent")
@@ -398,7 +398,7 @@ defmodule ObservatoryWeb.API.Agents do
   end
 
   defp command(conn, id, fun) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, params} <- json_object(conn, allow_empty: true),
          {:ok, reason} <- reason(conn, params) do
       case fun.(id, operator: operator, reason: reason) do
@@ -456,19 +456,6 @@ defmodule ObservatoryWeb.API.Agents do
 
       {:error, :too_large} ->
         halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
-    end
-  end
-
-  defp authorize(conn) do
-    with {:error, :unauthorized} <- Auth.operator(conn) do
-      halt(
-        Conn.error(
-          conn,
-          401,
-          "unauthorized",
-          "send an operator token: Authorization: Bearer <token>"
-        )
-      )
     end
   end
 

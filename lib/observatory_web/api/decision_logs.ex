@@ -40,7 +40,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
   @max_logged_lines 3
 
   def create(conn) do
-    with {:ok, agent} <- auth(conn),
+    with {:ok, agent} <- Auth.require_agent(conn),
          {:ok, kind} <- kind(conn),
          {:ok, body} <- body(conn) do
       case kind do
@@ -179,13 +179,6 @@ defmodule ObservatoryWeb.API.DecisionLogs do
       directives: result.directives,
       replayed: result.replayed
     }
-  end
-
-  defp auth(conn) do
-    with {:error, :unauthorized} <- Auth.agent(conn) do
-      Conn.error(conn, 401, "unauthorized", "send a valid agent key: Authorization: Bearer <key>")
-      :halt
-    end
   end
 
   defp kind(conn) do

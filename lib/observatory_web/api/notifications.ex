@@ -20,11 +20,12 @@ defmodule ObservatoryWeb.API.Notifications do
   alias ObservatoryWeb.{Auth, Conn}
 
   def index(conn) do
-    with {:ok, _} <- authorize(conn), do: Conn.json(conn, 200, %{sinks: Notifications.sinks()})
+    with {:ok, _} <- Auth.require_operator(conn),
+         do: Conn.json(conn, 200, %{sinks: Notifications.sinks()})
   end
 
   def put(conn, name) do
-    with {:ok, operator} <- authorize(conn),
+    with {:ok, operator} <- Auth.require_operator(conn),
          {:ok, spec} <- json_object(conn) do
       case Notifications.put_sink(name, spec, operator: operator) do
         {:ok, sink} ->
@@ -46,7 +47,7 @@ defmodule ObservatoryWeb.API.Notifications do
   end
 
   def delete(conn, name) do
-    with {:ok, operator} <- authorize(conn) do
+    with {:ok, operator} <- Auth.require_operator(conn) do
       case Notifications.delete_sink(name, operator: operator) do
         :ok -> Conn.json(conn, 200, %{name: name, deleted: true})
         {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such sink")
@@ -56,7 +57,7 @@ defmodule ObservatoryWeb.API.Notifications do
   end
 
   def test(conn, name) do
-    with {:ok, _} <- authorize(conn) do
+    with {:ok, _} <- Auth.require_operator(conn) do
       case Notifications.test_sink(name) do
         :ok -> Conn.json(conn, 200, %{name: name, delivered: true})
         {:error, :not_found} -> Conn.error(conn, 404, "not_found", "no such sink")
@@ -91,19 +92,6 @@ defmodule ObservatoryWeb.API.Notifications do
 
       {:error, :too_large} ->
         halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
-    end
-  end
-
-  defp authorize(conn) do
-    with {:error, :unauthorized} <- Auth.operator(conn) do
-      halt(
-        Conn.error(
-          conn,
-          401,
-          "unauthorized",
-          "send an operator token: Authorization: Bearer <token>"
-        )
-      )
     end
   end
 

@@ -56,7 +56,7 @@ defmodule ObservatoryWeb.API.SessionList do
 
   @doc "GET /api/v1/sessions"
   def index(conn) do
-    with {:ok, _operator} <- authorize(conn),
+    with {:ok, _operator} <- Auth.require_operator(conn),
          {:ok, query} <- parse(conn) do
       rows =
         Cluster.gather(__MODULE__, :rows_here, [query.filters, query.cursor, query.limit + 1])
@@ -242,19 +242,6 @@ defmodule ObservatoryWeb.API.SessionList do
       {:ok, {at, id}}
     else
       _ -> {:error, "cursor is not one this API gave (use next_cursor as it is)"}
-    end
-  end
-
-  defp authorize(conn) do
-    with {:error, :unauthorized} <- Auth.operator(conn) do
-      halt(
-        Conn.error(
-          conn,
-          401,
-          "unauthorized",
-          "send an operator token: Authorization: Bearer <token>"
-        )
-      )
     end
   end
 

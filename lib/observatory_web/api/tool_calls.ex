@@ -18,7 +18,7 @@ defmodule ObservatoryWeb.API.ToolCalls do
   alias ObservatoryWeb.{Auth, Conn}
 
   def check(conn) do
-    with {:ok, agent} <- Auth.agent(conn) |> or_401(conn),
+    with {:ok, agent} <- Auth.require_agent(conn),
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
          {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
          :ok <- own_session(conn, agent, session_id),
@@ -107,19 +107,6 @@ defmodule ObservatoryWeb.API.ToolCalls do
         {:error, "invalid JSON: #{reason}"}
     end
   end
-
-  defp or_401({:ok, _} = ok, _conn), do: ok
-
-  defp or_401(_, conn),
-    do:
-      halt(
-        Conn.error(
-          conn,
-          401,
-          "unauthorized",
-          "send a valid agent key: Authorization: Bearer <key>"
-        )
-      )
 
   defp or_413({:ok, _} = ok, _conn), do: ok
   defp or_413(_, conn), do: halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
