@@ -258,6 +258,21 @@ defmodule ObservatoryWeb.Conn do
   end
 
   @doc """
+  `422` with `code`: every violation (`%{path: ..., reason: ...}`) in the message, and
+  the list as `violations`.
+  """
+  @spec invalid(t(), String.t(), [%{path: String.t(), reason: String.t()}]) :: :ok
+  def invalid(conn, code, violations) do
+    error(
+      conn,
+      422,
+      code,
+      Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
+      %{violations: violations}
+    )
+  end
+
+  @doc """
   `503 no_majority`: this node of a cluster cannot reach a majority and refuses an
   action that lowers safety state (`Observatory.Cluster.with_majority/2`); the body
   names the nodes it cannot reach and everything it refuses until the partition heals.

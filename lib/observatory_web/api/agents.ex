@@ -90,13 +90,7 @@ defmodule ObservatoryWeb.API.Agents do
           Conn.json(conn, 200, Map.put(view(agent), :warnings, warnings(agent)))
 
         {:error, {:invalid, violations}} ->
-          Conn.error(
-            conn,
-            422,
-            "invalid_settings",
-            Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
-            %{violations: violations}
-          )
+          Conn.invalid(conn, "invalid_settings", violations)
 
         {:error, :invalid_agent_id} ->
           Conn.error(conn, 400, "invalid_agent_id", "an agent id is 1 to 256 bytes of UTF-8")
@@ -149,13 +143,7 @@ defmodule ObservatoryWeb.API.Agents do
           Conn.json(conn, 200, view(agent))
 
         {:error, {:invalid, violations}} ->
-          Conn.error(
-            conn,
-            422,
-            "invalid_settings",
-            Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
-            %{violations: violations}
-          )
+          Conn.invalid(conn, "invalid_settings", violations)
 
         {:error, :not_found} ->
           Conn.error(conn, 404, "not_found", "no such agent")

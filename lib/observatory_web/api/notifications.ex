@@ -32,13 +32,7 @@ defmodule ObservatoryWeb.API.Notifications do
           Conn.json(conn, 200, sink)
 
         {:error, {:invalid, violations}} ->
-          Conn.error(
-            conn,
-            422,
-            "invalid_sink",
-            Enum.map_join(violations, "; ", &"#{&1.path} #{&1.reason}"),
-            %{violations: violations}
-          )
+          Conn.invalid(conn, "invalid_sink", violations)
 
         {:error, :configured} ->
           configured(conn)
