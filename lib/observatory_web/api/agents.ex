@@ -71,8 +71,7 @@ defmodule ObservatoryWeb.API.Agents do
   def show(conn, id) do
     with {:ok, _} <- Auth.require_operator(conn),
          {:ok, agent} <- fetch(conn, id) do
-      limit = events_limit(conn.query["events"])
-      events = KillSwitch.events(agent_id: id, limit: limit)
+      events = KillSwitch.events(agent_id: id, limit: limit(conn.query["events"], 20, 1000))
 
       Conn.json(
         conn,
@@ -444,15 +443,6 @@ defmodule ObservatoryWeb.API.Agents do
 
       {:error, :too_large} ->
         halt(Conn.error(conn, 413, "body_too_large", "the body is too large"))
-    end
-  end
-
-  defp events_limit(nil), do: 20
-
-  defp events_limit(text) do
-    case Integer.parse(text) do
-      {n, ""} when n > 0 -> min(n, 1000)
-      _ -> 20
     end
   end
 
