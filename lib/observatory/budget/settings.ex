@@ -31,7 +31,7 @@ defmodule Observatory.Budget.Settings do
   @counts [:session_requests, :session_tokens, :window_requests, :window_tokens]
   @costs [:session_cost_usd, :window_cost_usd]
   @window_seconds 60..(30 * 86_400)
-  @keys [:mode, :window_seconds] ++ @counts ++ @costs
+  @fields Map.new([:mode, :window_seconds] ++ @counts ++ @costs, &{Atom.to_string(&1), &1})
 
   @type mode :: :enforce | :warn | :shadow
   @type t :: %{
@@ -106,34 +106,8 @@ defmodule Observatory.Budget.Settings do
 
   @doc "Checks `params`; returns the changes with atom keys, or every violation."
   @spec validate(map()) :: {:ok, map()} | {:error, [violation()]}
-  def validate(params) when is_map(params) do
-    {changes, violations} =
-      Enum.reduce(params, {%{}, []}, fn {key, value}, {changes, violations} ->
-        name = to_string(key)
-
-        case Enum.find(@keys, &(Atom.to_string(&1) == name)) do
-          nil ->
-            allowed = @keys |> Enum.map(&Atom.to_string/1) |> Enum.sort() |> Enum.join(", ")
-
-            {changes,
-             [%{path: name, reason: "is not a budget setting (use #{allowed})"} | violations]}
-
-          field ->
-            case check(field, value) do
-              {:ok, value} -> {Map.put(changes, field, value), violations}
-              {:error, reason} -> {changes, [%{path: name, reason: reason} | violations]}
-            end
-        end
-      end)
-
-    case violations do
-      [] -> {:ok, changes}
-      _ -> {:error, Enum.sort_by(violations, & &1.path)}
-    end
-  end
-
-  def validate(other),
-    do: {:error, [%{path: "$", reason: "must be an object, got: #{inspect(other)}"}]}
+  def validate(params),
+    do: Observatory.Settings.validate(params, @fields, "is not a budget setting", &check/2)
 
   defp check(:mode, mode) when is_atom(mode) and mode != nil,
     do: check(:mode, Atom.to_string(mode))

@@ -51,32 +51,8 @@ defmodule Observatory.KillSwitch.Settings do
 
   @doc "Checks `params`; returns the changes with atom keys, or every violation."
   @spec validate(map()) :: {:ok, changes()} | {:error, [violation()]}
-  def validate(params) when is_map(params) do
-    {changes, violations} =
-      Enum.reduce(params, {%{}, []}, fn {key, value}, {changes, violations} ->
-        name = to_string(key)
-
-        case Map.fetch(@keys, name) do
-          {:ok, field} ->
-            case check(field, value) do
-              {:ok, value} -> {Map.put(changes, field, value), violations}
-              {:error, reason} -> {changes, [%{path: name, reason: reason} | violations]}
-            end
-
-          :error ->
-            allowed = @keys |> Map.keys() |> Enum.sort() |> Enum.join(", ")
-            {changes, [%{path: name, reason: "is not a setting (use #{allowed})"} | violations]}
-        end
-      end)
-
-    case violations do
-      [] -> {:ok, changes}
-      _ -> {:error, Enum.sort_by(violations, & &1.path)}
-    end
-  end
-
-  def validate(other),
-    do: {:error, [%{path: "$", reason: "must be an object, got: #{inspect(other)}"}]}
+  def validate(params),
+    do: Observatory.Settings.validate(params, @keys, "is not a setting", &check/2)
 
   defp check(:enabled, value) when is_boolean(value), do: {:ok, value}
   defp check(:enabled, value), do: {:error, "must be true or false, got: #{inspect(value)}"}
