@@ -36,6 +36,7 @@ defmodule Observatory.Budget do
   require Logger
 
   alias Observatory.Budget.{Prices, Settings, Store, Usage}
+  alias Observatory.ConfigCheck
   alias Observatory.Gateway.Events
   alias Observatory.KillSwitch
   alias Observatory.KillSwitch.Agents
@@ -284,24 +285,13 @@ defmodule Observatory.Budget do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    budgets = Application.get_env(:observatory, :budgets) || []
+    budgets = ConfigCheck.keyword!(:budgets, @config_keys)
 
-    unless Keyword.keyword?(budgets) do
-      raise ArgumentError,
-            "expected config :observatory, :budgets to be a keyword list, got: #{inspect(budgets)}"
-    end
-
-    for {key, _} <- budgets, key not in @config_keys do
-      raise ArgumentError,
-            "unknown key #{inspect(key)} in config :observatory, :budgets (use #{inspect(@config_keys)})"
-    end
-
-    for key <- [:session_ttl_ms, :max_sessions, :sweep_interval_ms],
-        value = budgets[key],
-        value != nil and not (is_integer(value) and value > 0) do
-      raise ArgumentError,
-            "expected config :observatory, :budgets, #{inspect(key)} to be a positive integer, got: #{inspect(value)}"
-    end
+    ConfigCheck.positive_integers!(budgets, :budgets, [
+      :session_ttl_ms,
+      :max_sessions,
+      :sweep_interval_ms
+    ])
 
     unless budgets[:stream_usage] in [nil, true, false] do
       raise ArgumentError,

@@ -42,7 +42,7 @@ defmodule Observatory.Notifications do
   and dropped. In a cluster, the node that owns the session (or agent) sends.
   """
 
-  alias Observatory.AtRest
+  alias Observatory.{AtRest, ConfigCheck}
   alias Observatory.Notifications.{Dispatcher, Sink}
   alias Observatory.Storage
 
@@ -241,24 +241,8 @@ defmodule Observatory.Notifications do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    config = Application.get_env(:observatory, :notifications) || []
-
-    unless Keyword.keyword?(config) do
-      raise ArgumentError,
-            "expected config :observatory, :notifications to be a keyword list, got: #{inspect(config)}"
-    end
-
-    for {key, _} <- config, key not in @config_keys do
-      raise ArgumentError,
-            "unknown key #{inspect(key)} in config :observatory, :notifications (use #{inspect(@config_keys)})"
-    end
-
-    for key <- @config_keys -- [:sinks],
-        value = config[key],
-        not (is_integer(value) and value > 0) do
-      raise ArgumentError,
-            "expected config :observatory, :notifications, #{inspect(key)} to be a positive integer, got: #{inspect(value)}"
-    end
+    config = ConfigCheck.keyword!(:notifications, @config_keys)
+    ConfigCheck.positive_integers!(config, :notifications, @config_keys -- [:sinks])
 
     _ = build!(Keyword.get(config, :sinks, []))
     :ok
