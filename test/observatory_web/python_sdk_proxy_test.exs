@@ -45,31 +45,13 @@ defmodule ObservatoryWeb.PythonSDKProxyTest do
     end
   end
 
-  defp chat_tool_call(path) do
-    JSON.encode!(%{
-      id: "chatcmpl-test",
-      object: "chat.completion",
-      created: 1_700_000_000,
-      model: "test-model",
-      choices: [
-        %{
-          index: 0,
-          finish_reason: "tool_calls",
-          message: %{
-            role: "assistant",
-            content: nil,
-            tool_calls: [
-              %{
-                id: "call_#{System.unique_integer([:positive])}",
-                type: "function",
-                function: %{name: "read_file", arguments: JSON.encode!(%{path: path})}
-              }
-            ]
-          }
-        }
-      ]
-    })
-  end
+  defp chat_tool_call(path),
+    do:
+      Upstream.tool_call_completion(
+        "call_#{System.unique_integer([:positive])}",
+        "read_file",
+        %{path: path}
+      )
 
   defp fresh_path, do: "src/file_#{System.unique_integer([:positive])}.ex"
 
