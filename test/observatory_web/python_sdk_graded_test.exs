@@ -13,10 +13,8 @@ defmodule ObservatoryWeb.PythonSDKGradedTest do
   alias Observatory.{Budget, JSON, KillSwitch}
   alias Observatory.KillSwitch.Agents
   alias Observatory.Proxy.Guidance
-  alias Observatory.Test.{HTTP, Upstream}
+  alias Observatory.Test.{HTTP, PythonSDK, Upstream}
 
-  @python Path.expand("../python/.venv/bin/python", __DIR__)
-  @script Path.expand("../python/sdk_graded.py", __DIR__)
   @keys [:llm_upstream, :anthropic_upstream, :guidance, :budgets, :notifications]
   @apis ["chat", "responses", "anthropic"]
 
@@ -173,20 +171,7 @@ defmodule ObservatoryWeb.PythonSDKGradedTest do
   end
 
   defp run(runs) do
-    env =
-      for var <- ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_BASE_URL),
-          do: {var, nil}
-
-    plan = JSON.encode!(Enum.map(runs, & &1.plan))
-
-    {out, status} =
-      System.cmd(@python, [@script, ObservatoryWeb.Endpoint.url(), plan],
-        env: env,
-        stderr_to_stdout: true
-      )
-
-    assert status == 0, out
-    {:ok, seen} = out |> String.split("\n", trim: true) |> List.last() |> JSON.decode()
+    seen = PythonSDK.run!("sdk_graded.py", [JSON.encode!(Enum.map(runs, & &1.plan))])
     Enum.zip(runs, seen)
   end
 

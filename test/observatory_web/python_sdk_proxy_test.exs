@@ -9,10 +9,8 @@ defmodule ObservatoryWeb.PythonSDKProxyTest do
 
   alias Observatory.Gateway.{Events, SessionLog}
   alias Observatory.{JSON, KillSwitch}
-  alias Observatory.Test.{HTTP, Upstream}
+  alias Observatory.Test.{HTTP, PythonSDK, Upstream}
 
-  @python Path.expand("../python/.venv/bin/python", __DIR__)
-  @script Path.expand("../python/sdk_proxy.py", __DIR__)
   @keys [:llm_upstream, :anthropic_upstream]
 
   setup do
@@ -139,17 +137,8 @@ defmodule ObservatoryWeb.PythonSDKProxyTest do
     end)
   end
 
-  defp run(agent, control) do
-    env =
-      for var <-
-            ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_AUTH_TOKEN ANTHROPIC_BASE_URL),
-          do: {var, nil}
-
-    args = [@script, ObservatoryWeb.Endpoint.url(), HTTP.key_for(agent), agent, control.url]
-    {out, status} = System.cmd(@python, args, env: env, stderr_to_stdout: true)
-    assert status == 0, out
-    out |> String.split("\n", trim: true) |> List.last() |> JSON.decode() |> elem(1)
-  end
+  defp run(agent, control),
+    do: PythonSDK.run!("sdk_proxy.py", [HTTP.key_for(agent), agent, control.url])
 
   test "issue 19 items 3–6: sessions, sizes, the Responses API, upstream headers and enforcement, as the SDKs see them",
        %{agent: agent} do

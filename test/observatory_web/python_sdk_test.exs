@@ -10,11 +10,8 @@ defmodule ObservatoryWeb.PythonSDKTest do
   alias Observatory.Gateway.{Events, LoopVerdict, SessionLog}
   alias Observatory.{JSON, KillSwitch}
   alias Observatory.KillSwitch.Agents
-  alias Observatory.Test.{HTTP, Upstream}
+  alias Observatory.Test.{HTTP, PythonSDK, Upstream}
 
-  @python Path.expand("../python/.venv/bin/python", __DIR__)
-  @script Path.expand("../python/sdk_agents.py", __DIR__)
-  @tool_script Path.expand("../python/sdk_tool_agents.py", __DIR__)
   @keys [:llm_upstream, :anthropic_upstream, :alert_source]
 
   setup do
@@ -85,17 +82,8 @@ defmodule ObservatoryWeb.PythonSDKTest do
     end)
   end
 
-  defp run_agents(agent, release) do
-    env =
-      for var <-
-            ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_AUTH_TOKEN ANTHROPIC_BASE_URL),
-          do: {var, nil}
-
-    args = [@script, ObservatoryWeb.Endpoint.url(), HTTP.key_for(agent), agent, release.url]
-    {out, status} = System.cmd(@python, args, env: env, stderr_to_stdout: true)
-    assert status == 0, out
-    out |> String.split("\n", trim: true) |> List.last() |> JSON.decode() |> elem(1)
-  end
+  defp run_agents(agent, release),
+    do: PythonSDK.run!("sdk_agents.py", [HTTP.key_for(agent), agent, release.url])
 
   describe "issue 15: agents on the real openai and anthropic SDKs, base_url changed only" do
     test "answers, streams in pieces, steps once each, and an entropy alert per looping agent",
@@ -251,20 +239,7 @@ defmodule ObservatoryWeb.PythonSDKTest do
   end
 
   defp run_tools(runs) do
-    env =
-      for var <- ~w(OPENAI_API_KEY OPENAI_BASE_URL ANTHROPIC_API_KEY ANTHROPIC_BASE_URL),
-          do: {var, nil}
-
-    plan = JSON.encode!(Enum.map(runs, & &1.plan))
-
-    {out, status} =
-      System.cmd(@python, [@tool_script, ObservatoryWeb.Endpoint.url(), plan],
-        env: env,
-        stderr_to_stdout: true
-      )
-
-    assert status == 0, out
-    {:ok, seen} = out |> String.split("\n", trim: true) |> List.last() |> JSON.decode()
+    seen = PythonSDK.run!("sdk_tool_agents.py", [JSON.encode!(Enum.map(runs, & &1.plan))])
     Enum.zip(runs, seen)
   end
 
