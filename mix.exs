@@ -92,13 +92,15 @@ defmodule Observatory.MixProject do
   # As a dependency of another project (a Phoenix host: its `mix.exs` is on Mix's
   # project stack while this `project/0` runs) it declares them, all `optional: true`:
   # the host fetches none it does not list itself (through Hex or its own path deps),
-  # but Mix compiles those it has before Observatory, so the LiveViews exist on the
-  # first build and xref knows where Phoenix's modules come from.
+  # but Mix compiles those it has before Observatory, so the LiveViews and the Plugs
+  # (ObservatoryWeb.AgentAPIPlug, LLMProxyPlug, AssetsPlug) exist on the first build
+  # and xref knows where Phoenix's modules come from.
   @phoenix_deps [
     {:phoenix, "~> 1.7", optional: true},
     {:phoenix_live_view, "~> 0.20.0 or ~> 1.0", optional: true},
     {:phoenix_html, "~> 3.3 or ~> 4.0", optional: true},
     {:phoenix_pubsub, "~> 2.1", optional: true},
+    {:plug, "~> 1.14", optional: true},
     {:telemetry, "~> 0.4 or ~> 1.0", optional: true}
   ]
 

@@ -154,6 +154,8 @@ defmodule Observatory.AgentKeys do
           | {:error,
              :invalid_agent_id | :agent_limit | :too_many_keys | :not_found | :no_majority}
   def issue(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("issuing a key for #{inspect(agent_id)}", fn ->
       do_issue(agent_id, opts)
     end)
@@ -194,6 +196,8 @@ defmodule Observatory.AgentKeys do
   @spec rotate(String.t(), keyword()) ::
           {:ok, map()} | {:error, :invalid_agent_id | :not_found | :no_majority}
   def rotate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("rotating the keys of #{inspect(agent_id)}", fn ->
       do_rotate(agent_id, opts)
     end)
@@ -231,6 +235,8 @@ defmodule Observatory.AgentKeys do
   @doc "Revokes one key of the agent, by its `key_id`."
   @spec revoke(String.t(), String.t(), keyword()) :: :ok | {:error, :not_found}
   def revoke(agent_id, key_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Storage.transaction("agent key", fn ->
       case Enum.find(hashes_of(agent_id), &(key_id(&1) == key_id)) do
         nil -> {:error, :not_found}
@@ -259,6 +265,8 @@ defmodule Observatory.AgentKeys do
   @doc "The agent's keys (never the keys themselves), oldest first."
   @spec list(String.t()) :: [key_info()]
   def list(agent_id) when is_binary(agent_id) do
+    Observatory.Storage.require!()
+
     @table
     |> :mnesia.dirty_index_read(agent_id, :agent_id)
     |> Enum.map(fn {@table, _hash, _agent, info} -> info end)

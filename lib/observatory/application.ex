@@ -9,6 +9,7 @@ defmodule Observatory.Application do
     # Before any durable write can run (Observatory.Storage.transaction/2).
     Observatory.Cluster.Gate.setup()
     Observatory.Gateway.AlertSource.validate!()
+    Observatory.Gateway.Events.check!()
     ensure_secret_key_base()
     # A bad setting stops the start with a message that names it (checked once: a
     # supervisor restarting later must not fail on it).
@@ -17,21 +18,12 @@ defmodule Observatory.Application do
     Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
 
-    # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
-    # restarts cleanly instead of colliding with its orphaned children.
-    children =
-      [
-        Observatory.DataDirLock,
-        Observatory.Storage,
-        Observatory.Supervision.child_spec({Observatory.PubSub, name: Observatory.PubSub}),
-        Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
-        Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
-        # The dashboard's shared listings; the LiveViews use it in a host app too.
-        ObservatoryWeb.SnapshotCache
-      ] ++ web_children()
+    # A VM with storage off (a task beside a running server) runs nothing of
+    # Observatory: Observatory.Storage.decide/0.
+    storage = Observatory.Storage.decide()
+    Observatory.Storage.put_mode(storage)
 
-    # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
-    children = Observatory.Cluster.wrap(children)
+    children = if storage == :on, do: children(), else: []
 
     # The lock and Mnesia come first, so nothing reads or writes before they are up.
     # :one_for_one: no child keeps a reference into another that a restart would make
@@ -46,6 +38,34 @@ defmodule Observatory.Application do
       max_seconds: 5,
       name: Observatory.Supervisor
     )
+  end
+
+  # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
+  # restarts cleanly instead of colliding with its orphaned children.
+  defp children do
+    children = [
+      Observatory.DataDirLock,
+      Observatory.Storage,
+      pubsub(),
+      Observatory.Supervision.child_spec(Observatory.Gateway.Supervisor),
+      Observatory.Supervision.child_spec(Observatory.KillSwitch.Supervisor),
+      # The dashboard's shared listings; the LiveViews use it in a host app too.
+      ObservatoryWeb.SnapshotCache,
+      # Failed credentials per client, for whichever server answers the APIs: this
+      # one's, or a host's endpoint (ObservatoryWeb.AgentAPIPlug, LLMProxyPlug).
+      ObservatoryWeb.AuthThrottle
+    ]
+
+    # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
+    Observatory.Cluster.wrap(children ++ web_children())
+  end
+
+  # Observatory's own PubSub, unless the host named its own (config :observatory,
+  # :pubsub): then there is one bus, the host's, checked once the host has started.
+  defp pubsub do
+    if Observatory.Gateway.Events.own?(),
+      do: Observatory.Supervision.child_spec({Observatory.PubSub, name: Observatory.PubSub}),
+      else: Observatory.PubSubCheck
   end
 
   # The HTTP server and the demo fleet run only when configured on: Observatory's own

@@ -12,6 +12,10 @@ defmodule Observatory.DataDirLock do
 
   The kernel releases the lock when the OS process ends, however it ends (`kill -9`
   too): a stale lock file never keeps a gateway from starting.
+
+  In a host app (Observatory's own server off), a second VM on the directory — a
+  `mix run` beside `mix phx.server` — is not refused: it finds the lock taken
+  (`probe/1`) and runs with Observatory's storage off (`Observatory.Storage.decide/0`).
   """
 
   use GenServer
@@ -35,6 +39,28 @@ defmodule Observatory.DataDirLock do
     case Application.get_env(:observatory, :data_dir) do
       nil -> Observatory.KillSwitch.Agents.dir()
       data_dir -> Path.expand(data_dir)
+    end
+  end
+
+  @doc """
+  `:free` when no other OS process holds the lock of `dir` (tried and let go at once),
+  else `{:locked, who}`, `who` saying which process holds it.
+  """
+  @spec probe(String.t()) :: :free | {:locked, String.t()}
+  def probe(dir) do
+    File.mkdir_p!(dir)
+
+    case Native.data_dir_lock(path(dir)) do
+      {:ok, lock} ->
+        Native.data_dir_unlock(lock)
+        :free
+
+      {:error, :locked} ->
+        {:locked, "OS process #{holder(dir)}"}
+
+      {:error, _message} ->
+        # Not ours to judge here: the lock's own start says what is wrong.
+        :free
     end
   end
 

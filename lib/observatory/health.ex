@@ -7,7 +7,7 @@ defmodule Observatory.Health do
   |---|---|
   | `data_dir_lock` | this application holds the data directory's lock |
   | `mnesia` | Mnesia runs and the agent, pause and block tables can be read |
-  | `pubsub` | the event bus runs (Observatory's own; a host's Phoenix.PubSub is the host's to check) |
+  | `pubsub` | the event bus named in `config :observatory, :pubsub` runs (Observatory's own, or the host's) |
   | `tracker` | the entropy tracker runs and its store answers |
   | `gateway` | HITL, the step detector, the loop verdict, the call breaker and the session log run |
   | `kill_switch` | the kill switch's window store runs |
@@ -108,12 +108,7 @@ defmodule Observatory.Health do
       else: []
   end
 
-  defp pubsub? do
-    case Application.get_env(:observatory, :pubsub) do
-      {Observatory.PubSub, name} -> alive?(name)
-      _ -> true
-    end
-  end
+  defp pubsub?, do: Observatory.Gateway.Events.running?()
 
   defp alive?(name) do
     case Process.whereis(name) do

@@ -280,12 +280,7 @@ defmodule Observatory.KillSwitch do
 
   @doc "Whether the agent is active; an unknown agent is not refused here (`check_request/2` does)."
   @spec active?(String.t()) :: boolean()
-  def active?(agent_id) do
-    case Agents.get(agent_id) do
-      %{active: active} -> active
-      nil -> true
-    end
-  end
+  def active?(agent_id), do: Agents.active?(agent_id)
 
   @doc "Whether `id` can name an agent: 1–256 bytes of UTF-8 without control characters."
   @spec valid_agent_id?(term()) :: boolean()
@@ -311,6 +306,8 @@ defmodule Observatory.KillSwitch do
           | {:error,
              {:invalid, [Settings.violation()]} | :agent_limit | :invalid_agent_id | :no_majority}
   def configure(agent_id, params, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("changing the settings of #{inspect(agent_id)}", fn ->
       do_configure(agent_id, params, opts)
     end)
@@ -341,6 +338,8 @@ defmodule Observatory.KillSwitch do
   @spec activate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_active | :no_majority}
   def activate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     Observatory.Cluster.with_majority("activating #{inspect(agent_id)}", fn ->
       do_activate(agent_id, opts)
     end)
@@ -364,6 +363,8 @@ defmodule Observatory.KillSwitch do
   @spec deactivate(String.t(), keyword()) ::
           {:ok, Agents.agent()} | {:error, :not_found | :already_inactive}
   def deactivate(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, agent, event} <- Agents.deactivate(agent_id, :manual, audit(opts)) do
       Logger.info("agent #{inspect(agent_id)} deactivated by #{inspect(opts[:operator])}")
       broadcast(event)
@@ -380,6 +381,8 @@ defmodule Observatory.KillSwitch do
   """
   @spec delete(String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_found}
   def delete(agent_id, opts \\ []) do
+    Observatory.Storage.require!()
+
     with {:ok, revoked} <- Agents.delete(agent_id) do
       Windows.clear(agent_id)
       Observatory.Budget.Store.delete_agent(agent_id)

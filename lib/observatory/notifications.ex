@@ -278,6 +278,10 @@ defmodule Observatory.Notifications do
   ## Storage (secrets sealed at rest)
 
   @doc false
+  # The durable tables (cleared by Observatory.Testing.reset!/0).
+  def tables, do: [@sinks]
+
+  @doc false
   def create_tables do
     Storage.create_table(@sinks, attributes: [:name, :sink], type: :set)
     [@sinks]

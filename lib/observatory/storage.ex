@@ -12,12 +12,95 @@ defmodule Observatory.Storage do
   with `{:mnesia_down, reason}` instead, its supervisor starts it again, and its
   `init/1` starts Mnesia again, which loads the tables from disc. Until then
   `Observatory.Health` reports `mnesia` down and `/healthz` answers 503.
+
+  Whether a VM runs storage at all is decided as the application starts
+  (`decide/0`): a task beside a running server runs with it off.
   """
 
   use GenServer
   require Logger
 
+  @mode_key {__MODULE__, :mode}
+
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+
+  @typedoc "Whether this VM runs Observatory's storage, and if not why."
+  @type mode :: :on | {:off, String.t()}
+
+  @doc """
+  Decides, as the application starts, whether this VM runs Observatory's storage
+  (its data-directory lock, Mnesia and everything that reads them):
+
+    * `config :observatory, storage: false` or `OBSERVATORY_STORAGE=off` — off;
+    * Observatory's own server configured on — on (the lock refuses a second gateway);
+    * otherwise (a host app) on, unless another OS process holds the data directory's
+      lock — a `mix run` or `mix test` beside `mix phx.server`: then off, with a
+      warning that says so, rather than refusing to start (which would stop the task,
+      and every other application with it).
+
+  With storage off nothing of Observatory runs in the VM; a call that needs it raises
+  `Observatory.StorageOffError` (`require!/0`) and the host's mounted APIs answer
+  `503 storage_off`.
+  """
+  @spec decide() :: mode()
+  def decide do
+    cond do
+      Application.get_env(:observatory, :storage, true) == false ->
+        {:off, "config :observatory, storage: false"}
+
+      System.get_env("OBSERVATORY_STORAGE") in ["off", "false", "0"] ->
+        {:off, "OBSERVATORY_STORAGE=off"}
+
+      ObservatoryWeb.Endpoint.server?() ->
+        :on
+
+      true ->
+        dir = Observatory.DataDirLock.dir()
+
+        case Observatory.DataDirLock.probe(dir) do
+          :free ->
+            :on
+
+          {:locked, who} ->
+            reason = "its data directory #{dir} is in use by another VM (#{who})"
+
+            Logger.warning(
+              "Observatory runs with its storage off in this VM: #{reason} — your " <>
+                "`mix phx.server`, most likely. Nothing of Observatory runs here, and calls " <>
+                "that need it (ingest, agent keys, pauses) raise Observatory.StorageOffError. " <>
+                "To use Observatory in this VM, stop the other one or give this one another " <>
+                ":data_dir; to skip this check, set OBSERVATORY_STORAGE=off."
+            )
+
+            {:off, reason}
+        end
+    end
+  end
+
+  @doc false
+  def put_mode(mode), do: :persistent_term.put(@mode_key, mode)
+
+  @doc "This VM's storage mode (see `decide/0`); `:on` before the application decided."
+  @spec mode() :: mode()
+  def mode, do: :persistent_term.get(@mode_key, :on)
+
+  @doc "Whether this VM runs Observatory's storage."
+  @spec on?() :: boolean()
+  def on?, do: mode() == :on
+
+  @doc "Raises `Observatory.StorageOffError` when this VM runs with storage off."
+  @spec require!() :: :ok
+  def require! do
+    case mode() do
+      :on ->
+        :ok
+
+      {:off, reason} ->
+        raise Observatory.StorageOffError,
+              "Observatory's storage is off in this VM (#{reason}): run this where " <>
+                "Observatory runs (e.g. in `iex -S mix phx.server`), or stop that VM first"
+    end
+  end
 
   @doc """
   Creates a `disc_copies` table unless it exists (on every member in a cluster; `opts` as for
@@ -41,6 +124,8 @@ defmodule Observatory.Storage do
   """
   @spec transaction(String.t(), (() -> result)) :: result when result: term()
   def transaction(what, fun) do
+    require!()
+
     if Observatory.Cluster.enabled?() do
       timeout = Observatory.Cluster.setting(:write_timeout_ms)
 

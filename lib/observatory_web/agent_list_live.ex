@@ -18,12 +18,8 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
     def mount(params, session, socket) do
       {:ok, socket} = AgentList.mount(params, session, socket)
 
-      socket =
-        socket
-        |> assign(:observatory_css, LiveParts.style())
-        |> assign(:observatory_nav, nav(session))
-
-      {:ok, parts(socket)}
+      frame = LiveParts.frame(session["observatory_path"], :agents)
+      {:ok, socket |> assign(frame) |> parts()}
     end
 
     @impl true
@@ -39,10 +35,6 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
       <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_list) %></div>
       """
     end
-
-    defp nav(session),
-      do:
-        session |> Map.get("observatory_path") |> LiveParts.nav(:agents) |> IO.iodata_to_binary()
 
     defp parts({:noreply, socket}), do: {:noreply, parts(socket)}
     defp parts(socket), do: LiveParts.assign(socket, AgentList.parts(socket.assigns))

@@ -1,27 +1,45 @@
 defmodule ObservatoryWeb.Conn do
   @moduledoc """
-  One HTTP request and the functions to answer it, over a MochiWeb request.
+  One HTTP request and the functions to answer it, over any server: Observatory's own
+  (MochiWeb, `ObservatoryWeb.Conn.MochiWeb`) or a Phoenix host's endpoint (Plug,
+  `ObservatoryWeb.Conn.PlugAdapter`) — each an `ObservatoryWeb.Conn.Adapter`, so every
+  handler has one code path whichever server runs it.
 
   Handlers get a `%Conn{}` with the method, the decoded path segments and the query,
-  and answer with `json/3`, `text/4`, `html/4`, `redirect/3` or `no_content/1`. Reading the body is explicit
-  (`read_body/1`) and bounded by `:max_body_bytes`.
+  and answer with `json/3`, `text/4`, `html/4`, `redirect/3` or `no_content/1`, or in
+  chunks (`send_chunked/3`, `chunk/2`). Reading the body is explicit (`read_body/1`)
+  and bounded by `:max_body_bytes`.
 
   Every path segment, query parameter and header value is valid UTF-8, no header
   value holds a control character (tab aside), and a `Content-Length` is a decimal
   number: a request where one is not carries
   `bad_request` (the reason) and the router answers `400` before any handler runs.
-  `remote_ip` is the TCP peer's address; `X-Forwarded-For` is not trusted.
+  `remote_ip` is the TCP peer's address (over MochiWeb; a host's endpoint gives its
+  `Plug.Conn` `remote_ip`); `X-Forwarded-For` is not trusted.
   """
 
   alias Observatory.JSON
 
-  defstruct [:req, :method, :path_info, :query, :remote_ip, :bad_request]
+  defstruct [
+    :adapter,
+    :req,
+    :method,
+    :path_info,
+    :query,
+    :query_string,
+    :headers,
+    :remote_ip,
+    :bad_request
+  ]
 
   @type t :: %__MODULE__{
+          adapter: module(),
           req: term(),
           method: String.t(),
           path_info: [String.t()],
           query: %{String.t() => String.t()},
+          query_string: String.t(),
+          headers: [{String.t(), String.t()}],
           remote_ip: String.t() | nil,
           bad_request: String.t() | nil
         }
@@ -32,41 +50,57 @@ defmodule ObservatoryWeb.Conn do
     {"Referrer-Policy", "no-referrer"}
   ]
 
-  @doc false
-  def new(req) do
-    raw = :mochiweb_request.get(:raw_path, req) |> bytes()
-    {path, query} = split_query(raw)
-    segments = for seg <- String.split(path, "/", trim: true), do: decode_segment(seg)
-    query = decode_query(query)
+  @doc """
+  The request `req` of `adapter` (an `ObservatoryWeb.Conn.Adapter`), decoded and
+  checked. Option `:path_segments` replaces the request's own (a mount point's prefix
+  taken off).
+  """
+  @spec new(module(), term(), keyword()) :: t()
+  def new(adapter, req, opts \\ []) do
+    request = adapter.request(req)
+
+    segments =
+      for seg <- Keyword.get(opts, :path_segments, request.path_segments), do: decode_segment(seg)
+
+    query = decode_query(request.query_string)
+    headers = merge_repeated(request.headers)
 
     %__MODULE__{
+      adapter: adapter,
       req: req,
-      method: req |> then(&:mochiweb_request.get(:method, &1)) |> to_string(),
+      method: request.method,
       path_info: for({:ok, seg} <- segments, do: seg),
       query: if(is_map(query), do: query, else: %{}),
-      remote_ip: peer(req)
+      query_string: request.query_string,
+      headers: headers,
+      remote_ip: request.remote_ip
     }
     |> refuse_unless(Enum.all?(segments, &match?({:ok, _}, &1)), "the path is not valid UTF-8")
     |> refuse_unless(is_map(query), "the query string is not valid UTF-8")
-    |> refuse_unless(headers_utf8?(req), "a header is not valid UTF-8")
-    |> refuse_unless(header_values_clean?(req), "a header value contains a control character")
-    |> refuse_unless(content_length_ok?(req), "Content-Length must be a decimal number")
+    |> refuse_unless(headers_utf8?(headers), "a header is not valid UTF-8")
+    |> refuse_unless(header_values_clean?(headers), "a header value contains a control character")
+    |> refuse_unless(content_length_ok?(headers), "Content-Length must be a decimal number")
   end
 
   defp refuse_unless(%{bad_request: nil} = conn, false, reason), do: %{conn | bad_request: reason}
   defp refuse_unless(conn, _ok, _reason), do: conn
 
-  # MochiWeb hands out paths and header values as lists of bytes: keep the bytes
-  # (`to_string/1` would read each byte as a code point and hide invalid UTF-8).
-  defp bytes(value) when is_list(value), do: :erlang.list_to_binary(value)
-  defp bytes(value) when is_binary(value), do: value
-  defp bytes(value) when is_atom(value), do: Atom.to_string(value)
+  @doc false
+  # ASCII lowercase: header names are compared byte for byte, whatever their bytes.
+  def downcase(name),
+    do: for(<<c <- name>>, into: "", do: <<if(c in ?A..?Z, do: c + 32, else: c)>>)
 
-  defp split_query(raw) do
-    case String.split(raw, "?", parts: 2) do
-      [path, query] -> {path, query}
-      [path] -> {path, ""}
-    end
+  # One value per name, a repeated header's values joined with ", " (RFC 9110 §5.3),
+  # as MochiWeb gives them: two Authorization headers make one value no key matches.
+  defp merge_repeated(headers) do
+    headers
+    |> Enum.reduce({[], %{}}, fn {name, value}, {order, values} ->
+      case values do
+        %{^name => previous} -> {order, %{values | name => previous <> ", " <> value}}
+        _ -> {[name | order], Map.put(values, name, value)}
+      end
+    end)
+    |> then(fn {order, values} -> for name <- Enum.reverse(order), do: {name, values[name]} end)
   end
 
   # Strict: a `%` not followed by two hex digits is an error (URI.decode/1 keeps it).
@@ -94,33 +128,23 @@ defmodule ObservatoryWeb.Conn do
     ArgumentError -> nil
   end
 
-  defp headers_utf8?(req) do
-    req
-    |> then(&:mochiweb_request.get(:headers, &1))
-    |> :mochiweb_headers.to_list()
-    |> Enum.all?(fn {name, value} ->
-      String.valid?(bytes(name)) and String.valid?(bytes(value))
-    end)
-  end
+  defp headers_utf8?(headers),
+    do: Enum.all?(headers, fn {name, value} -> String.valid?(name) and String.valid?(value) end)
 
-  # MochiWeb keeps a folded line's `\r\n ` and a bare `\r` inside a value: passed
-  # on (the proxy forwards `anthropic-version`), they would split an upstream head.
+  # A folded line's `\r\n ` and a bare `\r` kept inside a value (MochiWeb keeps them),
+  # passed on (the proxy forwards `anthropic-version`), would split an upstream head.
   # Tab is the one control character a value may hold (RFC 9110 field-vchar, OWS).
-  defp header_values_clean?(req) do
-    req
-    |> then(&:mochiweb_request.get(:headers, &1))
-    |> :mochiweb_headers.to_list()
-    |> Enum.all?(fn {_name, value} -> not control_char?(bytes(value)) end)
-  end
+  defp header_values_clean?(headers),
+    do: Enum.all?(headers, fn {_name, value} -> not control_char?(value) end)
 
   defp control_char?(<<c, _::binary>>) when (c < 0x20 and c != ?\t) or c == 0x7F, do: true
   defp control_char?(<<_, rest::binary>>), do: control_char?(rest)
   defp control_char?(<<>>), do: false
 
-  defp content_length_ok?(req) do
-    case :mochiweb_request.get_header_value(~c"content-length", req) do
-      :undefined -> true
-      value -> value |> bytes() |> String.trim() |> decimal?()
+  defp content_length_ok?(headers) do
+    case List.keyfind(headers, "content-length", 0) do
+      nil -> true
+      {_, value} -> value |> String.trim() |> decimal?()
     end
   end
 
@@ -128,32 +152,18 @@ defmodule ObservatoryWeb.Conn do
   defp decimal?(text) when byte_size(text) > 19, do: false
   defp decimal?(text), do: for(<<c <- text>>, reduce: true, do: (ok -> ok and c in ?0..?9))
 
-  # The socket's peer: MochiWeb's own `peer` believes X-Forwarded-For when the peer
-  # is on loopback or a private network, which would let a client pick its address.
-  defp peer(req) do
-    case :mochiweb_socket.peername(:mochiweb_request.get(:socket, req)) do
-      {:ok, {address, _port}} -> address |> :inet.ntoa() |> to_string()
-      _ -> nil
-    end
-  end
-
-  @doc "A request header's value, or nil."
+  @doc "A request header's value (`name` lowercase), or nil."
   @spec header(t(), String.t()) :: String.t() | nil
-  def header(%__MODULE__{req: req}, name) do
-    case :mochiweb_request.get_header_value(String.to_charlist(name), req) do
-      :undefined -> nil
-      value -> bytes(value)
+  def header(%__MODULE__{headers: headers}, name) do
+    case List.keyfind(headers, name, 0) do
+      {_, value} -> value
+      nil -> nil
     end
   end
 
   @doc "A cookie's value, or nil."
   @spec cookie(t(), String.t()) :: String.t() | nil
-  def cookie(%__MODULE__{req: req}, name) do
-    case :mochiweb_request.get_cookie_value(String.to_charlist(name), req) do
-      :undefined -> nil
-      value -> bytes(value)
-    end
-  end
+  def cookie(%__MODULE__{adapter: adapter, req: req}, name), do: adapter.cookie(req, name)
 
   @doc "The request's media type (`content-type` without parameters), lowercased."
   @spec content_type(t()) :: String.t() | nil
@@ -165,24 +175,18 @@ defmodule ObservatoryWeb.Conn do
   end
 
   @doc """
-  Reads the whole body, at most `:max_body_bytes` (default 1 MiB), within the
-  endpoint's `idle_timeout_ms` (past it the connection is closed).
-  Returns `{:ok, body}` or `{:error, :too_large}`.
+  Reads the whole body, at most `max` bytes (default `:max_body_bytes`, 1 MiB);
+  on Observatory's own server within the endpoint's `idle_timeout_ms` (past it the
+  connection is closed). Returns `{:ok, body}` or `{:error, :too_large}`.
   """
-  @spec read_body(t()) :: {:ok, binary()} | {:error, :too_large}
-  def read_body(%__MODULE__{req: req}) do
-    max = max_body_bytes()
+  @spec read_body(t(), pos_integer() | nil) :: {:ok, binary()} | {:error, :too_large}
+  def read_body(%__MODULE__{adapter: adapter, req: req}, max \\ nil),
+    do: adapter.read_body(req, max || max_body_bytes())
 
-    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-           :mochiweb_request.recv_body(max, req)
-         end) do
-      :undefined -> {:ok, ""}
-      body -> {:ok, IO.iodata_to_binary(body)}
-    end
-  catch
-    :exit, {:body_too_large, _} -> {:error, :too_large}
-    :exit, :body_too_large -> {:error, :too_large}
-  end
+  @doc "Reads and drops the body, at most `max` bytes: the client then sees the answer."
+  @spec discard_body(t(), pos_integer()) :: :ok
+  def discard_body(%__MODULE__{adapter: adapter, req: req}, max),
+    do: adapter.discard_body(req, max)
 
   @doc "The configured body limit in bytes."
   def max_body_bytes, do: Application.get_env(:observatory, :max_body_bytes, 1024 * 1024)
@@ -245,19 +249,54 @@ defmodule ObservatoryWeb.Conn do
 
   @doc "Answers `204 No Content`."
   @spec no_content(t()) :: :ok
-  def no_content(%__MODULE__{req: req}) do
-    :mochiweb_request.respond({204, @security_headers, ""}, req)
-    :ok
-  end
+  def no_content(%__MODULE__{adapter: adapter, req: req}),
+    do: adapter.send_resp(req, 204, @security_headers, "")
 
   @doc "The common security headers every response carries."
   @spec security_headers() :: [{String.t(), String.t()}]
   def security_headers, do: @security_headers
 
   @doc "Answers with any content type and extra headers."
-  def send_resp(%__MODULE__{req: req}, status, content_type, body, headers) do
-    all = [{"Content-Type", content_type} | @security_headers ++ headers]
-    :mochiweb_request.respond({status, all, body}, req)
-    :ok
+  def send_resp(%__MODULE__{adapter: adapter, req: req}, status, content_type, body, headers) do
+    adapter.send_resp(
+      req,
+      status,
+      [{"Content-Type", content_type} | @security_headers ++ headers],
+      body
+    )
   end
+
+  @typedoc "A chunked answer under way: its adapter and the adapter's handle."
+  @opaque stream :: {module(), term()}
+
+  @doc """
+  Starts a chunked answer: the status and `headers` (the security headers added) go
+  now, the body in `chunk/2`s, and `end_chunked/1` ends it.
+  """
+  @spec send_chunked(t(), pos_integer(), [{String.t(), String.t()}]) :: stream()
+  def send_chunked(%__MODULE__{adapter: adapter, req: req}, status, headers),
+    do: {adapter, adapter.send_chunked(req, status, headers ++ @security_headers)}
+
+  @doc "Sends a chunk; `{:error, :closed}` when the client has gone."
+  @spec chunk(stream(), iodata()) :: :ok | {:error, :closed}
+  def chunk({adapter, stream}, data), do: adapter.chunk(stream, data)
+
+  @doc "Ends a chunked answer."
+  @spec end_chunked(stream()) :: :ok
+  def end_chunked({adapter, stream}), do: adapter.end_chunked(stream)
+
+  @doc """
+  The client's socket, to watch for a hang-up while the request waits on something
+  else (`active: :once`); nil where the server does not hand it out (a host's endpoint).
+  """
+  @spec client_socket(t()) :: port() | nil
+  def client_socket(%__MODULE__{adapter: adapter, req: req}), do: adapter.client_socket(req)
+
+  @doc "Closes the connection after this answer (bytes of a next request were taken)."
+  @spec close_after(t()) :: :ok
+  def close_after(%__MODULE__{adapter: adapter, req: req}), do: adapter.close_after(req)
+
+  @doc "Ends a request whose client hung up."
+  @spec client_gone(t()) :: :ok
+  def client_gone(%__MODULE__{adapter: adapter, req: req}), do: adapter.client_gone(req)
 end

@@ -36,6 +36,18 @@ defmodule ObservatoryWeb.HTML do
   end
 
   @doc """
+  The attributes of a link between Observatory's pages: what LiveView's
+  `<.link navigate={…}>` renders. In the LiveView pages a click changes page over the
+  open socket, without a reload (the pages share one `live_session`); on the built-in
+  server's pages it is a plain link.
+
+      iex> ObservatoryWeb.HTML.navigate()
+      ~s( data-phx-link="redirect" data-phx-link-state="push")
+  """
+  @spec navigate() :: String.t()
+  def navigate, do: ~s( data-phx-link="redirect" data-phx-link-state="push")
+
+  @doc """
   What an agent or session spent through the proxy (`Observatory.Budget`'s usage:
   `requests`, `tokens`, `cost_usd`), the same words on every page; no cost when
   nothing was priced.

@@ -46,9 +46,32 @@ defmodule ObservatoryWeb.LiveParts do
     end)
   end
 
-  @doc "The pages' stylesheet (scoped under `.scm`) in a `<style>` element."
-  @spec style() :: String.t()
-  def style, do: "<style>" <> ObservatoryWeb.Dashboard.Assets.css() <> "</style>"
+  @doc """
+  What every LiveView page puts above its parts, set once at mount: the link to the
+  stylesheet and the navigation, for pages mounted at `prefix`
+  (`ObservatoryWeb.LiveRouter`); `current` is `:cluster` or `:agents`.
+  """
+  @spec frame(String.t() | nil, :cluster | :agents) :: [{atom(), String.t()}]
+  def frame(prefix, current) do
+    [
+      observatory_css: IO.iodata_to_binary(stylesheet(prefix)),
+      observatory_nav: IO.iodata_to_binary(nav(prefix, current))
+    ]
+  end
+
+  @doc """
+  The stylesheet's `<link>` for pages mounted at `prefix`: the file the router macro
+  serves under the mount path (`ObservatoryWeb.AssetsPlug`), cached for good; never
+  an inline `<style>`, so a Content-Security-Policy with `style-src 'self'` holds.
+  Empty when the pages were mounted by hand (no prefix in the session).
+  """
+  @spec stylesheet(String.t() | nil) :: iodata()
+  def stylesheet(nil), do: ""
+
+  def stylesheet(prefix) do
+    href = prefix <> "/assets/" <> ObservatoryWeb.Dashboard.Assets.path("manager.css")
+    [~s(<link rel="stylesheet" href="), ObservatoryWeb.HTML.escape(href), ~s(">)]
+  end
 
   @doc "The names of the parts that differ between two snapshots."
   @spec changed(%{atom() => binary()}, %{atom() => binary()}) :: [atom()]
@@ -80,6 +103,7 @@ defmodule ObservatoryWeb.LiveParts do
           ~s(<a href="),
           ObservatoryWeb.HTML.escape(href),
           ~s("),
+          ObservatoryWeb.HTML.navigate(),
           if(name == current, do: ~s( aria-current="page"), else: ""),
           ">",
           label,

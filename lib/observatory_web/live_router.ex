@@ -21,17 +21,22 @@ defmodule ObservatoryWeb.LiveRouter do
   | `/ops/observatory/agents` | `ObservatoryWeb.AgentListLive` | `:index` |
   | `/ops/observatory/agents/:agent_id` | `ObservatoryWeb.AgentDetailLive` | `:show` |
 
-  Links between the pages (fleet nodes to agents, the agents list to an agent, an
-  agent back to the list, the navigation) point under the path they are mounted at,
-  whatever scopes surround the line.
+  and their stylesheet at `/ops/observatory/assets/manager-<digest>.css`
+  (`ObservatoryWeb.AssetsPlug`: no inline style, cached for good). Links between the
+  pages (fleet nodes to agents, the agents list to an agent, an agent back to the
+  list, the navigation) point under the path they are mounted at, whatever scopes
+  surround the line, and change page over the open socket (live navigation).
 
   ## Options
 
     * `:session` — `{module, function, args}`: `apply(module, function, [conn | args])`
       returns a map; its `"operator"` is the name the HITL audit log and the agents'
       events record for actions taken on these pages (default `"dashboard"`). Your own
-      pipeline does the sign-in: Observatory trusts this name.
-    * `:on_mount` — passed to `live_session` (your LiveView auth hooks).
+      pipeline does the sign-in: Observatory trusts this name. The module is resolved
+      as Phoenix resolves a `live` route's: within `scope "/", MyAppWeb`,
+      `OperatorAuth` is `MyAppWeb.OperatorAuth` (a module named in full works too).
+    * `:on_mount`, `:layout`, `:root_layout` — passed to `live_session` (your LiveView
+      auth hooks, your layouts).
     * `:live_session_name` — default `:observatory`; set it to mount twice.
 
   The router needs `Phoenix.LiveView.Router`'s `live/4` and `live_session/3`, which
@@ -52,11 +57,14 @@ defmodule ObservatoryWeb.LiveRouter do
 
     quote do
       prefix = ObservatoryWeb.LiveRouter.__prefix__(__MODULE__, unquote(path))
+      opts = ObservatoryWeb.LiveRouter.__scoped__(__MODULE__, unquote(opts))
 
       scope unquote(path), alias: false, as: false do
         unquote(imports)
 
-        {name, session_opts} = ObservatoryWeb.LiveRouter.__live_session__(prefix, unquote(opts))
+        {name, session_opts} = ObservatoryWeb.LiveRouter.__live_session__(prefix, opts)
+
+        get("/assets/:name", ObservatoryWeb.AssetsPlug, :stylesheet, as: :observatory_asset)
 
         live_session name, session_opts do
           live("/", ObservatoryWeb.SessionClusterManagerLive, :index, as: :observatory_manager)
@@ -67,6 +75,14 @@ defmodule ObservatoryWeb.LiveRouter do
     end
   end
 
+  # How the router answers where it is: Phoenix.Router's reflection, or (in
+  # Observatory's own tests, which have no Phoenix) the module the test router names
+  # in @observatory_router_reflection.
+  defp reflection(router) do
+    Module.get_attribute(router, :observatory_router_reflection) ||
+      if Code.ensure_loaded?(Phoenix.Router), do: Phoenix.Router
+  end
+
   defp expand_alias({:__aliases__, _, _} = alias, env),
     do: Macro.expand(alias, %{env | function: {:observatory_dashboard, 2}})
 
@@ -74,15 +90,33 @@ defmodule ObservatoryWeb.LiveRouter do
 
   @doc false
   # The full path of `path` in `router`, scopes included (Phoenix's scoped_path/2).
-  # Without Phoenix (Observatory's own tests of the macro) the path as given.
   @spec __prefix__(module(), String.t()) :: String.t()
   def __prefix__(router, path) do
     full =
-      if Code.ensure_loaded?(Phoenix.Router),
-        do: apply(Phoenix.Router, :scoped_path, [router, path]),
-        else: path
+      case reflection(router) do
+        nil -> path
+        reflection -> reflection.scoped_path(router, path)
+      end
 
     String.trim_trailing(full, "/")
+  end
+
+  @doc false
+  # The :session module with the scope's alias, as Phoenix's `live` takes its
+  # LiveView's: `{OperatorAuth, …}` in `scope "/", MyAppWeb` is MyAppWeb.OperatorAuth.
+  # The name as written is kept second, for a module named in full inside an aliased
+  # scope; `__session__/3` calls the first that defines the function.
+  @spec __scoped__(module(), keyword()) :: keyword()
+  def __scoped__(router, opts) do
+    case {Keyword.get(opts, :session), reflection(router)} do
+      {{module, function, args}, reflection} when is_atom(module) and reflection != nil ->
+        scoped = reflection.scoped_alias(router, module)
+        candidates = Enum.uniq([scoped, module])
+        Keyword.put(opts, :session, {candidates, function, args})
+
+      _ ->
+        opts
+    end
   end
 
   @doc false
@@ -92,15 +126,14 @@ defmodule ObservatoryWeb.LiveRouter do
   def __live_session__(prefix, opts) do
     host_session = Keyword.get(opts, :session)
 
-    unless host_session == nil or
-             match?({m, f, a} when is_atom(m) and is_atom(f) and is_list(a), host_session) do
+    unless host_session == nil or valid_session?(host_session) do
       raise ArgumentError,
             "observatory_dashboard :session must be {module, function, args}, got: #{inspect(host_session)}"
     end
 
     session_opts =
       [session: {__MODULE__, :__session__, [prefix, host_session]}] ++
-        Keyword.take(opts, [:on_mount])
+        Keyword.take(opts, [:on_mount, :layout, :root_layout])
 
     {Keyword.get(opts, :live_session_name, :observatory), session_opts}
   end
@@ -111,8 +144,11 @@ defmodule ObservatoryWeb.LiveRouter do
   def __session__(conn, prefix, host_session) do
     host =
       case host_session do
-        nil -> %{}
-        {module, function, args} -> apply(module, function, [conn | args])
+        nil ->
+          %{}
+
+        {modules, function, args} ->
+          apply(resolve(modules, function, args), function, [conn | args])
       end
 
     unless is_map(host) do
@@ -121,5 +157,21 @@ defmodule ObservatoryWeb.LiveRouter do
     end
 
     Map.merge(host, %{"observatory_path" => prefix, "agents_path" => prefix <> "/agents"})
+  end
+
+  defp valid_session?({m, f, a}) when is_atom(f) and is_list(a),
+    do: is_atom(m) or (is_list(m) and m != [] and Enum.all?(m, &is_atom/1))
+
+  defp valid_session?(_other), do: false
+
+  defp resolve(module, _function, _args) when is_atom(module), do: module
+
+  defp resolve(modules, function, args) do
+    arity = length(args) + 1
+
+    Enum.find(modules, &(Code.ensure_loaded?(&1) and function_exported?(&1, function, arity))) ||
+      raise ArgumentError,
+            "observatory_dashboard :session: no #{Enum.map_join(modules, " or ", &inspect/1)} " <>
+              "defines #{function}/#{arity}"
   end
 end

@@ -69,14 +69,29 @@ defmodule ObservatoryWeb.Router do
   @max_log_bytes 4096
 
   @doc false
-  def call(req) do
-    conn = Conn.new(req)
+  # A request to Observatory's own server (ObservatoryWeb.Endpoint): every route.
+  def call(req), do: serve(Conn.new(ObservatoryWeb.Conn.MochiWeb, req), :all)
 
+  @typedoc """
+  Which routes a server answers: `:all` (Observatory's own server), or one API a host
+  mounts — `:agents_api` (`/api/v1/…`: steps, tool-call checks, sessions, operator
+  routes) or `:llm_proxy` (`/v1/…`: the LLM proxy).
+  """
+  @type api :: :all | :agents_api | :llm_proxy
+
+  @doc """
+  Answers `conn` with the routes of `api`; a path of another API is `404`. The same
+  checks come first, whatever the server: a request that cannot be read is `400`, a
+  locked-out client's credentials `429`.
+  """
+  @spec serve(Conn.t(), api()) :: :ok | :halt
+  def serve(conn, api) do
     try do
       cond do
         conn.bad_request -> refuse(conn)
         throttled = throttled(conn) -> too_many_attempts(conn, throttled)
-        true -> route(conn, conn.method, conn.path_info)
+        api == :all or api(conn.path_info) == api -> route(conn, conn.method, conn.path_info)
+        true -> Conn.error(conn, 404, "not_found", "no such route")
       end
     rescue
       # A write the cluster could not take now (replicas being reconciled): nothing
@@ -100,10 +115,21 @@ defmodule ObservatoryWeb.Router do
     end
   end
 
+  @doc "Whether `path_info` is one of `api`'s routes (with any method)."
+  @spec route?(api(), [String.t()]) :: boolean()
+  def route?(api, path_info),
+    do: known_path?(path_info) and (api == :all or api(path_info) == api)
+
+  # The API a path belongs to; the dashboard, its assets, /healthz and /metrics are
+  # Observatory's own server's only.
+  defp api(["api", "v1" | _]), do: :agents_api
+  defp api(["v1" | _]), do: :llm_proxy
+  defp api(_path), do: :gateway
+
   # A request we cannot read is answered and its connection closed: MochiWeb would
   # otherwise parse its Content-Length to decide about keep-alive, and crash.
   defp refuse(conn) do
-    Process.put(:mochiweb_request_force_close, true)
+    Conn.close_after(conn)
     Conn.error(conn, 400, "bad_request", conn.bad_request)
   end
 
@@ -254,6 +280,12 @@ defmodule ObservatoryWeb.Router do
   defp known_path?([page]) when page in ["login", "logout"], do: true
   defp known_path?(["dashboard", "events"]), do: true
   defp known_path?(["v1", "chat", "completions"]), do: true
+  defp known_path?(["v1", "responses"]), do: true
+  defp known_path?(["v1", "messages"]), do: true
+  defp known_path?(["v1", "messages", "count_tokens"]), do: true
+  defp known_path?(["v1", "models"]), do: true
+  defp known_path?(["v1", "models", _id]), do: true
+  defp known_path?(["api", "v1", "hitl", "audit"]), do: true
 
   defp known_path?(["api", "v1", "agents" | rest]),
     do:

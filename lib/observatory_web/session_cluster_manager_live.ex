@@ -22,12 +22,8 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
     def mount(params, session, socket) do
       {:ok, socket} = SessionClusterManager.mount(params, session, socket)
 
-      socket =
-        socket
-        |> assign(:observatory_css, ObservatoryWeb.LiveParts.style())
-        |> assign(:observatory_nav, nav(session))
-
-      {:ok, parts(socket)}
+      frame = LiveParts.frame(session["observatory_path"], :cluster)
+      {:ok, socket |> assign(frame) |> parts()}
     end
 
     @impl true
@@ -44,10 +40,6 @@ if Code.ensure_loaded?(Phoenix.LiveView) do
       <div class="observatory-dashboard"><%= Phoenix.HTML.raw(@observatory_css) %><%= Phoenix.HTML.raw(@observatory_nav) %><%= Phoenix.HTML.raw(@html_notice) %><%= Phoenix.HTML.raw(@html_summary) %><%= Phoenix.HTML.raw(@html_alerts) %><%= Phoenix.HTML.raw(@html_inspect) %><%= Phoenix.HTML.raw(@html_topology) %><%= Phoenix.HTML.raw(@html_nodes_alert_entropy) %><%= Phoenix.HTML.raw(@html_nodes_blocked) %><%= Phoenix.HTML.raw(@html_nodes_paused) %><%= Phoenix.HTML.raw(@html_nodes_active) %><%= Phoenix.HTML.raw(@html_nodes_idle) %><%= Phoenix.HTML.raw(@html_topology_end) %><%= Phoenix.HTML.raw(@html_steps) %></div>
       """
     end
-
-    defp nav(session),
-      do:
-        session |> Map.get("observatory_path") |> LiveParts.nav(:cluster) |> IO.iodata_to_binary()
 
     defp parts({:noreply, socket}), do: {:noreply, parts(socket)}
     defp parts(socket), do: LiveParts.assign(socket, View.parts(socket.assigns))

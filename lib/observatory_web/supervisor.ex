@@ -1,7 +1,8 @@
 defmodule ObservatoryWeb.Supervisor do
   @moduledoc """
-  The HTTP side: the registry of open dashboard pages, the sign-in throttle, the
-  reaper of idle connections, then the endpoint.
+  Observatory's own HTTP server: the registry of open dashboard pages, the reaper of
+  idle connections, then the endpoint. (The throttle of failed credentials runs
+  without it too, for a host's endpoint: `Observatory.Application`.)
 
   `:one_for_one`: a page registers itself in the registry and the registry's
   partition is linked to it, so a registry that dies takes its pages with it (their
@@ -20,7 +21,6 @@ defmodule ObservatoryWeb.Supervisor do
       Observatory.Supervision.child_spec(
         {Registry, keys: :unique, name: ObservatoryWeb.Dashboard.EventStream.registry()}
       ),
-      ObservatoryWeb.AuthThrottle,
       ObservatoryWeb.Endpoint.IdleReaper,
       ObservatoryWeb.Endpoint
     ]

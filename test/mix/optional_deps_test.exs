@@ -4,10 +4,10 @@ defmodule Observatory.OptionalDepsTest do
   # (this Hex-less build).
   use ExUnit.Case, async: false
 
-  @phoenix_apps [:phoenix, :phoenix_live_view, :phoenix_html, :phoenix_pubsub, :telemetry]
+  @phoenix_apps [:phoenix, :phoenix_live_view, :phoenix_html, :phoenix_pubsub, :plug, :telemetry]
 
   @tag :tmp_dir
-  test "as a dependency of a host, Phoenix and telemetry are optional deps", %{tmp_dir: dir} do
+  test "as a dependency of a host, Phoenix, Plug and telemetry are optional deps", %{tmp_dir: dir} do
     File.write!(Path.join(dir, "mix.exs"), """
     defmodule ObservatoryOptionalDepsTest.Host.MixProject do
       use Mix.Project

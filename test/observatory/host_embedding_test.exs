@@ -4,41 +4,19 @@ defmodule Observatory.HostEmbeddingTest do
   # (asdf, kerl and the official Erlang builds have none).
   use ExUnit.Case, async: false
 
-  alias Observatory.Test.Remote
-
   @moduletag :distributed
 
   setup do
-    unless Node.alive?() do
-      {_, 0} = System.cmd("epmd", ["-daemon"])
-      {:ok, _} = :net_kernel.start([:"observatory_test_#{System.pid()}@127.0.0.1", :longnames])
-    end
-
-    {:ok, peer, node} =
-      :peer.start_link(%{
-        name: :"host_#{System.unique_integer([:positive])}",
-        host: ~c"127.0.0.1",
-        longnames: true,
-        args: Enum.flat_map(:code.get_path(), &[~c"-pa", &1])
-      })
-
+    node = Observatory.Test.HostPeer.start()
     true = :erpc.call(node, :code, :del_path, [:mochiweb])
     :non_existing = :erpc.call(node, :code, :which, [:mochiweb_http])
-    :ok = :erpc.call(node, Remote, :forward_logs, [self()])
 
     dir = Path.join(System.tmp_dir!(), "observatory-host-#{System.unique_integer([:positive])}")
     on_exit(fn -> File.rm_rf!(dir) end)
-    _ = peer
     %{node: node, dir: dir}
   end
 
-  defp logs do
-    receive do
-      {:peer_log, text, _} -> [text | logs()]
-    after
-      0 -> []
-    end
-  end
+  defp logs, do: Observatory.Test.HostPeer.logs()
 
   describe "in a host app" do
     test "starts with no HTTP server, no MochiWeb, Mnesia in the host's directory, and no notice",
@@ -64,7 +42,13 @@ defmodule Observatory.HostEmbeddingTest do
     test "with neither :data_dir nor config :mnesia, :dir, refuses to start and says which keys",
          %{node: node} do
       assert {:error, reason} = :erpc.call(node, Application, :ensure_all_started, [:observatory])
-      assert inspect(reason) =~ "set config :observatory, :data_dir or config :mnesia, :dir"
+      message = inspect(reason)
+      assert message =~ "set config :observatory, :data_dir (or config :mnesia, :dir)"
+
+      # It says where: outside the release and git, one per environment; prod from the environment.
+      assert message =~ "../tmp/observatory/"
+      assert message =~ "OBSERVATORY_DATA_DIR"
+      refute message =~ "priv/"
     end
 
     test "with server: true and no :port, the server refuses to start and says so",

@@ -411,6 +411,8 @@ defmodule ObservatoryWeb.AgentDetailTest do
                ~s(id="agent-status" class="ad-status ad-status-deactivated_by_kill_switch" data-status="deactivated_by_kill_switch")
 
       assert page =~ "The kill switch stopped this agent"
+      # What stops it on each way in: the proxy, its steps, its tool-call checks.
+      assert page =~ "answered with a <code>stop</code> directive, its tool-call checks denied"
       assert page =~ ~s(phx-click="activate">Activate</button>)
       refute page =~ ~s(phx-submit="deactivate")
 
@@ -474,6 +476,7 @@ defmodule ObservatoryWeb.AgentDetailTest do
       refute page =~ "Deactivated by Kill Switch"
       assert page =~ ~s(data-status="inactive")
       assert page =~ "Deactivated by an operator"
+      assert page =~ "answered with a <code>stop</code> directive"
       assert page =~ ~s{By <span class="ad-who">alice</span> (maintenance).}
       assert event(socket, "deactivate").assigns.notice == {:info, "Already inactive."}
     end
@@ -557,7 +560,10 @@ defmodule ObservatoryWeb.AgentDetailTest do
       page = socket.assigns |> AgentList.render() |> IO.iodata_to_binary()
 
       assert AgentList.events() == []
-      assert page =~ ~s(<a class="mono agent-link" href="/agents/#{id}">#{id}</a>)
+
+      assert page =~
+               ~s(<a class="mono agent-link" href="/agents/#{id}"#{ObservatoryWeb.HTML.navigate()}>#{id}</a>)
+
       assert page =~ ~r/data-agent-id="#{tripped}">.*?Deactivated by Kill Switch/
       assert page =~ ~r/data-agent-id="#{tripped}">.*?<span class="ad-on">on<\/span>/
       assert page =~ ~s(href="/agents/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E)

@@ -11,7 +11,8 @@ defmodule ObservatoryWeb.AgentPagesTest do
   alias Observatory.KillSwitch.Agents
   alias Observatory.Test.DashboardClient, as: Client
   alias Observatory.Test.{HTTP, Upstream}
-  alias ObservatoryWeb.Dashboard.EventStream
+  alias ObservatoryWeb.Dashboard.{Assets, EventStream}
+  alias ObservatoryWeb.HTML
 
   @hostile "<img src=x onerror=alert(1)>"
 
@@ -117,8 +118,8 @@ defmodule ObservatoryWeb.AgentPagesTest do
       assert resp.body =~ "<title>Agents · Observatory</title>"
       assert resp.body =~ ~s(data-stream="/dashboard/events?view=agents")
       assert resp.body =~ ~s(<a href="/agents" aria-current="page">Agents</a>)
-      assert resp.body =~ ~s(href="/agents/#{agent}">#{agent}</a>)
-      assert resp.body =~ ~s(<script src="/assets/dashboard.js" defer></script>)
+      assert resp.body =~ ~s(href="/agents/#{agent}"#{HTML.navigate()}>#{agent}</a>)
+      assert resp.body =~ ~s(<script src="/assets/#{Assets.path("dashboard.js")}" defer></script>)
     end
 
     test "GET /agents/:id is the Agent Detail page; an unknown agent is a 404 page",
@@ -149,7 +150,9 @@ defmodule ObservatoryWeb.AgentPagesTest do
 
       list = Client.request(:get, "/agents", cookie: auth.cookie).body
       refute list =~ "<img"
-      assert list =~ ~s{href="/agents/#{encode(hostile)}">&lt;img src=x onerror=alert(1)&gt;}
+
+      assert list =~
+               ~s{href="/agents/#{encode(hostile)}"#{HTML.navigate()}>&lt;img src=x onerror=alert(1)&gt;}
 
       detail = Client.request(:get, "/agents/#{encode(hostile)}", cookie: auth.cookie)
       assert detail.status == 200

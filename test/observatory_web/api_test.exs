@@ -109,6 +109,37 @@ defmodule ObservatoryWeb.APITest do
     end
   end
 
+  describe "the kill switch holds on the agents' API, not only the proxy" do
+    test "an inactive agent's steps are kept and answered with a stop directive; its calls denied",
+         %{sid: sid} do
+      agent = "agent-inactive-#{System.unique_integer([:positive])}"
+      headers = HTTP.agent_headers(agent)
+      step = fn -> msg(sid, %{"meta" => %{"session_id" => sid, "agent_id" => agent}}) end
+      call = %{session_id: sid, tool: "deploy", arguments: %{}}
+
+      assert HTTP.post_json("/api/v1/decision_logs", step.(), headers: headers).body["directives"] ==
+               []
+
+      {:ok, _} = Observatory.KillSwitch.deactivate(agent, operator: "alice", reason: "test")
+
+      answer = HTTP.post_json("/api/v1/decision_logs", step.(), headers: headers)
+      assert answer.status == 200 and answer.body["accepted"] == true
+
+      assert [%{"type" => "stop", "code" => "agent_inactive", "message" => message}] =
+               answer.body["directives"]
+
+      assert message =~ agent
+      assert length(EntropyTracker.window(sid)) == 2, "the step is kept"
+
+      assert %{"decision" => "deny", "code" => "agent_inactive"} =
+               HTTP.post_json("/api/v1/tool_calls/check", call, headers: headers).body
+
+      # The same through the Elixir API: the stop is the agent's, whatever the entry point.
+      assert {:ok, %{directives: [%{"type" => "stop"}]}} =
+               Observatory.Gateway.SchemaInterceptor.ingest(step.())
+    end
+  end
+
   describe "bad input gets a 4xx with the list of problems, and nothing accepted is lost" do
     test "each case", %{sid: sid} do
       assert HTTP.post_json("/api/v1/decision_logs", msg(sid)).status == 200

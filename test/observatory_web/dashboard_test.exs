@@ -6,7 +6,7 @@ defmodule ObservatoryWeb.DashboardTest do
   alias Observatory.Gateway.HITL
   alias Observatory.Test.DashboardClient, as: Client
   alias Observatory.Test.HTTP
-  alias ObservatoryWeb.Dashboard.{EventStream, Session}
+  alias ObservatoryWeb.Dashboard.{Assets, EventStream, Session}
 
   @hostile "<img src=x onerror=alert(1)>"
 
@@ -90,7 +90,7 @@ defmodule ObservatoryWeb.DashboardTest do
                ~s(<span id="alert-source" class="alert-source" data-source="entropy")
 
       assert page.body =~ "Alerts from <strong>entropy ratio</strong>"
-      assert page.body =~ ~s(<script src="/assets/dashboard.js" defer></script>)
+      assert page.body =~ ~s(<script src="/assets/#{Assets.path("dashboard.js")}" defer></script>)
     end
 
     test "a missing or wrong CSRF token is a 403, a wrong operator token a 401" do
@@ -217,6 +217,19 @@ defmodule ObservatoryWeb.DashboardTest do
       assert js.body =~ "EventSource"
       assert Client.request(:get, "/assets/manager.css").body =~ ".scm"
       assert Client.request(:get, "/assets/nope.js").status == 404
+    end
+
+    test "pages link assets by a digest of their content, cached for good; plain names are revalidated" do
+      digested = Client.request(:get, "/assets/" <> Assets.path("manager.css"))
+      assert digested.status == 200
+      assert Client.header(digested, "cache-control") == "public, max-age=31536000, immutable"
+      assert digested.body == Assets.css()
+
+      assert Client.header(Client.request(:get, "/assets/manager.css"), "cache-control") ==
+               "no-cache"
+
+      # A digest that is not the content's is no file.
+      assert Client.request(:get, "/assets/manager-0000000000.css").status == 404
     end
   end
 

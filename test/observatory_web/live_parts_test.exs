@@ -187,12 +187,18 @@ defmodule ObservatoryWeb.LivePartsTest do
     end
   end
 
-  describe "the stylesheet" do
-    test "is one <style> element with the manager's scoped CSS, sent in its own assign" do
-      style = LiveParts.style()
-      assert String.starts_with?(style, "<style>") and String.ends_with?(style, "</style>")
-      assert style =~ ".scm"
+  describe "the stylesheet and the navigation" do
+    test "are a <link> to the stylesheet file and the nav, set once at mount in their own assigns" do
+      frame = LiveParts.frame("/ops/observatory", :cluster)
+      assert Keyword.keys(frame) == [:observatory_css, :observatory_nav]
+
+      assert frame[:observatory_css] ==
+               ~s(<link rel="stylesheet" href="/ops/observatory/assets/#{ObservatoryWeb.Dashboard.Assets.path("manager.css")}">)
+
+      assert frame[:observatory_nav] =~ ~s(<nav class="scm-nav")
       refute IO.iodata_to_binary(View.render(manager().assigns)) =~ "<style>"
+      # Mounted by hand (no path in the session): nothing to link, no nav.
+      assert LiveParts.frame(nil, :agents) == [observatory_css: "", observatory_nav: ""]
     end
   end
 

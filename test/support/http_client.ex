@@ -22,6 +22,14 @@ defmodule Observatory.Test.HTTP do
     end
   end
 
+  @doc "Forgets the keys `key_for/1` issued (after `Observatory.Testing.reset!/0` revoked them all)."
+  def forget_keys do
+    for {{__MODULE__, :key, _} = key, _} <- :persistent_term.get(),
+        do: :persistent_term.erase(key)
+
+    :ok
+  end
+
   @doc "Headers that authenticate as `agent_id`."
   def agent_headers(agent_id), do: [{"authorization", "Bearer " <> key_for(agent_id)}]
   def operator_token, do: @operator

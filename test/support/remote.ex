@@ -93,4 +93,55 @@ defmodule Observatory.Test.Remote do
 
     send(pid, {:peer_log, text, Map.get(meta, :mfa)})
   end
+
+  @doc """
+  Applies `m.f(a)` here: `{:ok, result}`, or `{:raised, exception_module, message}`
+  (an exception does not cross :erpc as itself).
+  """
+  def try_call(m, f, a) do
+    {:ok, apply(m, f, a)}
+  rescue
+    error -> {:raised, error.__struct__, Exception.message(error)}
+  end
+
+  @doc """
+  The README's subscribe example, run here: a process subscribed with
+  `Observatory.Gateway.Events.subscribe/1` that forwards what it gets to `parent`.
+  """
+  def events_subscribe_and_forward(topic, parent) do
+    spawn(fn ->
+      :ok = Observatory.Gateway.Events.subscribe(topic)
+      send(parent, :subscribed)
+      forward_all(parent)
+    end)
+
+    :ok
+  end
+
+  defp forward_all(parent) do
+    receive do
+      msg ->
+        send(parent, {:remote_got, msg})
+        forward_all(parent)
+    end
+  end
+
+  @doc """
+  Loads a host application, `:fake_host`, that depends on Observatory and whose
+  supervision tree starts a PubSub named `bus` (none when nil), as a Phoenix host's
+  does; `env` is its environment (an endpoint's `pubsub_server`).
+  """
+  def load_fake_host(bus, env \\ []) do
+    spec = [
+      description: ~c"a host app",
+      vsn: ~c"0.1.0",
+      modules: [],
+      registered: [],
+      applications: [:kernel, :stdlib, :elixir, :logger, :observatory],
+      mod: {Observatory.Test.FakeHost, bus},
+      env: env
+    ]
+
+    :ok = :application.load({:application, :fake_host, spec})
+  end
 end

@@ -45,7 +45,7 @@ defmodule Observatory.Budget.Server do
   @impl true
   def init(_opts) do
     :ets.new(@unpriced, [:named_table, :public, :set])
-    Events.subscribe(Observatory.Gateway.Alerts.topic())
+    Events.subscribe_when_up([Observatory.Gateway.Alerts.topic()])
     schedule()
     {:ok, %{}}
   end
@@ -56,6 +56,11 @@ defmodule Observatory.Budget.Server do
       Store.mark_loop(session_id, since)
     end
 
+    {:noreply, state}
+  end
+
+  def handle_info({Events, :subscribe, topics}, state) do
+    Events.subscribe_when_up(topics)
     {:noreply, state}
   end
 

@@ -42,6 +42,10 @@ defmodule Observatory.Budget.Store do
         }
 
   @doc false
+  # The durable tables (cleared by Observatory.Testing.reset!/0).
+  def tables, do: [@counters, @sessions, @marks]
+
+  @doc false
   # Called by Observatory.Storage before anything counts; returns the tables.
   def create_tables do
     # Ordered: an agent's window buckets are one range of keys, read with one select.

@@ -107,6 +107,8 @@ defmodule Observatory.Gateway.HITL do
   end
 
   defp command(action, session_id, opts) do
+    Observatory.Storage.require!()
+
     with :ok <- check_session(session_id),
          {:ok, operator} <- check_string(opts, :operator, 1),
          {:ok, reason} <- check_string(opts, :reason, 0) do
@@ -123,6 +125,10 @@ defmodule Observatory.Gateway.HITL do
       _ -> {:error, :"invalid_#{key}"}
     end
   end
+
+  @doc false
+  # The durable tables (cleared by Observatory.Testing.reset!/0).
+  def tables, do: [@paused, @audit]
 
   @doc false
   # Called by Observatory.Storage before this process starts; returns the tables.

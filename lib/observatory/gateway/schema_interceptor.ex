@@ -15,14 +15,17 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     6. feed the step detector (seed 002) when the step has a result;
     7. answer with the score, the severity, the loop verdict, the step verdict and the
        directives for the agent — `pause` when an operator has paused the session
-       (design.md §5), `warn` or `block` with guidance from the step detector.
+       (design.md §5), `stop` when the agent is inactive (the kill switch or an
+       operator deactivated it: its steps are still kept), `warn` or `block` with
+       guidance from the step detector.
 
   Before step 2, on the session's owner, one check makes ingest idempotent
   (`Observatory.Gateway.Idempotency`): a step (session and `meta.step_id`) already
   answered with the same body is answered again — the first answer, `replayed: true`
   — and steps 2–6 do not run for it: nothing is counted, stored or broadcast twice.
-  Its `pause` directive is the session's pause now, not then: a retry is the agent
-  asking what to do next. The same step id with a different body is refused.
+  Its `pause` and `stop` directives say the session's and the agent's state now, not
+  then: a retry is the agent asking what to do next. The same step id with a
+  different body is refused.
 
   Who raises `EntropyAlertEvent`s and topology states is `config :observatory,
   :alert_source`: the tracker itself with `:entropy` (FRD-009, the default), or
@@ -50,7 +53,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     StepDetector
   }
 
-  alias Observatory.{Cluster, Metrics}
+  alias Observatory.{Cluster, KillSwitch, Metrics}
 
   @type result :: %{
           step_id: String.t(),
@@ -102,6 +105,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
              | {:in_progress, DecisionLog.violation()}
              | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
+    Observatory.Storage.require!()
     started = System.monotonic_time(:microsecond)
 
     parsed =
@@ -211,7 +215,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       session_id: fields.session_id,
       agent_id: fields.agent_id,
       paused: pause != nil,
-      directives: directives(pause) ++ step_directives(first.step),
+      directives:
+        directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(first.step),
       envelope: envelope,
       replayed: true
     })
@@ -311,7 +316,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       paused: pause != nil,
       verdict: verdict,
       step: step,
-      directives: directives(pause) ++ step_directives(step),
+      directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
       envelope: envelope,
       replayed: false
     }
@@ -383,6 +388,20 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
 
     {:error, {:invalid, violations}}
+  end
+
+  # An inactive agent (the kill switch, or an operator, deactivated it) is told to stop
+  # on every step it still sends; the step is kept, as a paused session's are.
+  defp stop_directives(agent_id) do
+    if KillSwitch.active?(agent_id),
+      do: [],
+      else: [
+        %{
+          "type" => "stop",
+          "code" => "agent_inactive",
+          "message" => "Agent #{agent_id} is inactive; an operator activates it again"
+        }
+      ]
   end
 
   defp directives(nil), do: []

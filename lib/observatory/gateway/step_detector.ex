@@ -288,6 +288,10 @@ defmodule Observatory.Gateway.StepDetector do
   end
 
   @doc false
+  # The durable tables (cleared by Observatory.Testing.reset!/0).
+  def tables, do: [@blocks]
+
+  @doc false
   # Called by Observatory.Storage before this process starts; returns the tables.
   def create_tables do
     Observatory.Storage.create_table(@blocks, attributes: [:session_id, :block], type: :set)

@@ -133,9 +133,17 @@ defmodule Observatory.KillSwitch.Agents do
   def dir do
     case {Application.get_env(:mnesia, :dir), Application.get_env(:observatory, :data_dir)} do
       {nil, nil} ->
-        raise ArgumentError,
-              "Observatory keeps its agents in Mnesia: set config :observatory, :data_dir " <>
-                "or config :mnesia, :dir"
+        raise ArgumentError, """
+        Observatory keeps its state on disk (agents, keys, pauses, blocks) and has no \
+        directory for it: set config :observatory, :data_dir (or config :mnesia, :dir). \
+        Somewhere outside your release and your git tree, one per environment, e.g.
+
+            # config/dev.exs and config/test.exs (phx.new's .gitignore has /tmp/)
+            config :observatory, data_dir: Path.expand("../tmp/observatory/\#{config_env()}", __DIR__)
+
+            # config/runtime.exs, in prod: a directory that outlives deploys
+            config :observatory, data_dir: System.fetch_env!("OBSERVATORY_DATA_DIR")
+        """
 
       {nil, data_dir} ->
         Path.expand(Path.join([data_dir, "mnesia", Atom.to_string(node())]))
@@ -162,15 +170,35 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
+  # Mnesia started before Observatory (a host that lists :mnesia in its
+  # extra_applications starts it first, in Mnesia's default directory, its schema in
+  # RAM). Observatory keeps its tables only in the directory it was given:
+  #   - Mnesia runs there: the schema is put on disc;
+  #   - it runs elsewhere with nothing in it yet (a RAM schema, no table): it is started
+  #     again in the given directory, so no `Mnesia.<node>` folder appears;
+  #   - it runs elsewhere with tables or a schema on disc (the host's data): refused, with
+  #     the setting that makes both one directory.
   defp adopt_running(dir) do
-    running = to_string(:mnesia.system_info(:directory))
+    running = Path.expand(to_string(:mnesia.system_info(:directory)))
 
-    if Path.expand(running) != dir do
-      Logger.warning(
-        "Mnesia was already running in #{running}; agent records are kept there, not in #{dir}"
-      )
+    cond do
+      running == dir ->
+        disc_schema!()
+
+      :mnesia.table_info(:schema, :storage_type) == :ram_copies and
+          :mnesia.system_info(:tables) == [:schema] ->
+        Logger.info("Mnesia was started in #{running} with nothing in it; starting it in #{dir}")
+        :stopped = :mnesia.stop()
+        start(dir)
+
+      true ->
+        raise "Mnesia runs in #{running} (started before Observatory, with data of its own), " <>
+                "not in #{dir}, the directory Observatory was given: set config :mnesia, dir: " <>
+                "to one directory for both (Observatory then keeps its tables there)"
     end
+  end
 
+  defp disc_schema! do
     if :mnesia.table_info(:schema, :storage_type) == :ram_copies do
       case :mnesia.change_table_copy_type(:schema, node(), :disc_copies) do
         {:atomic, :ok} -> :ok
@@ -186,6 +214,10 @@ defmodule Observatory.KillSwitch.Agents do
   # The agents table (the proxy follows deactivations in it: Observatory.Proxy.OpenRequests).
   def table, do: @agents
 
+  @doc false
+  # Every table of agents, their events and keys, and signed-out dashboard sessions.
+  def tables, do: @tables
+
   ## Reads (local, no transaction)
 
   @doc "The agent, or nil."
@@ -194,6 +226,18 @@ defmodule Observatory.KillSwitch.Agents do
     case :mnesia.dirty_read(@agents, id) do
       [{@agents, ^id, stored}] -> upgrade(id, stored)
       [] -> nil
+    end
+  end
+
+  @doc """
+  Whether the agent may act: false once deactivated, true when active or not
+  registered. One local read and no record built: ingest asks on every step.
+  """
+  @spec active?(String.t()) :: boolean()
+  def active?(id) when is_binary(id) do
+    case Storage.read(@agents, id) do
+      [{@agents, ^id, stored}] -> Map.get(stored, :active, true)
+      [] -> true
     end
   end
 

@@ -214,8 +214,7 @@ defmodule Observatory.Notifications.Dispatcher do
 
   @impl true
   def init(_opts) do
-    for topic <- [Observatory.Gateway.Alerts.topic(), Observatory.KillSwitch.topic()],
-        do: Events.subscribe(topic)
+    Events.subscribe_when_up([Observatory.Gateway.Alerts.topic(), Observatory.KillSwitch.topic()])
 
     {:ok, %{open: %{}, buckets: %{}, busy: %{}, tasks: %{}}}
   end
@@ -234,6 +233,11 @@ defmodule Observatory.Notifications.Dispatcher do
   end
 
   def handle_info({:retry, job}, state), do: {:noreply, run(state, job)}
+
+  def handle_info({Events, :subscribe, topics}, state) do
+    Events.subscribe_when_up(topics)
+    {:noreply, state}
+  end
 
   def handle_info(%{event_type: _} = event, state) do
     state =

@@ -88,7 +88,9 @@ defmodule ObservatoryWeb.AgentDetail.View do
     [
       ~s(<header class="ad-head"><nav class="crumbs" aria-label="Breadcrumb"><a href="),
       escape(assigns.agents_path),
-      ~s(">← All agents</a></nav>),
+      ~s("),
+      ObservatoryWeb.HTML.navigate(),
+      ~s(>← All agents</a></nav>),
       ~s(<div class="ad-title"><h1 id="agent-title" class="mono">),
       escape(assigns.agent_id),
       "</h1>",
@@ -120,7 +122,9 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s{(<code>POST /api/v1/agents/:id/keys</code>); },
       ~s(this page shows it as soon as that happens.</p><p><a href="),
       escape(assigns.agents_path),
-      ~s(">All agents</a></p></section>)
+      ~s("),
+      ObservatoryWeb.HTML.navigate(),
+      ~s(>All agents</a></p></section>)
     ]
   end
 
@@ -537,11 +541,15 @@ defmodule ObservatoryWeb.AgentDetail.View do
     ]
   end
 
+  @inactive_steps ~s{the steps it still sends are kept and answered with a <code>stop</code> } <>
+                    ~s{directive, its tool-call checks denied.</p>}
+
   defp status_body(%{deactivated_by: :kill_switch}) do
     [
       ~s(<p>The kill switch stopped this agent: its loop score exceeded the threshold ),
       ~s{(the event below has the figures). Every request gets the standard inactive-agent },
-      ~s{answer, <code>403 agent_inactive</code>.</p>},
+      ~s{answer, <code>403 agent_inactive</code>; },
+      @inactive_steps,
       activate_button()
     ]
   end
@@ -549,7 +557,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp status_body(_inactive) do
     [
       ~s{<p>Deactivated by an operator: every request gets the standard inactive-agent },
-      ~s{answer, <code>403 agent_inactive</code>.</p>},
+      ~s{answer, <code>403 agent_inactive</code>; },
+      @inactive_steps,
       activate_button()
     ]
   end

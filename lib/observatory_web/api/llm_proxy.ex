@@ -230,14 +230,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   # The query string as the agent sent it (`?limit=20`), for the upstream.
-  defp query(conn) do
-    raw = conn.req |> then(&:mochiweb_request.get(:raw_path, &1)) |> to_string()
-
-    case String.split(raw, "?", parts: 2) do
-      [_path, query] when query != "" -> "?" <> query
-      _ -> ""
-    end
-  end
+  defp query(%Conn{query_string: ""}), do: ""
+  defp query(%Conn{query_string: query}), do: "?" <> query
 
   # The body's bytes count against the gateway's budget of request bytes in flight
   # (its Content-Length, or the cap when it is chunked) while it is read, decoded and
@@ -252,28 +246,12 @@ defmodule ObservatoryWeb.API.LLMProxy do
 
     case Upstream.with_request_bytes(bytes, fn -> fun.(ctx) end) do
       {:error, :busy} ->
-        discard_body(ctx.conn)
+        Conn.discard_body(ctx.conn, max_request_bytes())
         busy(ctx, :request_bytes)
 
       result ->
         result
     end
-  end
-
-  # Reads a body piece by piece, keeping none of it: a client whose body is left unread
-  # when the connection closes may see a reset instead of the answer (and retry blind).
-  defp discard_body(%Conn{req: req}) do
-    ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-      :mochiweb_request.stream_body(
-        64 * 1024,
-        fn _piece, acc -> acc end,
-        nil,
-        max_request_bytes(),
-        req
-      )
-    end)
-  catch
-    :exit, _ -> :ok
   end
 
   @doc """
@@ -316,7 +294,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   defp body(ctx) do
     max = max_request_bytes()
 
-    case read_body(ctx.conn, max) do
+    case Conn.read_body(ctx.conn, max) do
       {:ok, body} ->
         {:ok, body}
 
@@ -329,20 +307,6 @@ defmodule ObservatoryWeb.API.LLMProxy do
           "the body exceeds #{max} bytes (config :observatory, :llm_max_request_bytes)"
         )
     end
-  end
-
-  # `Conn.read_body/1` with the proxy's own cap: read once, into one binary that is
-  # fingerprinted, decoded and sent upstream as it is (never copied again).
-  defp read_body(%Conn{req: req}, max) do
-    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-           :mochiweb_request.recv_body(max, req)
-         end) do
-      :undefined -> {:ok, ""}
-      body -> {:ok, IO.iodata_to_binary(body)}
-    end
-  catch
-    :exit, {:body_too_large, _} -> {:error, :too_large}
-    :exit, :body_too_large -> {:error, :too_large}
   end
 
   defp fingerprint(ctx, body) do
@@ -607,12 +571,12 @@ defmodule ObservatoryWeb.API.LLMProxy do
         end
       end)
 
-    unwatch_client(watch)
+    unwatch_client(ctx.conn, watch)
 
     case result do
       :ok -> :ok
       :halt -> :halt
-      {:error, :client_closed} -> client_gone()
+      {:error, :client_closed} -> client_gone(ctx)
       {:error, :busy} -> busy(ctx)
       {:error, {:cancelled, reason}} -> cancelled(ctx, reason)
       {:failed, reason, ctx} -> upstream_error(ctx, Upstream.describe(dialect.api(), reason))
@@ -636,7 +600,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
   defp whole(ctx, {verdict, watch}, status, type, upstream) do
     case HTTPClient.read_all(upstream) do
       {:ok, body, _upstream} ->
-        unwatch_client(watch)
+        unwatch_client(ctx.conn, watch)
         respond(ctx, verdict, status, type, body)
 
       {:error, reason} = error when reason == :client_closed or elem(reason, 0) == :cancelled ->
@@ -770,10 +734,10 @@ defmodule ObservatoryWeb.API.LLMProxy do
   defp stream(ctx, {verdict, watch}, status, upstream) do
     headers = [
       {"Content-Type", "text/event-stream; charset=utf-8"},
-      {"X-Accel-Buffering", "no"} | Conn.security_headers() ++ answer_headers(ctx, verdict)
+      {"X-Accel-Buffering", "no"} | answer_headers(ctx, verdict)
     ]
 
-    resp = :mochiweb_request.respond({status, headers, :chunked}, ctx.conn.req)
+    resp = Conn.send_chunked(ctx.conn, status, headers)
 
     state = %{
       resp: resp,
@@ -812,8 +776,8 @@ defmodule ObservatoryWeb.API.LLMProxy do
           )
         end
 
-        unwatch_client(watch)
-        write(resp, "")
+        unwatch_client(ctx.conn, watch)
+        Conn.end_chunked(resp)
         :ok
 
       {:error, :client_closed, _state} ->
@@ -822,9 +786,9 @@ defmodule ObservatoryWeb.API.LLMProxy do
       {:error, reason, _state} ->
         # The status line is gone: end the stream with an error event the SDKs raise.
         {status, type, code, message} = stream_failure(ctx, reason)
-        unwatch_client(watch)
-        write(resp, ctx.dialect.stream_error(status, type, code, message))
-        write(resp, "")
+        unwatch_client(ctx.conn, watch)
+        _ = write(resp, ctx.dialect.stream_error(status, type, code, message))
+        Conn.end_chunked(resp)
         :ok
     end
   end
@@ -903,12 +867,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
   defp write_some(_resp, ""), do: :ok
   defp write_some(resp, data), do: write(resp, data)
 
-  # MochiWeb exits the process when a write fails; here that is the agent gone.
   defp write(resp, data) do
-    :mochiweb_response.write_chunk(data, resp)
-    :ok
-  catch
-    :exit, {:shutdown, _} -> {:error, :client_closed}
+    case Conn.chunk(resp, data) do
+      :ok -> :ok
+      {:error, :closed} -> {:error, :client_closed}
+    end
   end
 
   defp event_stream?(headers) do
@@ -920,35 +883,37 @@ defmodule ObservatoryWeb.API.LLMProxy do
   end
 
   ## The agent's socket: watched while the upstream works, so a hang-up cancels it
+  ## (where the server hands it out: Observatory's own; a host's endpoint does not)
 
   defp watch_client(conn) do
-    case :mochiweb_request.get(:socket, conn.req) do
-      socket when is_port(socket) ->
+    case Conn.client_socket(conn) do
+      nil ->
+        nil
+
+      socket ->
         :ok = :inet.setopts(socket, active: :once)
         socket
-
-      _ssl ->
-        nil
     end
   end
 
-  defp unwatch_client(nil), do: :ok
+  defp unwatch_client(_conn, nil), do: :ok
 
-  defp unwatch_client(socket) do
+  defp unwatch_client(conn, socket) do
     :inet.setopts(socket, active: false)
 
     receive do
       {:tcp, ^socket, _data} ->
         # Bytes of a next request were taken while watching: do not reuse the connection.
-        Process.put(:mochiweb_request_force_close, true)
+        Conn.close_after(conn)
     after
       0 -> :ok
     end
   end
 
-  defp client_gone do
+  defp client_gone(ctx) do
     Metrics.inc(:proxy_client_gone)
-    exit(:normal)
+    Conn.client_gone(ctx.conn)
+    :halt
   end
 
   ## Answers

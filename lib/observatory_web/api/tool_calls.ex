@@ -4,21 +4,25 @@ defmodule ObservatoryWeb.API.ToolCalls do
   layer 2). Body: `{"session_id": "...", "tool": "...", "arguments": {...}}`.
 
   `200` with `{"decision": "allow", "count": n}` or
-  `{"decision": "deny", "reason": "...", "count": n, "retry_after_ms": ms}`;
+  `{"decision": "deny", "reason": "...", "count": n, "retry_after_ms": ms}`; for an
+  inactive agent (the kill switch or an operator deactivated it) every call is
+  `{"decision": "deny", "code": "agent_inactive", "reason": "..."}`, not counted, until
+  an operator activates it;
   `422` for a body without a session id or tool; `403` for a session the gateway has
   recorded for another agent than the key's; `503 owner_unavailable` in a cluster when
   the session's owner does not answer in time.
   """
 
   alias Observatory.Gateway.CallBreaker
-  alias Observatory.JSON
+  alias Observatory.{JSON, KillSwitch}
   alias ObservatoryWeb.{Auth, Conn}
 
   def check(conn) do
     with {:ok, agent} <- Auth.agent(conn) |> or_401(conn),
          {:ok, body} <- Conn.read_body(conn) |> or_413(conn),
          {:ok, session_id, tool, arguments} <- parse(body) |> or_422(conn),
-         :ok <- own_session(conn, agent, session_id) do
+         :ok <- own_session(conn, agent, session_id),
+         :ok <- active(conn, agent) do
       # The breaker's counts live on the session's owner (issue 14), per agent.
       case Observatory.Cluster.call_owner(session_id, CallBreaker, :check, [
              agent,
@@ -59,6 +63,24 @@ defmodule ObservatoryWeb.API.ToolCalls do
 
       {:error, :owner_unavailable} ->
         halt(owner_unavailable(conn))
+    end
+  end
+
+  # The kill switch holds here too: an agent that checks its calls before it runs
+  # them (an MCP proxy) runs none while it is inactive.
+  defp active(_conn, :any_agent), do: :ok
+
+  defp active(conn, agent) do
+    if KillSwitch.active?(agent) do
+      :ok
+    else
+      halt(
+        Conn.json(conn, 200, %{
+          decision: "deny",
+          code: "agent_inactive",
+          reason: "Agent #{agent} is inactive; an operator activates it again"
+        })
+      )
     end
   end
 

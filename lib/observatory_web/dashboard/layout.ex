@@ -14,6 +14,8 @@ defmodule ObservatoryWeb.Dashboard.Layout do
 
   import ObservatoryWeb.HTML, only: [escape: 1]
 
+  alias ObservatoryWeb.Dashboard.Assets
+
   @csp Enum.join(
          [
            "default-src 'none'",
@@ -39,7 +41,7 @@ defmodule ObservatoryWeb.Dashboard.Layout do
 
   ## Options
     * `:csrf_token` — put in `<meta name="csrf-token">` for the page script.
-    * `:script` — whether to load `/assets/dashboard.js` (default false).
+    * `:script` — whether to load the page script, `dashboard.js` (default false).
     * `:body_class` — a class for `<body>`.
     * `:stream` — the page's event stream, in `<body data-stream>` for the page script.
   """
@@ -51,13 +53,16 @@ defmodule ObservatoryWeb.Dashboard.Layout do
       ~s(<link rel="icon" href="data:,">),
       ~s(<title>),
       escape(title),
-      ~s(</title><link rel="stylesheet" href="/assets/dashboard.css">),
-      ~s(<link rel="stylesheet" href="/assets/manager.css">),
+      ~s(</title><link rel="stylesheet" href="/assets/#{Assets.path("dashboard.css")}">),
+      ~s(<link rel="stylesheet" href="/assets/#{Assets.path("manager.css")}">),
       case opts[:csrf_token] do
         nil -> ""
         token -> [~s(<meta name="csrf-token" content="), escape(token), ~s(">)]
       end,
-      if(opts[:script], do: ~s(<script src="/assets/dashboard.js" defer></script>), else: ""),
+      if(opts[:script],
+        do: ~s(<script src="/assets/#{Assets.path("dashboard.js")}" defer></script>),
+        else: ""
+      ),
       ~s(</head><body class="),
       escape(opts[:body_class] || ""),
       ~s("),

@@ -941,7 +941,9 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     [
       ~s(<a class="node-agent" href="),
       escape(ObservatoryWeb.AgentDetail.View.agent_path(agents_path, agent_id)),
-      ~s(" title="Agent detail">),
+      ~s(" title="Agent detail"),
+      ObservatoryWeb.HTML.navigate(),
+      ">",
       escape(agent_id),
       "</a>"
     ]

@@ -202,9 +202,11 @@ defmodule Observatory.Gateway.StepDetectorTest do
     end
   end
 
+  # The new process's name is registered before its init/1 has put its store: a call
+  # to it returns only once init/1 is done.
   defp await_restart(old, tries \\ 200) do
     case Process.whereis(StepDetector) do
-      pid when is_pid(pid) and pid != old -> pid
+      pid when is_pid(pid) and pid != old -> :sys.get_state(pid) && pid
       _ when tries > 0 -> Process.sleep(10) && await_restart(old, tries - 1)
       _ -> flunk("the step detector did not come back")
     end

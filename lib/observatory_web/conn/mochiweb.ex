@@ -1,0 +1,127 @@
+defmodule ObservatoryWeb.Conn.MochiWeb do
+  @moduledoc """
+  `ObservatoryWeb.Conn.Adapter` over a MochiWeb request: Observatory's own server
+  (`ObservatoryWeb.Endpoint`). Body reads run under the endpoint's idle deadline
+  (`ObservatoryWeb.Endpoint.with_read_deadline/1`).
+  """
+
+  @behaviour ObservatoryWeb.Conn.Adapter
+
+  @impl true
+  def request(req) do
+    raw = :mochiweb_request.get(:raw_path, req) |> bytes()
+
+    {path, query} =
+      case String.split(raw, "?", parts: 2) do
+        [path, query] -> {path, query}
+        [path] -> {path, ""}
+      end
+
+    %{
+      method: req |> then(&:mochiweb_request.get(:method, &1)) |> to_string(),
+      path_segments: String.split(path, "/", trim: true),
+      query_string: query,
+      # MochiWeb keeps one entry per name (repeated headers joined with ", ").
+      headers:
+        req
+        |> then(&:mochiweb_request.get(:headers, &1))
+        |> :mochiweb_headers.to_list()
+        |> Enum.map(fn {name, value} ->
+          {ObservatoryWeb.Conn.downcase(bytes(name)), bytes(value)}
+        end),
+      remote_ip: peer(req)
+    }
+  end
+
+  # MochiWeb hands out paths and header values as lists of bytes: keep the bytes
+  # (`to_string/1` would read each byte as a code point and hide invalid UTF-8).
+  defp bytes(value) when is_list(value), do: :erlang.list_to_binary(value)
+  defp bytes(value) when is_binary(value), do: value
+  defp bytes(value) when is_atom(value), do: Atom.to_string(value)
+
+  # The socket's peer: MochiWeb's own `peer` believes X-Forwarded-For when the peer
+  # is on loopback or a private network, which would let a client pick its address.
+  defp peer(req) do
+    case :mochiweb_socket.peername(:mochiweb_request.get(:socket, req)) do
+      {:ok, {address, _port}} -> address |> :inet.ntoa() |> to_string()
+      _ -> nil
+    end
+  end
+
+  @impl true
+  def read_body(req, max) do
+    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+           :mochiweb_request.recv_body(max, req)
+         end) do
+      :undefined -> {:ok, ""}
+      body -> {:ok, IO.iodata_to_binary(body)}
+    end
+  catch
+    :exit, {:body_too_large, _} -> {:error, :too_large}
+    :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  # Piece by piece, keeping none of it: a client whose body is left unread when the
+  # connection closes may see a reset instead of the answer (and retry blind).
+  @impl true
+  def discard_body(req, max) do
+    ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+      :mochiweb_request.stream_body(64 * 1024, fn _piece, acc -> acc end, nil, max, req)
+    end)
+
+    :ok
+  catch
+    :exit, _ -> :ok
+  end
+
+  @impl true
+  def send_resp(req, status, headers, body) do
+    :mochiweb_request.respond({status, headers, body}, req)
+    :ok
+  end
+
+  @impl true
+  def send_chunked(req, status, headers),
+    do: :mochiweb_request.respond({status, headers, :chunked}, req)
+
+  # MochiWeb exits the process when a write fails; here that is the client gone.
+  @impl true
+  def chunk(resp, data) do
+    :mochiweb_response.write_chunk(data, resp)
+    :ok
+  catch
+    :exit, {:shutdown, _} -> {:error, :closed}
+  end
+
+  @impl true
+  def end_chunked(resp) do
+    _ = chunk(resp, "")
+    :ok
+  end
+
+  @impl true
+  def client_socket(req) do
+    case :mochiweb_request.get(:socket, req) do
+      socket when is_port(socket) -> socket
+      _ssl -> nil
+    end
+  end
+
+  @impl true
+  def close_after(_req) do
+    Process.put(:mochiweb_request_force_close, true)
+    :ok
+  end
+
+  # The connection's process ends: MochiWeb closes the socket.
+  @impl true
+  def client_gone(_req), do: exit(:normal)
+
+  @impl true
+  def cookie(req, name) do
+    case :mochiweb_request.get_cookie_value(String.to_charlist(name), req) do
+      :undefined -> nil
+      value -> bytes(value)
+    end
+  end
+end
