@@ -162,24 +162,33 @@ if System.find_executable("wrk") do
   Observatory.AgentKeys.revoke_all("a")
   {:ok, %{key: bench_key}} = Observatory.AgentKeys.issue("a")
   url = ObservatoryWeb.Endpoint.url()
-  script = Path.join(System.tmp_dir!(), "observatory_wrk.lua")
+  # Every run the same client work (wrk's Lua builds the ~600-byte body each time); the
+  # baselines build it and send a GET without it, so only the server's work differs.
+  lua = fn path, send_body? ->
+    script = Path.join(System.tmp_dir!(), "observatory_wrk_#{:erlang.phash2(path)}.lua")
 
-  File.write!(script, """
-  wrk.method = "POST"
-  wrk.headers["Content-Type"] = "application/json"
-  wrk.headers["Authorization"] = "Bearer #{bench_key}"
-  -- Each thread its own step ids: a step id sent twice would be answered as a replay.
-  local threads, n = 0, 0
-  setup = function(thread)
-    threads = threads + 1
-    thread:set("id", tostring(threads))
+    File.write!(script, """
+    wrk.headers["Content-Type"] = "application/json"
+    wrk.headers["Authorization"] = "Bearer #{bench_key}"
+    -- Each thread its own step ids: a step id sent twice would be answered as a replay.
+    local threads, n = 0, 0
+    setup = function(thread)
+      threads = threads + 1
+      thread:set("id", tostring(threads))
+    end
+    request = function()
+      n = n + 1
+      local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"wsess-%d","agent_id":"a","parent_step_id":"w%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"execute","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"success","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', id or "0", n, n % 1000, id or "0", n - 1, n % 37, n)
+      if #{send_body?} then
+        return wrk.format("POST", "#{path}", nil, body)
+      else
+        return wrk.format("GET", "#{path}")
+      end
+    end
+    """)
+
+    script
   end
-  request = function()
-    n = n + 1
-    local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"wsess-%d","agent_id":"a","parent_step_id":"w%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"execute","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"success","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', id or "0", n, n % 1000, id or "0", n - 1, n % 37, n)
-    return wrk.format(nil, "/api/v1/decision_logs", nil, body)
-  end
-  """)
 
   wrk = fn args ->
     {out, 0} = System.cmd("wrk", ["-t2", "-c32", "-d#{wrk_seconds}s" | args])
@@ -188,9 +197,9 @@ if System.find_executable("wrk") do
     {String.to_float(rps), String.to_integer(non2xx)}
   end
 
-  {asset, _} = wrk.([url <> "/assets/dashboard.css"])
-  {not_found, _} = wrk.([url <> "/no-such-page"])
-  {ingest, errors} = wrk.(["-s", script, url])
+  {asset, _} = wrk.(["-s", lua.("/assets/dashboard.css", false), url])
+  {not_found, _} = wrk.(["-s", lua.("/no-such-page", false), url])
+  {ingest, errors} = wrk.(["-s", lua.("/api/v1/decision_logs", true), url])
   baseline = max(asset, not_found)
 
   IO.puts("\nHTTP (wrk -t2 -c32 -d#{wrk_seconds}s, wrk and the server share the machine)")

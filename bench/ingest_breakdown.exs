@@ -132,6 +132,9 @@ end
 for n <- 0..4_999,
     do: ReferenceTracker.record_and_score(ref, elem(ref_input.(n), 0), elem(ref_input.(n), 1))
 
+# The agents are registered, as the kill switch has them once they have sent steps.
+for a <- 0..49, do: {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register("agent-#{a}")
+
 # Every stage's inputs, as the ingest has them: a parsed step and what came before.
 parsed = fn size, n ->
   {:ok, envelope, fields} = DecisionLog.parse(message.(size, n, fresh.()))
@@ -177,11 +180,12 @@ stages = [
      {&parsed.(size, &1),
       fn {_e, f} -> StepDetector.analyze(f.session_id, f.approach, f.outcome) end}
    end},
-  {"safety reads (pause, block)",
+  {"safety reads (pause, block, kill switch)",
    fn size ->
      {&parsed.(size, &1),
       fn {_e, f} ->
         HITL.pause_of(f.session_id)
+        Observatory.KillSwitch.active?(f.agent_id)
         Observatory.Storage.read(:observatory_step_blocks, f.session_id)
       end}
    end},
@@ -262,39 +266,35 @@ two_callers = fn input, fun, batches ->
 end
 
 # samples: {stage, size} => [ns per call]; the reference's under :reference.
+# Each stage's batches also in the VM's CPU time (:erlang.statistics(:runtime), all
+# its threads): what other programs on the machine take is not counted in it, which
+# the wall clock does count. {ms, calls} per key, beside the samples.
+timed = fn input, fun ->
+  {_, _} = :erlang.statistics(:runtime)
+  samples = time_batches.(input, fun, batches)
+  {_, ms} = :erlang.statistics(:runtime)
+  {samples, {ms, batches * batch}}
+end
+
+add = fn acc, key, {samples, {ms, calls}} ->
+  Map.update(acc, key, {samples, ms, calls}, fn {s, m, c} -> {s ++ samples, m + ms, c + calls} end)
+end
+
+reference_call = fn {s, t} -> ReferenceTracker.record_and_score(ref, s, t) end
+
 samples =
   Enum.reduce(1..rounds, %{}, fn _round, acc ->
-    acc =
-      Map.update(
-        acc,
-        :reference,
-        time_batches.(
-          ref_input,
-          fn {s, t} -> ReferenceTracker.record_and_score(ref, s, t) end,
-          batches
-        ),
-        &(&1 ++
-            time_batches.(
-              ref_input,
-              fn {s, t} -> ReferenceTracker.record_and_score(ref, s, t) end,
-              batches
-            ))
-      )
+    acc = add.(acc, :reference, timed.(ref_input, reference_call))
 
     for {label, stage} <- stages, {size, _} <- sizes, reduce: acc do
       acc ->
         {input, fun} = stage.(size)
-
-        Map.update(
-          acc,
-          {label, size},
-          time_batches.(input, fun, batches),
-          &(&1 ++ time_batches.(input, fun, batches))
-        )
+        add.(acc, {label, size}, timed.(input, fun))
     end
   end)
 
-ref_ns = median.(samples[:reference])
+{ref_samples, ref_ms, ref_calls} = samples[:reference]
+ref_ns = median.(ref_samples)
 r = fn x -> :erlang.float_to_binary(x / 1, decimals: 1) end
 
 IO.puts(
@@ -311,12 +311,35 @@ IO.puts("|---|" <> String.duplicate("---:|---:|", length(sizes)))
 for {label, _} <- stages do
   cells =
     Enum.map_join(sizes, " | ", fn {size, _} ->
-      ns = median.(samples[{label, size}])
+      ns = median.(elem(samples[{label, size}], 0))
       "#{round(ns)} | #{r.(ns / ref_ns)}×"
     end)
 
   IO.puts("| #{label} | #{cells} |")
 end
+
+# The whole ingest and the reference in CPU time: every call, slow ones included.
+ref_cpu = ref_ms * 1000 / ref_calls
+
+IO.puts(
+  "\n| 1 caller, VM CPU time per call | " <> Enum.map_join(sizes, " | ", &elem(&1, 1)) <> " |"
+)
+
+IO.puts("|---|" <> String.duplicate("---:|", length(sizes)))
+
+IO.puts(
+  "| reference record_and_score | #{r.(ref_cpu)} µs |" <>
+    String.duplicate(" |", length(sizes) - 1)
+)
+
+cells =
+  Enum.map_join(sizes, " | ", fn {size, _} ->
+    {_, ms, calls} = samples[{"**whole ingest**", size}]
+    us = ms * 1000 / calls
+    "#{r.(us)} µs, #{r.(us / ref_cpu)}×"
+  end)
+
+IO.puts("| **whole ingest** | #{cells} |")
 
 # Two callers at once, whole ingest and reference, one after the other.
 {ref2_ns, ref2_rate} =
