@@ -33,9 +33,16 @@ scale = div(target, 230) + 1
 
 # -- --real-runs PATH: a recorded corpus (flat records, .jsonl or .jsonl.gz) instead,
 # e.g. ../shared/datasets/real_runs/steps.jsonl.gz (18,544 steps, ~570 bytes a line).
+{opts, _, _} =
+  OptionParser.parse(System.argv() -- ["--"], strict: [real_runs: :string, quick: :boolean])
+
 {lines, sessions} =
-  case OptionParser.parse(System.argv(), strict: [real_runs: :string, quick: :boolean]) do
-    {[real_runs: path | _], _, _} ->
+  case opts[:real_runs] do
+    nil ->
+      {ExampleDataset.lines(scale: scale, prefix: "P0-", bad_lines: false, envelopes: false),
+       12 * scale}
+
+    path ->
       text = File.read!(path)
       text = if String.ends_with?(path, ".gz"), do: :zlib.gunzip(text), else: text
       # Each run's own session ids: "P0-" before every one, replaced per run.
@@ -43,10 +50,6 @@ scale = div(target, 230) + 1
       lines = String.split(text, "\n", trim: true)
       ids = Enum.uniq(Enum.map(lines, &hd(Regex.run(~r/"session_id": "([^"]*)"/, &1))))
       {lines, length(ids)}
-
-    _ ->
-      {ExampleDataset.lines(scale: scale, prefix: "P0-", bad_lines: false, envelopes: false),
-       12 * scale}
   end
 
 data = IO.iodata_to_binary(Enum.map(lines, &[&1, ?\n]))

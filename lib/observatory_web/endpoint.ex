@@ -69,6 +69,10 @@ defmodule ObservatoryWeb.Endpoint do
       port: port,
       loop: {__MODULE__, :connection, [idle_ms]},
       acceptor_pool_size: Keyword.get(config, :acceptors, 32),
+      # An answer goes out as soon as it is written (no Nagle wait behind a packet the
+      # client has not acknowledged yet): measured, HTTP ingest ~24 % → ~30 % of the
+      # cheapest route's rate (bench/ingest.exs -- --http).
+      nodelay: true,
       max: Keyword.get(config, :max_connections, 8_192)
     ]
 
