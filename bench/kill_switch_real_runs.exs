@@ -29,7 +29,7 @@
 #     `respond` steps are the agent's text answers and the simulated user's replies)
 #     and InterCode (bash, SQL, Python, CTF; each command replayed as a tool call):
 #     `looping` (a run of ≥ 4 identical actions), `clean`, `other` (its README);
-#   * bench/real_runs/scripted (--scripted): 48 looping and 48 clean sessions of a
+#   * bench/real_runs/scripted (--scripted): 88 looping and 88 clean sessions of a
 #     scripted agent on a real bash and file editor (its README).
 #
 # "steps into the loop" is, for a tripped looping session, the number of the loop's

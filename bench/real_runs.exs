@@ -24,6 +24,11 @@
 #     at the first step of the scenario's longest run of identical calls (the earliest,
 #     if several are as long; step 0 if no call repeats).
 #
+# Hand labels (--stuck FILE, default bench/real_runs/stuck/labels.jsonl): per source
+# and split (dev / held-out), the stuck sessions each detector caught, the fine ones it
+# alarmed and its precision; and, for the exact label's clean InterCode sessions, how
+# many of those a reader saw were stuck and what the ones each detector alarmed on were.
+#
 # Detectors: `:entropy` alarms at a session's first step at LOOP (FRD-009's uniqueness
 # ratio), `:verdict` at its first step whose loop verdict was loop; one replay judges
 # both, whatever :alert_source is. OpenHands-style and Gemini-style are the reference
@@ -148,6 +153,91 @@ defmodule Observatory.Bench.RealRuns do
     }
   end
 
+  @doc """
+  The figures of one detector against hand labels (`stuck` / `fine`): stuck sessions
+  caught, fine sessions alarmed, and precision (stuck among all alarmed).
+  """
+  def stuck_figures(sessions, detector) do
+    alarm = fn s -> s.alarms[detector] end
+    stuck = Enum.filter(sessions, &(&1.stuck_label == "stuck"))
+    fine = Enum.filter(sessions, &(&1.stuck_label == "fine"))
+    caught = Enum.count(stuck, alarm)
+    false_alarms = for s <- fine, alarm.(s), do: %{session: s.name, alarm_step: alarm.(s)}
+    missed = for s <- stuck, !alarm.(s), do: %{session: s.name, stuck_from: s.stuck_from}
+
+    %{
+      detector: detector,
+      stuck: length(stuck),
+      stuck_caught: caught,
+      fine: length(fine),
+      fine_alarmed: length(false_alarms),
+      precision:
+        if(caught + length(false_alarms) > 0, do: caught / (caught + length(false_alarms))),
+      missed: missed,
+      false_alarms: false_alarms
+    }
+  end
+
+  def stuck_table(rows) do
+    [
+      "### Stuck labels (dev-corpus sessions read by hand: bench/real_runs/stuck)\n\n",
+      "| source | split | detector | stuck caught | fine alarmed | precision |\n",
+      "|---|---|---|---:|---:|---:|\n",
+      Enum.map(rows, fn {source, split, f} ->
+        precision = if f.precision, do: "#{Float.round(100 * f.precision, 1)} %", else: "-"
+
+        "| #{source} | #{split} | #{@detectors[f.detector]} | " <>
+          "#{ratio(f.stuck_caught, f.stuck)} | #{ratio(f.fine_alarmed, f.fine)} | #{precision} |\n"
+      end),
+      "\n"
+    ]
+  end
+
+  @doc """
+  What the hand labels say about the exact label's *clean* sessions (no two identical
+  actions in a row): of those read, how many a reader called stuck, and of each
+  detector's alarms on clean sessions, how many were read and what they were.
+  """
+  def clean_read(clean, labels, detector) do
+    read = Enum.filter(clean, &labels[&1.id])
+    alarmed = Enum.filter(clean, & &1.alarms[detector])
+    alarmed_read = Enum.filter(alarmed, &labels[&1.id])
+
+    %{
+      detector: detector,
+      clean: length(clean),
+      read: length(read),
+      read_stuck: Enum.count(read, &(labels[&1.id] == "stuck")),
+      alarmed: length(alarmed),
+      alarmed_read: length(alarmed_read),
+      alarmed_read_stuck: Enum.count(alarmed_read, &(labels[&1.id] == "stuck"))
+    }
+  end
+
+  def clean_read_table(rows) do
+    [
+      "### Exact-clean InterCode sessions, read by hand (bench/real_runs/stuck, stratum ic-clean)\n\n",
+      "| detector | clean alarmed | alarmed and read: stuck / read | read: stuck / read |\n",
+      "|---|---:|---:|---:|\n",
+      Enum.map(rows, fn f ->
+        "| #{@detectors[f.detector]} | #{ratio(f.alarmed, f.clean)} | " <>
+          "#{f.alarmed_read_stuck} / #{f.alarmed_read} | #{ratio(f.read_stuck, f.read)} |\n"
+      end),
+      "\n"
+    ]
+  end
+
+  def stuck_lists(rows) do
+    for {source, split, f} <- rows, split != "all", source != "all" do
+      [
+        "stuck labels, #{source} #{split}, #{@detectors[f.detector]}: missed stuck (#{length(f.missed)})\n",
+        Enum.map(f.missed, &"  #{&1.session} (stuck from step #{&1.stuck_from})\n"),
+        "stuck labels, #{source} #{split}, #{@detectors[f.detector]}: alarmed fine (#{length(f.false_alarms)})\n",
+        Enum.map(f.false_alarms, &"  #{&1.session} (alarm at step #{&1.alarm_step})\n")
+      ]
+    end
+  end
+
   defp median([]), do: nil
 
   defp median(values) do
@@ -223,7 +313,7 @@ argv = with ["--" | rest] <- System.argv(), do: rest
 
 {opts, _args} =
   OptionParser.parse!(argv,
-    strict: [data: :string, scripted: :string, list: :boolean, json: :boolean]
+    strict: [data: :string, scripted: :string, stuck: :string, list: :boolean, json: :boolean]
   )
 
 data = Keyword.get(opts, :data, "../shared/datasets/real_runs")
@@ -261,6 +351,53 @@ dev_groups =
   |> Enum.map(fn {source, sessions} -> {"dev corpus: #{source}", sessions} end)
 
 groups = dev_groups ++ [{"dev corpus: all", dev}]
+
+## Stuck labels: a sample of the dev corpus read by hand (bench/real_runs/stuck/README.md)
+
+stuck_file = Keyword.get(opts, :stuck, "bench/real_runs/stuck/labels.jsonl")
+
+stuck_rows =
+  if File.regular?(stuck_file) do
+    labels = Map.new(RealRuns.read_jsonl(stuck_file), &{&1["session_id"], &1})
+
+    labelled =
+      for s <- dev, label = labels[s.id] do
+        Map.merge(s, %{
+          stuck_label: label["label"],
+          stuck_from: label["stuck_from"],
+          split: label["split"]
+        })
+      end
+
+    missing = map_size(labels) - length(labelled)
+    missing == 0 or IO.puts(:stderr, "#{missing} labelled sessions are not in the dev corpus")
+
+    for source <- ["intercode", "tau-bench", "all"],
+        split <- ["dev", "held-out", "all"],
+        sessions =
+          Enum.filter(
+            labelled,
+            &((source == "all" or &1.source == source) and (split == "all" or &1.split == split))
+          ),
+        {detector, _} <- RealRuns.detectors() do
+      {source, split, RealRuns.stuck_figures(sessions, detector)}
+    end
+  else
+    IO.puts(:stderr, "no stuck labels at #{stuck_file}")
+    []
+  end
+
+# The exact label's clean InterCode sessions against the hand labels: an agent can be
+# stuck without two identical actions in a row, so "clean alarmed" counts some true
+# alarms; the ones read say how many.
+clean_read_rows =
+  if File.regular?(stuck_file) do
+    read = Map.new(RealRuns.read_jsonl(stuck_file), &{&1["session_id"], &1["label"]})
+    clean = Enum.filter(dev, &(&1.label == "clean" and &1.source == "intercode"))
+    for {detector, _} <- RealRuns.detectors(), do: RealRuns.clean_read(clean, read, detector)
+  else
+    []
+  end
 
 ## Scripted runs
 
@@ -355,7 +492,13 @@ if Keyword.get(opts, :json, false) do
                 if list?, do: f, else: Map.drop(f, [:missed, :false_alarms])
               end
           }
-        end
+        end,
+      stuck_labels:
+        for {source, split, f} <- stuck_rows do
+          f = if list?, do: f, else: Map.drop(f, [:missed, :false_alarms])
+          Map.merge(f, %{source: source, split: split})
+        end,
+      exact_clean_read: clean_read_rows
     })
   )
 else
@@ -370,10 +513,15 @@ else
     IO.write(RealRuns.table(title, sessions, figures))
   end
 
+  if stuck_rows != [], do: IO.write(RealRuns.stuck_table(stuck_rows))
+  if clean_read_rows != [], do: IO.write(RealRuns.clean_read_table(clean_read_rows))
+
   if list? do
     # "dev corpus: all" would repeat the per-source lists.
     for {title, _sessions, figures} <- results, title != "dev corpus: all" do
       IO.write(RealRuns.lists(title, figures))
     end
+
+    IO.write(RealRuns.stuck_lists(stuck_rows))
   end
 end

@@ -29,6 +29,15 @@ config :observatory,
     failure_suspect: 3,
     failure_loop: :never,
     entropy_rule: true,
+    near_share: 75,
+    near_repeat_suspect: 3,
+    near_repeat_loop: 4,
+    blank_near_repeat_loop: 6,
+    failure_run_suspect: 3,
+    failure_run_loop: 4,
+    revisit_window: 6,
+    revisit_suspect: 2,
+    revisit_loop: 3,
     volatile_keys: :default,
     extra_volatile_keys: [],
     hex_ids: true,
@@ -55,8 +64,14 @@ config :observatory,
   seed_agent_keys: %{},
   agent_keys: [],
   insecure_shared_agent_keys: false,
-  # Failed credentials per client (TCP address) before 429 + Retry-After.
+  # Distinct wrong credentials per client (TCP address, an IPv6 /64) before its wrong
+  # ones get 429 + Retry-After; valid credentials are always accepted.
   auth_throttle: [max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000],
+  # Session ownership (Observatory.Gateway.SessionOwners): sessions an agent owns at
+  # most (past it, its own least recently used one is given up), and how long an idle
+  # session stays its owner's.
+  max_sessions_per_agent: 10_000,
+  session_owner_ttl_ms: :timer.hours(24),
   # The Anthropic Messages API the /v1/messages proxy forwards to (base URL, as the SDK takes it).
   anthropic_upstream: nil,
   anthropic_upstream_api_key: nil,

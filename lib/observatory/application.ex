@@ -5,6 +5,24 @@ defmodule Observatory.Application do
 
   @impl true
   def start(_type, _args) do
+    with :ok <- prepare_data_dir() do
+      start_tree()
+    end
+  end
+
+  # Before anything touches the data directory: refuse one other users can read.
+  defp prepare_data_dir do
+    case Observatory.DataDir.prepare() do
+      :ok ->
+        :ok
+
+      {:error, message} ->
+        Logger.error(message)
+        {:error, {:data_dir_refused, message}}
+    end
+  end
+
+  defp start_tree do
     Observatory.Metrics.setup()
     # Before any durable write can run (Observatory.Storage.transaction/2).
     Observatory.Cluster.Gate.setup()
@@ -106,12 +124,37 @@ defmodule Observatory.Application do
     unless Application.get_env(:observatory, :secret_key_base) do
       key = :crypto.strong_rand_bytes(48) |> Base.encode64()
       Application.put_env(:observatory, :secret_key_base, key)
+      :persistent_term.put({__MODULE__, :generated_secret_key_base}, key)
 
-      ObservatoryWeb.Endpoint.server?() &&
-        Logger.info(
-          "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-            "dashboard sign-ins end when the application restarts"
-        )
+      cond do
+        # Each node would seal with a key of its own: none could read the webhook URLs
+        # and notification sinks another node stored (Observatory.AtRest).
+        Observatory.Cluster.enabled?() ->
+          Logger.warning(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE) on a cluster " <>
+              "node: set the same one on every node, or the nodes cannot read the webhook " <>
+              "URLs and notification sinks each other stored, nor each other's sign-ins"
+          )
+
+        ObservatoryWeb.Endpoint.server?() ->
+          Logger.info(
+            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
+              "dashboard sign-ins end when the application restarts"
+          )
+
+        true ->
+          :ok
+      end
+    end
+  end
+
+  @doc false
+  # Whether :secret_key_base was configured, not generated at start (Observatory.AtRest
+  # derives its key from a configured one only: a generated one changes at restart).
+  def secret_key_base_configured? do
+    case Application.get_env(:observatory, :secret_key_base) do
+      nil -> false
+      key -> key != :persistent_term.get({__MODULE__, :generated_secret_key_base}, nil)
     end
   end
 end

@@ -6,9 +6,13 @@ defmodule Observatory.DataDirLock do
 
   A second gateway on the same directory — another OS process, a node with another
   name, a second application in the same VM — does not get the lock and refuses to
-  start with `{:data_dir_locked, dir, holder}` and an error in the log that names the
-  directory and the OS process holding it. Two writers on one Mnesia directory
-  otherwise both acknowledge writes, and after a restart half of them are gone.
+  start with `{:data_dir_locked, dir, holders}` and an error in the log that names the
+  directory and what holds the lock: the OS processes the kernel lists for the file
+  (`holders/1`), and whether each is a gateway (an exclusive lock) or some other
+  program holding a shared one. Two writers on one Mnesia directory otherwise both
+  acknowledge writes, and after a restart half of them are gone. The directory is its
+  owner's alone (`Observatory.DataDir`), so another local user cannot open the file
+  to lock it.
 
   The kernel releases the lock when the OS process ends, however it ends (`kill -9`
   too): a stale lock file never keeps a gateway from starting.
@@ -19,6 +23,7 @@ defmodule Observatory.DataDirLock do
   """
 
   use GenServer
+  import Bitwise
   require Logger
 
   alias Observatory.Native
@@ -56,7 +61,7 @@ defmodule Observatory.DataDirLock do
         :free
 
       {:error, :locked} ->
-        {:locked, "OS process #{holder(dir)}"}
+        {:locked, who(dir)}
 
       {:error, _message} ->
         # Not ours to judge here: the lock's own start says what is wrong.
@@ -96,26 +101,107 @@ defmodule Observatory.DataDirLock do
         acquire(dir, tries - 1)
 
       {:error, :locked} ->
-        holder = holder(dir)
+        holders = holders(path(dir))
 
         Logger.error(
-          "the data directory #{dir} is in use by another Observatory (OS process #{holder} " <>
-            "holds #{path(dir)}): stop it, or give this one another :data_dir"
+          "the data directory #{dir} is locked: #{describe(holders, dir)}. " <>
+            "Stop it, or give this gateway another :data_dir"
         )
 
-        {:stop, {:data_dir_locked, dir, holder}}
+        {:stop, {:data_dir_locked, dir, holders}}
 
       {:error, message} ->
         {:stop, {:data_dir_lock_failed, path(dir), message}}
     end
   end
 
-  defp holder(dir) do
-    case File.read(path(dir)) do
-      {:ok, text} -> String.trim(text)
-      {:error, _} -> "unknown"
+  @typedoc "An OS process holding a lock on the file: `shared` locks are not a gateway's."
+  @type holder :: %{pid: String.t(), kind: :exclusive | :shared, command: String.t() | nil}
+
+  @doc """
+  The OS processes holding a lock on `path`, from the kernel's lock table
+  (`/proc/locks`, Linux): their PID, command and whether the lock is shared. A
+  gateway takes exclusive locks; a shared one is some other program's (a local user's
+  `flock -s`). Empty where the kernel does not say.
+  """
+  @spec holders(String.t()) :: [holder()]
+  def holders(path) do
+    with {:ok, %File.Stat{inode: inode, major_device: dev}} <- File.stat(path),
+         {:ok, table} <- File.read("/proc/locks") do
+      id = lock_id(dev, inode)
+
+      for line <- String.split(table, "\n", trim: true),
+          # `1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF` (`->` marks a waiter)
+          [_, kind, pid, ^id] <-
+            [Regex.run(~r/^\d+:\s+(?!->)\S+\s+\S+\s+(READ|WRITE)\s+(\d+)\s+(\S+)/, line)],
+          uniq: true do
+        %{
+          pid: pid,
+          kind: if(kind == "WRITE", do: :exclusive, else: :shared),
+          command: command(pid)
+        }
+      end
+    else
+      _ -> []
     end
   end
+
+  # The kernel's `major:minor:inode` (hex, hex, decimal) of a file on device `dev`.
+  defp lock_id(dev, inode) do
+    major = (dev >>> 8 &&& 0xFFF) ||| (dev >>> 32 &&& ~~~0xFFF)
+    minor = (dev &&& 0xFF) ||| (dev >>> 12 &&& ~~~0xFF)
+    hex = &(&1 |> Integer.to_string(16) |> String.downcase() |> String.pad_leading(2, "0"))
+    "#{hex.(major)}:#{hex.(minor)}:#{inode}"
+  end
+
+  defp command(pid) do
+    case File.read("/proc/#{pid}/comm") do
+      {:ok, name} -> String.trim(name)
+      {:error, _} -> nil
+    end
+  end
+
+  defp describe([], dir) do
+    case File.read(path(dir)) do
+      {:ok, text} when text != "" ->
+        "another process holds #{path(dir)} (the last gateway to hold it wrote OS " <>
+          "process #{String.trim(text)} there, which may be gone)"
+
+      _ ->
+        "another process holds #{path(dir)}"
+    end
+  end
+
+  defp describe(holders, dir) do
+    Enum.map_join(holders, "; ", fn
+      %{kind: :exclusive} = h ->
+        "OS process #{h.pid}#{named(h)} holds #{path(dir)} exclusively: another gateway " <>
+          "uses this directory"
+
+      %{kind: :shared} = h ->
+        "OS process #{h.pid}#{named(h)} holds a shared lock on #{path(dir)}: not a " <>
+          "gateway (they lock exclusively) but another program, which a private data " <>
+          "directory (chmod 700) keeps out"
+    end)
+  end
+
+  # Short, for a message that says the rest: which OS processes hold the lock.
+  defp who(dir) do
+    case holders(path(dir)) do
+      # The kernel does not say: the PID the last gateway wrote, if any.
+      [] ->
+        case File.read(path(dir)) do
+          {:ok, text} when text != "" -> "OS process #{String.trim(text)}"
+          _ -> "another OS process"
+        end
+
+      holders ->
+        Enum.map_join(holders, ", ", &"OS process #{&1.pid}#{named(&1)}")
+    end
+  end
+
+  defp named(%{command: nil}), do: ""
+  defp named(%{command: command}), do: " (#{command})"
 
   @impl true
   def handle_call(:held?, _from, state), do: {:reply, true, state}

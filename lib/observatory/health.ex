@@ -30,7 +30,12 @@ defmodule Observatory.Health do
     Gateway.SessionLog
   ]
 
-  @doc "Every check, `\"ok\"` or `\"down\"`; `:ok` only when all are ok."
+  @doc """
+  Every check, `"ok"` or `"down"`; `:ok` only when all are ok.
+
+  No check waits behind request work: none calls a NIF on a dirty scheduler (where a
+  large step's parse runs) or a process that handles requests.
+  """
   @spec check() :: {:ok | :error, %{String.t() => String.t()}}
   def check do
     checks =
@@ -96,7 +101,7 @@ defmodule Observatory.Health do
       {"data_dir_lock", &Observatory.DataDirLock.held?/0},
       {"mnesia", fn -> Observatory.Storage.available?(@tables) end},
       {"pubsub", &pubsub?/0},
-      {"tracker", fn -> is_integer(Gateway.EntropyTracker.stats().sessions) end},
+      {"tracker", fn -> is_integer(Gateway.EntropyTracker.session_count()) end},
       {"gateway", fn -> Enum.all?(@gateway, &alive?/1) end},
       {"kill_switch", fn -> alive?(Observatory.KillSwitch.Windows) end}
     ] ++ endpoint()

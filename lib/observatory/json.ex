@@ -5,7 +5,7 @@ defmodule Observatory.JSON do
 
   Decoding gives maps with string keys, lists, binaries, integers, floats, booleans
   and `nil`. Encoding accepts maps with string or atom keys, lists, strings, numbers,
-  booleans, `nil` and atoms (written as strings). Inputs over 64 KiB run on a dirty
+  booleans, `nil` and atoms (written as strings). Inputs over 8 KiB run on a dirty
   scheduler so a big document never stalls a normal one.
 
       iex> Observatory.JSON.encode!(%{"score" => 0.2, "severity" => :loop})
@@ -16,7 +16,7 @@ defmodule Observatory.JSON do
 
   alias Observatory.Native
 
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
 
   @doc "Decodes a JSON document."
   @spec decode(binary()) :: {:ok, term()} | {:error, String.t()}

@@ -64,7 +64,7 @@ defmodule Observatory.KillSwitch do
   alias Observatory.KillSwitch.{Agents, Notifier, Settings, Windows}
   alias Observatory.{Gateway.Events, Metrics, Native}
 
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
   @max_agent_id_bytes 256
   @prompt_sources [:newest_input, :last_user_message]
 

@@ -31,6 +31,7 @@ defmodule Observatory.Native do
   def entropy_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
   def entropy_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
+  def entropy_count(_store), do: :erlang.nif_error(:nif_not_loaded)
 
   def json_decode(_text), do: :erlang.nif_error(:nif_not_loaded)
   def json_decode_dirty(_text), do: :erlang.nif_error(:nif_not_loaded)
@@ -157,7 +158,9 @@ defmodule Observatory.Native do
 
   def data_dir_lock(_path), do: :erlang.nif_error(:nif_not_loaded)
   def data_dir_unlock(_lock), do: :erlang.nif_error(:nif_not_loaded)
+  def umask_owner_only, do: :erlang.nif_error(:nif_not_loaded)
 
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
+  def dirty_cpu_hold(_ms), do: :erlang.nif_error(:nif_not_loaded)
 end

@@ -42,6 +42,7 @@ defmodule Observatory.Notifications do
   and dropped. In a cluster, the node that owns the session (or agent) sends.
   """
 
+  alias Observatory.AtRest
   alias Observatory.Notifications.{Dispatcher, Sink}
   alias Observatory.Storage
 
@@ -61,21 +62,50 @@ defmodule Observatory.Notifications do
   @doc "Every sink — configured, then added at run time — redacted, with `source`."
   @spec sinks() :: [map()]
   def sinks do
-    for {source, sink} <- all_sinks(), do: Map.put(Sink.redact(sink), :source, source)
+    configured = for sink <- configured_sinks(), do: shown(sink, "config")
+
+    stored =
+      for opened <- stored_sinks() do
+        case opened do
+          {:ok, sink} ->
+            shown(sink, "api")
+
+          # Its secrets cannot be opened: listed, so that an operator sets it again.
+          {:unreadable, stored} ->
+            %{
+              name: stored.name,
+              type: Atom.to_string(stored.type),
+              events: Enum.map(stored.events, &Atom.to_string/1),
+              url: nil,
+              routing_key: nil,
+              secret: nil,
+              source: "api",
+              unreadable: true
+            }
+        end
+      end
+
+    configured ++ stored
   end
 
+  defp shown(sink, source),
+    do: sink |> Sink.redact() |> Map.merge(%{source: source, unreadable: false})
+
   @doc false
-  # Every sink with its secrets, for the dispatcher: `[{source, sink}]`.
+  # Every sink with its secrets, for the dispatcher: `[{source, sink}]`. A run-time
+  # sink whose secrets do not open (sealed under another key) sends nothing.
   @spec all_sinks() :: [{String.t(), Sink.t()}]
   def all_sinks do
     configured = for sink <- configured_sinks(), do: {"config", sink}
+    stored = for {:ok, sink} <- stored_sinks(), do: {"api", sink}
+    configured ++ stored
+  end
 
-    stored =
-      for {@sinks, _name, stored} <- :mnesia.dirty_match_object({@sinks, :_, :_}),
-          sink = unseal(stored),
-          do: {"api", sink}
-
-    configured ++ Enum.sort_by(stored, &elem(&1, 1).name)
+  # The run-time sinks by name, each `{:ok, sink}` or `{:unreadable, stored}`.
+  defp stored_sinks do
+    :mnesia.dirty_match_object({@sinks, :_, :_})
+    |> Enum.map(fn {@sinks, _name, stored} -> unseal(stored) end)
+    |> Enum.sort_by(fn {_, sink} -> sink.name end)
   end
 
   @doc """
@@ -98,7 +128,7 @@ defmodule Observatory.Notifications do
         "notification sink #{inspect(sink.name)} (#{sink.type}) set by #{inspect(opts[:operator])}"
       )
 
-      {:ok, Map.put(Sink.redact(sink), :source, "api")}
+      {:ok, shown(sink, "api")}
     end
   end
 
@@ -128,7 +158,9 @@ defmodule Observatory.Notifications do
   def test_sink(name) do
     case Enum.find(all_sinks(), fn {_source, sink} -> sink.name == name end) do
       nil ->
-        {:error, :not_found}
+        if :mnesia.dirty_read(@sinks, name) == [],
+          do: {:error, :not_found},
+          else: {:error, "cannot be read (sealed under another key): set it again"}
 
       {_source, sink} ->
         alert = %{
@@ -287,6 +319,61 @@ defmodule Observatory.Notifications do
     [@sinks]
   end
 
-  defp seal(sink), do: sink
-  defp unseal(stored), do: stored
+  # A sink's secrets — its URL (a Slack webhook URL is a credential), routing key and
+  # signing secret — are stored sealed (Observatory.AtRest), each bound to the sink's
+  # name and field: a sealed value copied onto another sink or field does not open.
+  @secret_fields [:url, :routing_key, :secret]
+
+  defp seal(sink) do
+    Enum.reduce(@secret_fields, sink, fn field, sink ->
+      case Map.get(sink, field) do
+        plain when is_binary(plain) ->
+          Map.put(sink, field, AtRest.seal(plain, aad(sink.name, field)))
+
+        _nil_or_sealed ->
+          sink
+      end
+    end)
+  end
+
+  # `{:ok, sink}`, or `{:unreadable, stored}` when a secret was sealed under another
+  # key (the `:secret_key_base` changed). Values stored in plain open as they are.
+  defp unseal(stored) do
+    Enum.reduce_while(@secret_fields, {:ok, stored}, fn field, {:ok, sink} ->
+      case Map.get(sink, field) do
+        nil ->
+          {:cont, {:ok, sink}}
+
+        value ->
+          case AtRest.unseal(value, aad(sink.name, field)) do
+            {:ok, plain} -> {:cont, {:ok, Map.put(sink, field, plain)}}
+            {:error, _} -> {:halt, {:unreadable, stored}}
+          end
+      end
+    end)
+  end
+
+  defp aad(name, field), do: "notification_sink:#{name}:#{field}"
+
+  @doc false
+  # Sinks an older release stored with their secrets in plain are sealed (at start,
+  # once the tables are loaded). Nothing to do once done.
+  @spec seal_plain_sinks() :: non_neg_integer()
+  def seal_plain_sinks do
+    plain =
+      for {@sinks, name, stored} <- :mnesia.dirty_match_object({@sinks, :_, :_}),
+          Enum.any?(@secret_fields, &is_binary(Map.get(stored, &1))),
+          do: {name, stored}
+
+    if plain != [] do
+      Storage.transaction("notification sinks", fn ->
+        for {name, stored} <- plain, do: :mnesia.write({@sinks, name, seal(stored)})
+      end)
+
+      require Logger
+      Logger.info("sealed the secrets of #{length(plain)} notification sink(s) stored in plain")
+    end
+
+    length(plain)
+  end
 end

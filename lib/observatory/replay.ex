@@ -119,6 +119,7 @@ defmodule Observatory.Replay do
   ]
   @step_overrides [:stagnation_warn, :stagnation_block, :stuck_warn, :stuck_block]
   @verdict_overrides LoopVerdict.threshold_keys() -- [:entropy_rule]
+  @never_keys [:failure_loop, :failure_run_loop, :revisit_loop]
   @max_window EntropyConfig.max_window_size()
 
   @doc """
@@ -134,8 +135,11 @@ defmodule Observatory.Replay do
       counts as `alarmed` (both are always reported)
     * the loop verdict's thresholds: `:history`, `:max_period`, `:repeat_suspect`,
       `:repeat_loop`, `:blank_repeat_loop`, `:cycle_suspect`, `:cycle_loop`,
-      `:failure_suspect`, `:failure_loop` (an integer or `:never`); checked together
-      with `Observatory.Gateway.LoopVerdict.check_thresholds/1`
+      `:failure_suspect`, `:failure_loop` (an integer or `:never`), `:near_share`,
+      `:near_repeat_suspect`, `:near_repeat_loop`, `:blank_near_repeat_loop`,
+      `:failure_run_suspect`, `:failure_run_loop`, `:revisit_window`,
+      `:revisit_suspect`, `:revisit_loop` (the last two loops an integer or `:never`);
+      checked together with `Observatory.Gateway.LoopVerdict.check_thresholds/1`
     * `:extra_volatile_keys` — words added to the verdict's volatile words (the
       normalization is rebuilt: replay in a fresh VM, as the mix task does)
 
@@ -191,7 +195,13 @@ defmodule Observatory.Replay do
 
   defp validate!(key, n) when key in @step_overrides and is_integer(n) and n >= 1, do: :ok
   defp validate!(:alert_source, source) when source in [:entropy, :verdict], do: :ok
-  defp validate!(:failure_loop, :never), do: :ok
+  defp validate!(key, :never) when key in @never_keys, do: :ok
+  defp validate!(:near_share, n) when is_integer(n) and n in 50..100, do: :ok
+
+  defp validate!(:near_share, value),
+    do:
+      raise(ArgumentError, "expected near_share to be an integer 50..100, got: #{inspect(value)}")
+
   defp validate!(key, n) when key in @verdict_overrides and is_integer(n) and n >= 1, do: :ok
 
   defp validate!(:extra_volatile_keys, words) when is_list(words) and words != [] do

@@ -199,6 +199,7 @@ defmodule Observatory.Storage do
     :ok = Observatory.Cluster.Store.await_tables(tables)
     # In a cluster: this node's copy merged with the running nodes' (a restart).
     :ok = Observatory.Cluster.Store.settle()
+    seal_plain_secrets()
     sup = Process.whereis(:mnesia_sup) || raise "Mnesia is not running"
     {:ok, %{mnesia: Process.monitor(sup)}}
   end
@@ -221,5 +222,18 @@ defmodule Observatory.Storage do
       Process.sleep(50)
       await_stopped(tries - 1)
     end
+  end
+
+  # Secrets an older release stored in plain are sealed now. A cluster that takes no
+  # writes yet (healing) leaves them for the next start rather than fail this one.
+  defp seal_plain_secrets do
+    Observatory.Notifications.seal_plain_sinks()
+  rescue
+    error in Observatory.Cluster.Unavailable ->
+      require Logger
+
+      Logger.warning(
+        "notification sinks stay unsealed until the next start: #{Exception.message(error)}"
+      )
   end
 end

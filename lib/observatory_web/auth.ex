@@ -16,9 +16,9 @@ defmodule ObservatoryWeb.Auth do
   `:dev` the config ships development values, and `config/runtime.exs` reads
   `OBSERVATORY_OPERATOR_TOKENS`.
 
-  A credential that is presented and wrong counts against the client in
-  `ObservatoryWeb.AuthThrottle`, once however often it is retried (the router refuses
-  a locked-out client's credentials with `429` before they are checked).
+  A credential that is presented and valid for nobody counts against the client in
+  `ObservatoryWeb.AuthThrottle`, once however often it is retried; a locked-out
+  client's wrong credentials are answered `429`, and its valid ones are accepted.
 
   The shared `:agent_keys` of earlier releases are honoured only with
   `insecure_shared_agent_keys: true`: such a key authenticates as `:any_agent`, which
@@ -26,7 +26,7 @@ defmodule ObservatoryWeb.Auth do
   """
 
   alias Observatory.AgentKeys
-  alias Observatory.Gateway.EntropyTracker
+  alias Observatory.Gateway.SessionOwners
   alias ObservatoryWeb.{AuthThrottle, Conn}
 
   @typedoc "An authenticated agent: its id, or `:any_agent` for an insecure shared key."
@@ -84,12 +84,27 @@ defmodule ObservatoryWeb.Auth do
   @spec credential?(Conn.t()) :: boolean()
   def credential?(conn), do: agent_key(conn) != nil
 
-  # A wrong credential counts against the client; no credential at all is not a guess.
+  @doc """
+  Whether the request's credential is valid for someone: an agent key or an operator
+  token, whatever the route wants.
+  """
+  @spec valid_credential?(Conn.t()) :: boolean()
+  def valid_credential?(conn), do: known?(agent_key(conn)) or known?(bearer(conn))
+
+  defp known?(nil), do: false
+
+  defp known?(credential),
+    do:
+      match?({:ok, _}, agent_for_key(credential)) or
+        match?({:ok, _}, operator_for_token(credential))
+
+  # A wrong credential counts against the client. Not a guess: no credential at all,
+  # or one that is valid for another role (an agent key on an operator route).
   defp count_failure(result, conn), do: count_failure(result, conn, agent_key(conn))
 
   defp count_failure({:error, :unauthorized} = error, conn, presented)
        when is_binary(presented) and presented != "" do
-    AuthThrottle.failure(conn.remote_ip, presented)
+    unless known?(presented), do: AuthThrottle.failure(conn.remote_ip, presented)
     error
   end
 
@@ -150,9 +165,9 @@ defmodule ObservatoryWeb.Auth do
 
   @doc """
   Whether an authenticated agent may read or add to a session: `{:error, :forbidden}`
-  when the gateway has recorded the session for another agent (the tracker's agent of
-  the session, read on the session's owner), `{:error, :owner_unavailable}` when that
-  owner does not answer in a cluster — never allowed for want of an answer.
+  when another agent owns the session (`Observatory.Gateway.SessionOwners`, read on
+  the session's node), `{:error, :owner_unavailable}` when that node does not answer
+  in a cluster — never allowed for want of an answer.
   """
   @spec session_access(agent(), String.t()) :: :ok | {:error, :forbidden | :owner_unavailable}
   def session_access(:any_agent, _session_id), do: :ok
@@ -165,17 +180,10 @@ defmodule ObservatoryWeb.Auth do
     end
   end
 
-  @doc "The agent the gateway has recorded for a session (nil for none), read on its owner."
+  @doc "The agent that owns a session (nil for none), read on the session's node."
   @spec session_owner(String.t()) :: {:ok, String.t() | nil} | {:error, :owner_unavailable}
-  def session_owner(session_id) do
-    with {:ok, session} <-
-           Observatory.Cluster.call_owner(session_id, EntropyTracker, :session, [session_id]) do
-      {:ok, session_agent(session)}
-    end
-  end
-
-  defp session_agent(%{agent_id: agent}), do: agent
-  defp session_agent(_none), do: nil
+  def session_owner(session_id),
+    do: Observatory.Cluster.call_owner(session_id, SessionOwners, :owner, [session_id])
 
   defp shared_key?(key) do
     Application.get_env(:observatory, :insecure_shared_agent_keys, false) and

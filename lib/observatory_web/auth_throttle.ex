@@ -1,25 +1,41 @@
 defmodule ObservatoryWeb.AuthThrottle do
   @moduledoc """
-  Throttles credential guessing (issue 13, finding 14): the distinct wrong credentials
-  a client presents are counted, and a client with `max_failures` of them within
-  `window_s` is locked out for `lockout_s` — every request of it that presents a
-  credential is answered `429` with `Retry-After`, whether the credential is right or
-  not.
+  Slows credential guessing without ever turning against the clients it protects.
 
-  Distinct, because a client is an address, and every local agent shares 127.0.0.1:
-  one agent retrying a stale key (a rotation) is one failed credential however often
-  it retries, and does not lock the other agents out. Guessing needs a new credential
-  per try, so each try counts. The client's entry keeps the SHA-256 digests of its
-  failed credentials of the window, at most `max_failures + 1` of them.
+  A wrong credential — one that is valid for no agent and no operator — counts
+  against the client that presented it. A client with `max_failures` distinct wrong
+  credentials within `window_s` is locked out for `lockout_s`: its wrong credentials
+  are answered `429` with `Retry-After` instead of `401`.
+
+  What a lockout never does:
+
+    * **deny a valid credential.** Every credential is still checked, and a valid
+      agent key or operator token is accepted whatever its address's failure count:
+      the agents and operators behind one address (every local agent is 127.0.0.1)
+      are not locked out by a stranger's guesses there. Guessing stays hopeless
+      because of what it would have to guess, not because of the lock: agent keys
+      carry 256 random bits, and operator tokens should too (`openssl rand -base64
+      32`). The lockout tells a misconfigured or guessing client to back off, and logs
+      it.
+    * **count a credential that is valid for someone else.** An agent key sent to an
+      operator route (or an operator token to an agent route) is refused there, but it
+      is not a guess: ten agents trying an operator route lock nobody out.
+    * **pool clients.** Each client has its own entry; the table holds at most
+      `max_clients` of them, and a newcomer to a full table evicts the entry of
+      another client (forgetting failures, never locking anyone), so a flood of
+      addresses bounds memory without locking out everyone else.
+
+  Distinct, because one agent retrying a stale key (a rotation) is one failed
+  credential however often it retries. The entry keeps the SHA-256 digests of the
+  client's failed credentials of the window, at most `max_failures + 1` of them.
 
       config :observatory, :auth_throttle,
         max_failures: 10, window_s: 60, lockout_s: 60, max_clients: 10_000
 
   A client is its TCP peer address (`ObservatoryWeb.Conn`'s `remote_ip`; proxies'
-  `X-Forwarded-For` is not trusted). The table is bounded: once it holds `max_clients`
-  clients, failures of clients not yet in it share one `:overflow` entry, so a flood
-  of addresses throttles itself instead of growing memory. Entries whose window and
-  lockout are over are swept every `window_s`.
+  `X-Forwarded-For` is not trusted), an IPv6 address its /64 (what one host or
+  subscriber is given). Entries whose window and lockout are over are swept every
+  `window_s`.
 
   Counting and checking are ETS operations in the caller; this process only owns the
   table and sweeps it. Settings are read on every call.
@@ -38,15 +54,15 @@ defmodule ObservatoryWeb.AuthThrottle do
   def settings,
     do: Keyword.merge(@defaults, Application.get_env(:observatory, :auth_throttle, []))
 
-  @doc "`:ok`, or `{:error, retry_after_s}` while the client is locked out."
+  @doc """
+  `:ok`, or `{:error, retry_after_s}` while the client is locked out: then answer its
+  wrong credentials `429` — and still accept its valid ones.
+  """
   @spec check(String.t() | nil) :: :ok | {:error, pos_integer()}
   def check(client) do
     now = now_ms()
 
-    # One ETS read for a known client; the settings only for a newcomer.
-    entry = lookup(key(client)) || lookup(admit(key(client), settings()[:max_clients]))
-
-    case entry do
+    case lookup(key(client)) do
       {_, _failures, _started, locked_until} when locked_until > now ->
         {:error, max(div(locked_until - now + 999, 1000), 1)}
 
@@ -57,7 +73,8 @@ defmodule ObservatoryWeb.AuthThrottle do
 
   @doc """
   Counts a failed `credential` of the client, unless it already failed in this
-  window; locks the client out at `max_failures` distinct failed credentials.
+  window; locks the client out at `max_failures` distinct failed credentials. Only
+  call it for a credential that is valid for nobody (`ObservatoryWeb.Auth` does).
   """
   @spec failure(String.t() | nil, String.t()) :: :ok
   def failure(client, credential) when is_binary(credential) do
@@ -176,11 +193,35 @@ defmodule ObservatoryWeb.AuthThrottle do
   ## Internals
 
   defp key(nil), do: "unknown"
-  defp key(client), do: client
 
-  # A client not in a full table shares the overflow entry.
+  # An IPv6 client is its /64: one host or subscriber is given a whole /64, and would
+  # otherwise have 2^64 entries (IPv4-mapped addresses are their IPv4 address).
+  defp key(client) do
+    case :inet.parse_address(String.to_charlist(client)) do
+      {:ok, {0, 0, 0, 0, 0, 0xFFFF, ab, cd}} ->
+        :inet.ntoa({div(ab, 256), rem(ab, 256), div(cd, 256), rem(cd, 256)}) |> to_string()
+
+      {:ok, {a, b, c, d, _, _, _, _}} ->
+        (:inet.ntoa({a, b, c, d, 0, 0, 0, 0}) |> to_string()) <> "/64"
+
+      _ ->
+        client
+    end
+  end
+
+  # A newcomer to a full table takes the place of another client: that client's
+  # failures are forgotten (which only ever lets it be refused less). Evicting beats
+  # sharing one entry among newcomers, which a flood of addresses would lock for all.
   defp admit(key, max_clients) do
-    if lookup(key) == nil and :ets.info(@table, :size) >= max_clients, do: :overflow, else: key
+    if lookup(key) == nil and :ets.info(@table, :size) >= max_clients, do: evict_one()
+    key
+  end
+
+  defp evict_one do
+    case :ets.first(@table) do
+      :"$end_of_table" -> :ok
+      victim -> :ets.delete(@table, victim)
+    end
   end
 
   defp lookup(key) do

@@ -29,7 +29,8 @@ defmodule ObservatoryWeb.Conn do
     :query_string,
     :headers,
     :remote_ip,
-    :bad_request
+    :bad_request,
+    :not_implemented
   ]
 
   @type t :: %__MODULE__{
@@ -41,7 +42,8 @@ defmodule ObservatoryWeb.Conn do
           query_string: String.t(),
           headers: [{String.t(), String.t()}],
           remote_ip: String.t() | nil,
-          bad_request: String.t() | nil
+          bad_request: String.t() | nil,
+          not_implemented: String.t() | nil
         }
 
   @security_headers [
@@ -80,10 +82,43 @@ defmodule ObservatoryWeb.Conn do
     |> refuse_unless(headers_utf8?(headers), "a header is not valid UTF-8")
     |> refuse_unless(header_values_clean?(headers), "a header value contains a control character")
     |> refuse_unless(content_length_ok?(headers), "Content-Length must be a decimal number")
+    |> refuse_unless(
+      not (chunked?(headers) and header_value(headers, "content-length") != nil),
+      "a request has Transfer-Encoding or Content-Length, not both"
+    )
+    |> transfer_encoding(header_value(headers, "transfer-encoding"))
   end
 
   defp refuse_unless(%{bad_request: nil} = conn, false, reason), do: %{conn | bad_request: reason}
   defp refuse_unless(conn, _ok, _reason), do: conn
+
+  # Chunked is the one transfer coding a server must know (RFC 9112 §7): any other
+  # (gzip, or chunked after another) is answered 501 before its body is read.
+  defp transfer_encoding(conn, nil), do: conn
+
+  defp transfer_encoding(conn, value) do
+    if chunked_value?(value),
+      do: conn,
+      else: %{
+        conn
+        | not_implemented:
+            "Transfer-Encoding #{inspect(value)} is not supported: send chunked or a Content-Length"
+      }
+  end
+
+  defp chunked?(headers), do: chunked_value?(header_value(headers, "transfer-encoding"))
+
+  @doc false
+  # Whether a Transfer-Encoding value is `chunked` alone (the adapters read such a body).
+  def chunked_value?(nil), do: false
+  def chunked_value?(value), do: value |> String.trim() |> downcase() == "chunked"
+
+  defp header_value(headers, name) do
+    case List.keyfind(headers, name, 0) do
+      {_, value} -> value
+      nil -> nil
+    end
+  end
 
   @doc false
   # ASCII lowercase: header names are compared byte for byte, whatever their bytes.
@@ -178,15 +213,31 @@ defmodule ObservatoryWeb.Conn do
   Reads the whole body, at most `max` bytes (default `:max_body_bytes`, 1 MiB);
   on Observatory's own server within the endpoint's `idle_timeout_ms` (past it the
   connection is closed). Returns `{:ok, body}` or `{:error, :too_large}`.
+
+  A chunked body whose framing is broken (a chunk size that is not hex, a chunk
+  extension holding a control character such as CR, a chunk not ended by CRLF) is
+  answered `400` here and its connection closed: nothing after it can be trusted to
+  start the next request. Well-formed chunk extensions are ignored (RFC 9112 §7.1.1).
   """
   @spec read_body(t(), pos_integer() | nil) :: {:ok, binary()} | {:error, :too_large}
-  def read_body(%__MODULE__{adapter: adapter, req: req}, max \\ nil),
-    do: adapter.read_body(req, max || max_body_bytes())
+  def read_body(%__MODULE__{adapter: adapter, req: req} = conn, max \\ nil) do
+    case adapter.read_body(req, max || max_body_bytes()) do
+      {:error, {:malformed, reason}} -> malformed(conn, reason)
+      other -> other
+    end
+  end
 
   @doc "Reads and drops the body, at most `max` bytes: the client then sees the answer."
   @spec discard_body(t(), pos_integer()) :: :ok
   def discard_body(%__MODULE__{adapter: adapter, req: req}, max),
     do: adapter.discard_body(req, max)
+
+  # Answered, then the connection is closed and the request ended.
+  defp malformed(conn, reason) do
+    conn.adapter.close_after(conn.req)
+    error(conn, 400, "bad_request", "the chunked body is malformed: #{reason}")
+    conn.adapter.client_gone(conn.req)
+  end
 
   @doc "The configured body limit in bytes."
   def max_body_bytes, do: Application.get_env(:observatory, :max_body_bytes, 1024 * 1024)

@@ -101,7 +101,7 @@ defmodule ObservatoryWeb.Endpoint do
     Process.put(@idle_ms_key, idle_ms)
     arm(idle_ms)
 
-    :mochiweb_http.loop(socket, opts, fn req ->
+    serve(socket, opts, fn req ->
       disarm()
 
       try do
@@ -111,6 +111,125 @@ defmodule ObservatoryWeb.Endpoint do
       end
     end)
   end
+
+  # MochiWeb's HTTP/1.1 loop (`mochiweb_http:loop/3` of 3.1.1: request line, headers,
+  # keep-alive), with one difference: a line its parser rejects — a request line or a
+  # header that is not HTTP, such as `Content-Length : 7` (RFC 9112 forbids the space
+  # and requires a 400) — is answered `400` at once and the connection closed, where
+  # MochiWeb's loop left the parser's error unread and waited for its timeout.
+  defp serve(socket, opts, handle) do
+    setopts(socket, packet: :http)
+    request_line(socket, opts, handle)
+  end
+
+  defp request_line(socket, opts, handle) do
+    setopts(socket, active: :once)
+
+    receive do
+      {proto, _, {:http_request, method, path, version}} when proto in [:http, :ssl] ->
+        setopts(socket, packet: :httph)
+        headers(socket, opts, {method, path, version}, [], handle, 0)
+
+      # Blank lines before a request are allowed (RFC 9112 §2.2).
+      {proto, _, {:http_error, blank}} when proto in [:http, :ssl] and blank in [~c"\r\n", ~c"\n"] ->
+        request_line(socket, opts, handle)
+
+      {proto, _, {:http_error, _}} when proto in [:http, :ssl] ->
+        invalid(
+          socket,
+          opts,
+          {:GET, {:abs_path, ~c"/"}, {1, 1}},
+          [],
+          "the request line is not HTTP"
+        )
+
+      {:tcp_error, _, :emsgsize} ->
+        invalid(
+          socket,
+          opts,
+          {:GET, {:abs_path, ~c"/"}, {1, 1}},
+          [],
+          "the request line is too long"
+        )
+
+      {closed, _} when closed in [:tcp_closed, :ssl_closed] ->
+        close(socket, closed)
+
+      {error, _, reason} when error in [:tcp_error, :ssl_error] ->
+        close(socket, reason)
+    after
+      300_000 -> close(socket, :request_recv_timeout)
+    end
+  end
+
+  @max_headers 1_000
+
+  defp headers(socket, opts, request, acc, _handle, @max_headers),
+    do: invalid(socket, opts, request, acc, "too many headers")
+
+  defp headers(socket, opts, request, acc, handle, count) do
+    setopts(socket, active: :once)
+
+    receive do
+      {proto, _, :http_eoh} when proto in [:http, :ssl] ->
+        req = new_request(socket, opts, request, acc)
+        handle.(req)
+        after_response(req, handle)
+
+      {proto, _, {:http_header, _, name, _, value}} when proto in [:http, :ssl] ->
+        headers(socket, opts, request, [{name, value} | acc], handle, count + 1)
+
+      {proto, _, {:http_error, _}} when proto in [:http, :ssl] ->
+        invalid(socket, opts, request, acc, "a header line is malformed")
+
+      {:tcp_error, _, :emsgsize} ->
+        invalid(socket, opts, request, acc, "a header line is too long")
+
+      {closed, _} when closed in [:tcp_closed, :ssl_closed] ->
+        close(socket, closed)
+
+      {error, _, reason} when error in [:tcp_error, :ssl_error] ->
+        close(socket, reason)
+    after
+      30_000 -> close(socket, :headers_recv_timeout)
+    end
+  end
+
+  defp new_request(socket, opts, request, acc) do
+    setopts(socket, packet: :raw)
+    :mochiweb.new_request({socket, opts, request, Enum.reverse(acc)})
+  end
+
+  # 400 with a JSON body saying what was wrong, then the connection is closed: what
+  # follows on it cannot be trusted to start a request.
+  defp invalid(socket, opts, request, acc, reason) do
+    req = new_request(socket, opts, request, acc)
+    body = Observatory.JSON.encode!(%{error: "bad_request", message: reason})
+    headers = [{"Content-Type", "application/json"}, {"Connection", "close"}]
+    :mochiweb_request.respond({400, headers ++ ObservatoryWeb.Conn.security_headers(), body}, req)
+    close(socket, :invalid_request)
+  end
+
+  defp after_response(req, handle) do
+    socket = :mochiweb_request.get(:socket, req)
+
+    if :mochiweb_request.should_close(req) do
+      close(socket, :should_close)
+    else
+      :mochiweb_request.cleanup(req)
+      :erlang.garbage_collect()
+      serve(socket, :mochiweb_request.get(:opts, req), handle)
+    end
+  end
+
+  # `{:shutdown, _}`: MochiWeb counts the connection closed and logs nothing.
+  defp close(socket, why) do
+    :mochiweb_socket.close(socket)
+    exit({:shutdown, why})
+  end
+
+  defp setopts(socket, options),
+    do: :ok = :mochiweb_socket.exit_if_closed(:mochiweb_socket.setopts(socket, options))
 
   @doc """
   Runs `fun` (a read of the request body) under the same `idle_timeout_ms`

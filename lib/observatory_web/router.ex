@@ -89,6 +89,7 @@ defmodule ObservatoryWeb.Router do
     try do
       cond do
         conn.bad_request -> refuse(conn)
+        conn.not_implemented -> not_implemented(conn)
         throttled = throttled(conn) -> too_many_attempts(conn, throttled)
         api == :all or api(conn.path_info) == api -> route(conn, conn.method, conn.path_info)
         true -> Conn.error(conn, 404, "not_found", "no such route")
@@ -133,20 +134,25 @@ defmodule ObservatoryWeb.Router do
     Conn.error(conn, 400, "bad_request", conn.bad_request)
   end
 
-  # A locked-out client's credentials are refused before they are checked (issue 13).
-  defp throttled(conn) do
-    sign_in? = conn.method == "POST" and conn.path_info == ["login"]
-
-    if sign_in? or Auth.credential?(conn) do
-      case AuthThrottle.check(conn.remote_ip) do
-        :ok -> nil
-        {:error, retry_after_s} -> retry_after_s
-      end
-    end
+  # A body in a transfer coding we cannot read: refused before it is read, and the
+  # connection closed (its unread body is no next request).
+  defp not_implemented(conn) do
+    Process.put(:mochiweb_request_force_close, true)
+    Conn.error(conn, 501, "not_implemented", conn.not_implemented)
   end
 
-  defp too_many_attempts(%{path_info: ["login"]} = conn, retry_after_s),
-    do: Login.throttled(conn, retry_after_s)
+  # A locked-out client's wrong credentials are answered 429 here; its valid ones go
+  # on to their handler, whatever the client's failures (AuthThrottle). The sign-in
+  # form's token is in its body: `Login` applies the same rule.
+  defp throttled(conn) do
+    with true <- Auth.credential?(conn),
+         {:error, retry_after_s} <- AuthThrottle.check(conn.remote_ip),
+         false <- Auth.valid_credential?(conn) do
+      retry_after_s
+    else
+      _ -> nil
+    end
+  end
 
   defp too_many_attempts(conn, retry_after_s) do
     body = %{
@@ -248,7 +254,7 @@ defmodule ObservatoryWeb.Router do
 
     case Observatory.Health.check() do
       {:ok, checks} ->
-        sessions = Observatory.Gateway.EntropyTracker.stats().sessions
+        sessions = Observatory.Gateway.EntropyTracker.session_count()
 
         Conn.json(
           conn,

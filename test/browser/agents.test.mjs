@@ -171,8 +171,14 @@ describe("Agent Detail and the kill switch in chromium", { timeout: 300_000 }, (
     await prompt.getByRole("button", { name: "Save webhook" }).click();
     await page.waitForSelector("#notification-prompt", { state: "detached" });
     await page.waitForSelector('#notifications-panel[data-configured="true"]');
-    assert.equal(await page.textContent("#notifications-panel code.ad-url"), upstream.hookUrl);
-    assert.equal((await gateway.agent("agent-deploy")).body.notification_webhook, upstream.hookUrl);
+    // A webhook URL is a secret: shown back redacted (its origin), never whole, and the
+    // form is not filled with it.
+    const redacted = `${new URL(upstream.hookUrl).origin}/…`;
+    assert.equal(await page.textContent("#notifications-panel code.ad-url"), redacted);
+    assert.equal((await gateway.agent("agent-deploy")).body.notification_webhook, redacted);
+    assert.equal(await page.getByLabel("Agent webhook URL").inputValue(), "");
+    assert.ok(!(await page.content()).includes(upstream.hookUrl), "the page never holds the URL");
+    await shot(page, "agent-webhook-redacted.png");
   });
 
   test("Display deactivation reason: a trip through the proxy shows \"Deactivated by Kill Switch\" live; Activate shows \"Active\"", async () => {

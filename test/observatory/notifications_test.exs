@@ -151,6 +151,59 @@ defmodule Observatory.NotificationsTest do
     end
   end
 
+  describe "notifications: with :alert_source :verdict, an agent stuck without an identical repeat" do
+    setup do
+      restore_env_on_exit([:alert_source])
+      Application.put_env(:observatory, :alert_source, :verdict)
+      :ok
+    end
+
+    # The same query with another LIMIT each time; `answer` says what came back.
+    defp near_query(session, agent, k, answer) do
+      HTTP.envelope(%{
+        "meta" => %{"session_id" => session, "agent_id" => agent, "step_id" => "#{session}-#{k}"},
+        "cognition" => %{"intent" => "look the code up"},
+        "action" => %{
+          "tool_call" => "sql",
+          "tool_input" => %{"query" => "SELECT code FROM template LIMIT #{k * 10}"},
+          "status" => "failure",
+          "result" => answer.(k)
+        }
+      })
+    end
+
+    test "different calls failing with one error raise the alarm once, naming the rule's reason",
+         %{stub: stub, n: n} do
+      configure([slack(stub.(:slack, []).url, "stuck-#{n}")])
+      session = "sess-stuck-#{n}"
+      agent = "agent-stuck-#{n}"
+      missing = fn _k -> "Error: Table 'docs.template' doesn't exist" end
+
+      for k <- 1..6,
+          do: {:ok, _} = SchemaInterceptor.ingest(near_query(session, agent, k, missing))
+
+      assert_receive {:sink, :slack, %{"text" => text}, _}
+      assert text =~ "Loop alarm: session"
+      assert text =~ "4 calls in a row failed with the same error"
+      settled()
+      refute_received {:sink, _, _, _}
+    end
+
+    test "the near-miss: failures whose figure moves each time notify nobody",
+         %{stub: stub, n: n} do
+      configure([slack(stub.(:slack, []).url, "moving-#{n}")])
+      session = "sess-moving-#{n}"
+      agent = "agent-moving-#{n}"
+      moving = fn k -> "Error: #{k * 10} rows over the quota" end
+
+      for k <- 1..6,
+          do: {:ok, _} = SchemaInterceptor.ingest(near_query(session, agent, k, moving))
+
+      settled()
+      refute_received {:sink, _, _, _}
+    end
+  end
+
   describe "notifications: kill-switch trips and budget stops" do
     test "a trip is critical, the activation resolves it; a budget stop, its reset", %{
       stub: stub,

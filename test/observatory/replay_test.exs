@@ -14,7 +14,7 @@ defmodule Observatory.ReplayTest do
   doctest Observatory.Replay.Report
 
   setup do
-    restore_env_on_exit([:step_detection, :session_log_size])
+    restore_env_on_exit([:step_detection, :session_log_size, :loop_verdict])
 
     %{sid: unique_session("replay")}
   end
@@ -92,7 +92,7 @@ defmodule Observatory.ReplayTest do
         for i <- 1..8 do
           flat(other, %{
             "tool_call" => "read_file",
-            "status" => "success",
+            "action_status" => "success",
             "tool_input" => %{"path" => "lib/file_#{i}.ex"},
             "result" => %{"content" => "module #{i}"}
           })
@@ -514,6 +514,15 @@ defmodule Observatory.ReplayTest do
 
       assert Replay.settings().stuck_warn == 5, "nothing is applied when a value is refused"
     end
+
+    test "issue 26: near_share is a percent 50..100, the run lengths may be :never" do
+      assert_raise ArgumentError, ~r/near_share to be an integer 50..100, got: 40/, fn ->
+        Replay.configure(near_share: 40)
+      end
+
+      Replay.configure(near_share: 100, failure_run_loop: :never, revisit_loop: :never)
+      assert %{near_share: 100, revisit_loop: :never} = Replay.settings().verdict
+    end
   end
 
   describe "workers" do
@@ -574,10 +583,10 @@ defmodule Observatory.ReplayTest do
                sessions_step_warning: 10,
                sessions_step_block: 10,
                sessions_verdict_suspect: 10,
-               # loop-stuck-*: new searches, the same miss: suspect (same_failure never
-               # loops by default, issue 11)
-               sessions_verdict_loop: 8,
-               verdict_loops: 64,
+               # loop-stuck-*: new searches, the same miss: a loop since issue 26 (four
+               # failures in a row with the same error, rule (f)); healthy ones stay clean
+               sessions_verdict_loop: 10,
+               verdict_loops: 80,
                # under the default alert source (entropy): LOOP steps
                alert_source: :entropy,
                sessions_alarmed: 8,

@@ -154,8 +154,10 @@ defmodule Observatory.ResilienceTest do
                result
 
       expanded = Path.expand(dir)
-      assert {:data_dir_locked, ^expanded, holder} = reason
-      assert holder == call(first, System, :pid, [])
+      assert {:data_dir_locked, ^expanded, [holder]} = reason
+      # The kernel's record of the lock: the first gateway's OS process, exclusively.
+      assert %{pid: pid, kind: :exclusive, command: "beam.smp"} = holder
+      assert pid == call(first, System, :pid, [])
       refute call(second, Remote, :running?, [])
 
       # The first one is unaffected.

@@ -155,6 +155,60 @@ defmodule ObservatoryWeb.ProxyGuidanceTest do
     end
   end
 
+  describe "guidance note: an agent stuck without an identical repeat (nearly identical calls, one answer)" do
+    # The same query re-sent with another LIMIT: never the identical call twice, so the
+    # exact-repeat rules and the step detector stay quiet; the near-repeat rule is what
+    # sees it.
+    defp query(limit, answer),
+      do:
+        {"sql", %{"query" => "SELECT code FROM template WHERE name = 'Book' LIMIT #{limit}"},
+         answer}
+
+    @missing "Error: Table 'docs.template' doesn't exist"
+
+    test "the third nearly identical call brings the note, the fourth names the loop", %{n: n} do
+      agent = agent("near-#{n}", :chat_completions, true)
+      session = "sess-near-#{n}"
+      turns = for limit <- [1, 10, 100, 1000], do: query(limit, @missing)
+
+      for k <- 1..2 do
+        {sent, received} = send_turns(agent, :chat_completions, Enum.take(turns, k), session)
+        assert received == sent
+      end
+
+      {_sent, received} = send_turns(agent, :chat_completions, Enum.take(turns, 3), session)
+      note = newest_result(:chat_completions, decode(received))
+
+      assert note =~
+               @missing <> "\n\n[Observatory] Loop warning: 3 nearly identical calls in a row"
+
+      assert note =~ "LIMIT 100"
+
+      {_sent, received} = send_turns(agent, :chat_completions, turns, session)
+      note = newest_result(:chat_completions, decode(received))
+      assert note =~ "Loop warning: 4 nearly identical calls in a row"
+
+      assert [%{details: %{source: "loop_verdict"}}, %{details: %{source: "loop_verdict"}}] =
+               for(
+                 e <- KillSwitch.events(agent_id: agent),
+                 e.event_type == "guidance_injected",
+                 do: e
+               )
+    end
+
+    test "the near-miss: the same query narrowed, its answer changing each time, gets no note",
+         %{n: n} do
+      agent = agent("narrowing-#{n}", :chat_completions, true)
+      session = "sess-narrowing-#{n}"
+      turns = for limit <- [1000, 100, 10, 1], do: query(limit, "#{limit} rows")
+
+      for k <- 1..4 do
+        {sent, received} = send_turns(agent, :chat_completions, Enum.take(turns, k), session)
+        assert received == sent
+      end
+    end
+  end
+
   describe "guidance note: nothing for a healthy session, or with the setting off" do
     for api <- [:chat_completions, :messages, :responses] do
       @api api

@@ -12,6 +12,110 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
   defp raw_request(lines), do: HTTP.raw([Enum.join(lines, "\r\n"), "\r\n\r\n"])
 
+  # Sends `bytes` on a new connection; what the server answers within `ms`, and whether
+  # it closed the connection by then. (The idle timeout is longer: an answer here is
+  # an answer, not the timeout.)
+  defp exchange(bytes, ms \\ 3_000) do
+    {:ok, socket} =
+      :gen_tcp.connect(~c"127.0.0.1", ObservatoryWeb.Endpoint.port(), [:binary, active: false])
+
+    :ok = :gen_tcp.send(socket, bytes)
+    deadline = System.monotonic_time(:millisecond) + ms
+    result = read_until(socket, "", deadline)
+    :gen_tcp.close(socket)
+    result
+  end
+
+  defp read_until(socket, acc, deadline) do
+    left = deadline - System.monotonic_time(:millisecond)
+
+    case left > 0 && :gen_tcp.recv(socket, 0, left) do
+      {:ok, data} -> read_until(socket, acc <> data, deadline)
+      {:error, :closed} -> {acc, :closed}
+      _ -> {acc, :open}
+    end
+  end
+
+  defp post_head(extra) do
+    [
+      "POST /api/v1/decision_logs HTTP/1.1",
+      "Host: localhost",
+      "Content-Type: application/json",
+      "Authorization: Bearer #{HTTP.agent_key()}" | extra
+    ]
+    |> Enum.join("\r\n")
+    |> Kernel.<>("\r\n\r\n")
+  end
+
+  defp chunk(data, ext \\ ""),
+    do: Integer.to_string(byte_size(data), 16) <> ext <> "\r\n" <> data <> "\r\n"
+
+  describe "hardening round 2: HTTP framing errors are answered at once" do
+    test "a chunk extension carrying a CR is a 400 and the connection is closed, not a 500" do
+      body = Observatory.JSON.encode!(HTTP.envelope())
+
+      bytes =
+        post_head(["Transfer-Encoding: chunked"]) <> chunk(body, ~s(;note="a\rb")) <> "0\r\n\r\n"
+
+      assert {"HTTP/1.1 400 " <> _ = answer, :closed} = exchange(bytes)
+      assert answer =~ "a chunk extension holds a control character"
+    end
+
+    test "well-formed chunk extensions are ignored, and the connection stays open" do
+      body = Observatory.JSON.encode!(HTTP.envelope())
+      {first, second} = String.split_at(body, 10)
+
+      request =
+        post_head(["Transfer-Encoding: chunked"]) <>
+          chunk(first, ";name=value") <>
+          chunk(second, ~s( ; q="x y")) <> "0\r\nX-Trailer: 1\r\n\r\n"
+
+      {answers, :open} = exchange(request <> request, 1_500)
+      assert [_, _] = String.split(answers, "HTTP/1.1 200 OK", trim: true)
+    end
+
+    test "broken chunk framing is a 400: a size that is not hex, data not ended by CRLF, a bare LF" do
+      for broken <- ["zz\r\nabc\r\n0\r\n\r\n", "3\r\nabcX\r\n0\r\n\r\n", "3\nabc\r\n0\r\n\r\n"] do
+        assert {"HTTP/1.1 400 " <> _, :closed} =
+                 exchange(post_head(["Transfer-Encoding: chunked"]) <> broken)
+      end
+    end
+
+    test "an unknown Transfer-Encoding is a 501 at once" do
+      for coding <- ["gzip", "gzip, chunked", "identity"] do
+        bytes = post_head(["Transfer-Encoding: #{coding}"]) <> "{}"
+        assert {"HTTP/1.1 501 " <> _ = answer, :closed} = exchange(bytes)
+        assert answer =~ "not_implemented"
+      end
+    end
+
+    test "a header with a space before its colon (Content-Length : 7) is a 400 at once" do
+      bytes = post_head(["Content-Length : 2"]) <> "{}"
+      assert {"HTTP/1.1 400 " <> _ = answer, :closed} = exchange(bytes)
+      assert answer =~ "a header line is malformed"
+    end
+
+    test "a request line that is not HTTP is a 400 at once" do
+      for line <- ["HELLO", "GET / HTTP/9.x", <<1, 2, " x">>] do
+        assert {"HTTP/1.1 400 " <> _, :closed} = exchange(line <> "\r\n\r\n")
+      end
+    end
+
+    test "Transfer-Encoding and Content-Length together are a 400 (request smuggling)" do
+      bytes = post_head(["Transfer-Encoding: chunked", "Content-Length: 5"]) <> "0\r\n\r\n"
+      assert {"HTTP/1.1 400 " <> _ = answer, :closed} = exchange(bytes)
+      assert answer =~ "not both"
+    end
+
+    test "a chunked body over the limit is a 413" do
+      restore_env_on_exit([:max_body_bytes])
+      Application.put_env(:observatory, :max_body_bytes, 1_000)
+      big = String.duplicate("x", 800)
+      bytes = post_head(["Transfer-Encoding: chunked"]) <> chunk(big) <> chunk(big) <> "0\r\n\r\n"
+      assert {"HTTP/1.1 413 " <> _, _} = exchange(bytes)
+    end
+  end
+
   describe "finding 3: invalid UTF-8 in a path or header is a 400 before any state changes" do
     test "pausing bad%FFid answers 400 and applies no pause" do
       bad = <<"bad", 0xFF, "id">>

@@ -69,7 +69,7 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       on_exit(&AuthThrottle.reset/0)
     end
 
-    test "after 5 distinct wrong operator tokens the API answers 429 with Retry-After, even to the right one" do
+    test "after 5 distinct wrong operator tokens the API answers 429 with Retry-After to wrong ones" do
       for n <- 1..5,
           do:
             assert(
@@ -81,8 +81,9 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       assert locked.body["error"] == "too_many_attempts"
       assert String.to_integer(locked.headers["retry-after"]) in 1..30
 
-      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 429
-      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 429
+      # Valid credentials are still accepted (hardening round 2, finding 3).
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 200
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 200
       # Requests without a credential are not guesses: health stays open.
       assert HTTP.get("/healthz").status == 200
     end
@@ -123,12 +124,12 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       for _ <- 1..5, do: HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale)
       assert HTTP.get("/api/v1/agents", guess.(2)).status == 401
 
-      # The third distinct wrong credential locks the client out, for every credential.
+      # The third distinct wrong credential locks the client out, for wrong credentials.
       assert HTTP.get("/api/v1/agents", guess.(3)).status == 429
       assert HTTP.get("/api/v1/agents", guess.(4)).status == 429
-      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 429
-      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 429
       assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(), stale).status == 429
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 200
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 200
     end
 
     test "a client's failed credentials are kept bounded: at most max_failures + 1 digests" do
@@ -167,11 +168,16 @@ defmodule ObservatoryWeb.SignInSecurityTest do
 
       for n <- 1..5, do: assert(attempt.("guess-#{n}").status == 401)
 
-      locked = attempt.(HTTP.operator_token())
+      locked = attempt.("guess-6")
       assert locked.status == 429
       assert locked.body =~ "Too many failed sign-ins from this address"
       assert Client.header(locked, "retry-after") =~ ~r/^\d+$/
       assert Client.cookie(locked, "observatory_session") == nil
+
+      # The right token still signs in (hardening round 2, finding 3).
+      signed_in = attempt.(HTTP.operator_token())
+      assert signed_in.status == 303
+      assert Client.cookie(signed_in, "observatory_session") != nil
     end
 
     test "X-Forwarded-For does not make a new client" do
@@ -181,7 +187,8 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       end
 
       assert HTTP.get("/api/v1/agents", [
-               {"x-forwarded-for", "10.9.9.9"} | HTTP.operator_headers()
+               {"x-forwarded-for", "10.9.9.9"},
+               {"authorization", "Bearer guess-6"}
              ]).status ==
                429
     end
@@ -198,13 +205,104 @@ defmodule ObservatoryWeb.SignInSecurityTest do
       assert AuthThrottle.size() == 0
     end
 
-    test "the table is bounded: past max_clients, new clients share one bucket" do
-      for n <- 1..1_000, do: AuthThrottle.failure("198.51.100.#{n}", "guess-#{n}")
-      assert AuthThrottle.size() == 101
+    test "an IPv6 client is its /64: new addresses in it are no new client" do
+      for n <- 1..5, do: AuthThrottle.failure("2001:db8:1:2::#{n}", "guess-#{n}")
+      assert {:error, _} = AuthThrottle.check("2001:db8:1:2:ffff::9")
+      assert AuthThrottle.check("2001:db8:1:3::1") == :ok
+      # An IPv4-mapped address is its IPv4 address.
+      for n <- 1..5, do: AuthThrottle.failure("::ffff:192.0.2.77", "guess-#{n}")
+      assert {:error, _} = AuthThrottle.check("192.0.2.77")
+    end
+  end
 
-      # The shared bucket took the other 900 failures: it is locked, for every newcomer.
-      assert {:error, _} = AuthThrottle.check("203.0.113.7")
-      assert AuthThrottle.check("198.51.100.1") == :ok
+  describe "hardening round 2, finding 2: a flood of addresses locks nobody else out" do
+    setup do
+      restore_env_on_exit([:auth_throttle])
+
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 10,
+        window_s: 60,
+        lockout_s: 60,
+        max_clients: 100
+      )
+
+      AuthThrottle.reset()
+      on_exit(&AuthThrottle.reset/0)
+    end
+
+    test "one wrong key from each of 1,000 addresses, then 11 from one more: clients that never failed are served" do
+      for n <- 1..1_000,
+          do: AuthThrottle.failure("198.51.#{div(n, 256)}.#{rem(n, 256)}", "k-#{n}")
+
+      for n <- 1..11, do: AuthThrottle.failure("203.0.113.200", "guess-#{n}")
+
+      # Memory is bounded by evicting, not by pooling newcomers into one entry.
+      assert AuthThrottle.size() <= 100
+      assert {:error, _} = AuthThrottle.check("203.0.113.200")
+      assert AuthThrottle.check("203.0.113.7") == :ok
+      assert AuthThrottle.check("127.0.0.1") == :ok
+
+      # Loopback agents and operators, and a newcomer's wrong key, are answered as usual.
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 200
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 200
+      assert HTTP.get("/api/v1/agents", [{"authorization", "Bearer wrong"}]).status == 401
+    end
+  end
+
+  describe "hardening round 2, finding 3: others' failures never lock out a valid credential" do
+    setup do
+      restore_env_on_exit([:auth_throttle])
+
+      Application.put_env(:observatory, :auth_throttle,
+        max_failures: 10,
+        window_s: 60,
+        lockout_s: 60,
+        max_clients: 100
+      )
+
+      AuthThrottle.reset()
+      on_exit(&AuthThrottle.reset/0)
+    end
+
+    test "after 10 random keys from an address, its valid agent keys and operator token still work" do
+      for n <- 1..10 do
+        HTTP.post_json("/api/v1/decision_logs", HTTP.envelope(),
+          headers: [{"authorization", "Bearer random-#{n}"}]
+        )
+      end
+
+      assert {:error, _} = AuthThrottle.check("127.0.0.1")
+      assert HTTP.post_json("/api/v1/decision_logs", HTTP.envelope()).status == 200
+
+      own =
+        HTTP.envelope(%{
+          "meta" => %{
+            "agent_id" => "agent-r2-3",
+            "session_id" => "sess-r2-3-#{System.unique_integer()}"
+          }
+        })
+
+      assert HTTP.post_json("/api/v1/decision_logs", own,
+               headers: HTTP.agent_headers("agent-r2-3")
+             ).status ==
+               200
+
+      assert HTTP.get("/api/v1/agents", HTTP.operator_headers()).status == 200
+      # The wrong ones get 429 with Retry-After.
+      wrong = HTTP.get("/api/v1/agents", [{"authorization", "Bearer random-11"}])
+      assert wrong.status == 429
+      assert wrong.headers["retry-after"] =~ ~r/^\d+$/
+    end
+
+    test "ten agents using their own valid keys on an operator route do not lock their address" do
+      for n <- 1..10 do
+        headers = HTTP.agent_headers("agent-r2-op-#{n}")
+        assert HTTP.get("/api/v1/agents", headers).status == 401
+      end
+
+      assert AuthThrottle.check("127.0.0.1") == :ok
+      assert AuthThrottle.size() == 0
+      assert HTTP.get("/api/v1/agents", [{"authorization", "Bearer wrong"}]).status == 401
     end
   end
 

@@ -793,6 +793,193 @@ def sc_ordinary(s, rng, r):
     closing_steps(s, rng, rng.randint(0, 2))
 
 
+# ---- stuck, not only repeating: a loop and a near-miss for each class a careful reader calls stuck
+def near_variants(line, r, rng):
+    """r variants of a source line, each a character or two off (a typo, a swapped pair of
+    letters, a bracket, an extra word), none of them in the file and none differing only in
+    whitespace: what an agent misremembering the line sends to the editor."""
+    body = line.strip()
+    indent = line[:len(line) - len(line.lstrip())]
+    letters = [i for i in range(len(body) - 1) if body[i].isalpha() and body[i + 1].isalpha()]
+    variants = [indent + body[:i] + body[i + 1] + body[i] + body[i + 2:] for i in letters]  # swapped letters
+    variants += [indent + body + suffix for suffix in [":", ")", " # fix", ";", " \\"]]
+    variants += [indent + body.replace("(", "((", 1), indent + body.replace("return", "return (", 1) + ")"]
+    variants = [v for v in dict.fromkeys(variants) if " ".join(v.split()) != " ".join(line.split())]
+    return rng.sample(variants, r)
+
+
+def sc_near_edit_rejected(s, rng, r):
+    """Class 1: the same fix re-applied with a character changed each time; the editor answers
+    with one identical error, because the text to replace is never quite the file's."""
+    p = s.p
+    fn = next(f for f in p["funcs"] if f["buggy"])
+    path = f"src/{p['pkg']}/{p['mod']}.py"
+    ordinary_steps(s, rng, rng.randint(1, 3))
+    s.bash(f"grep -n \"{fn['name']}\" {path}")
+    s.loop_starts_here()
+    for old in near_variants("    " + fn["bad"], r, rng):
+        s.edit(path=path, old=old, new="    " + fn["good"])
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_tune_until_pass(s, rng, r):
+    """Class 1, near-miss: nearly identical edits (a constant raised each time) and the same check
+    after each, its failure changing every time until it passes."""
+    p = s.p
+    path = f"src/{p['pkg']}/{p['util']}.py"
+    need = 10 * r
+    with open(os.path.join(p["root"], path), "a", encoding="utf-8") as f:
+        f.write("\n\nBATCH_LIMIT = 0\n")
+    check = (f"python3 -c \"import sys; sys.path.insert(0, 'src'); from {p['pkg']}.{p['util']} import BATCH_LIMIT as b; "
+             f"sys.exit(0) if b >= {need} else sys.exit(f'batch limit {{b}} is too small for the nightly import "
+             f"(needs {need})')\"")
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    s.bash(check)
+    for k in range(1, r + 1):
+        s.edit(path=path, old=f"BATCH_LIMIT = {10 * (k - 1)}", new=f"BATCH_LIMIT = {10 * k}")
+        s.bash(check)
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_usage_rejection(s, rng, r):
+    """Class 2: differently worded calls, one identical rejection (a usage text) each time."""
+    p = s.p
+    month = f"2024-{rng.randint(1, 12):02d}"
+    with open(os.path.join(p["root"], "tools", "report.sh"), "w", encoding="utf-8") as f:
+        f.write("#!/bin/sh\n# tools/report.sh: the monthly report\n"
+                "if [ \"$#\" -ne 2 ] || [ \"$1\" != \"--month\" ] || ! echo \"$2\" | grep -qE '^[0-9]{4}-[0-9]{2}$'; then\n"
+                "  echo 'usage: tools/report.sh --month YYYY-MM' >&2\n"
+                "  echo '  writes reports/<month>.csv from the ledger' >&2\n"
+                "  exit 2\n"
+                "fi\n"
+                "mkdir -p reports && echo \"month,total\" > \"reports/$2.csv\" && echo \"wrote reports/$2.csv\"\n")
+    os.chmod(os.path.join(p["root"], "tools", "report.sh"), 0o755)
+    y, m = month.split("-")
+    tries = [f"sh tools/report.sh --month={month}", f"sh tools/report.sh --from {month}-01",
+             f"sh tools/report.sh -m {m}", f"sh tools/report.sh --period {month}", f"sh tools/report.sh {month}",
+             f"sh tools/report.sh --month {y}/{m}", f"sh tools/report.sh --year {y} --month {m}",
+             f"sh tools/report.sh --month {month} --format csv"]
+    ordinary_steps(s, rng, rng.randint(1, 3))
+    s.loop_starts_here()
+    for cmd in rng.sample(tries, r):
+        s.bash(cmd)
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_search_narrows(s, rng, r):
+    """Class 2, near-miss: one search narrowed step by step, each answer smaller and different."""
+    p = s.p
+    fn = rng.choice(p["funcs"])["name"]
+    steps = [f"grep -rn return src/", f"grep -rn return src/{p['pkg']}/",
+             f"grep -rn return src/{p['pkg']}/{p['mod']}.py", f"grep -rn 'return.*(' src/{p['pkg']}/{p['mod']}.py",
+             f"grep -n -A1 'def {fn}' src/{p['pkg']}/{p['mod']}.py", f"grep -n 'def {fn}' src/{p['pkg']}/{p['mod']}.py",
+             f"grep -c 'def {fn}' src/{p['pkg']}/{p['mod']}.py"]
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    for cmd in steps[:r]:
+        s.bash(cmd)
+    s.bash(f"sed -n 1,12p src/{p['pkg']}/{p['mod']}.py")
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def view_round(p, n):
+    files = [f"src/{p['pkg']}/{p['mod']}.py", f"src/{p['pkg']}/{p['util']}.py", f"tests/test_{p['mod']}.py",
+             "README.md", "config/settings.json", f"scripts/{p['script']}.py", "docs/usage.md", "build.sh"]
+    return [f"cat {f}" if f.endswith((".json", ".md")) else f"sed -n 1,25p {f}" for f in files[:n]]
+
+
+def sc_long_view_cycle(s, rng, r):
+    """Class 3: a round of six to eight views repeated with the same results, past the cycle rule's period."""
+    p = s.p
+    size = rng.randint(6, 8)
+    views = view_round(p, size)
+    rng.shuffle(views)
+    ordinary_steps(s, rng, 1)
+    s.loop_starts_here()
+    for _ in range(2):
+        for cmd in views:
+            s.bash(cmd)
+    for cmd in views[:r - 2]:  # a third round started
+        s.bash(cmd)
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
+def sc_poll_rounds(s, rng, r):
+    """Class 3, near-miss: a round of status checks repeated while a background job moves."""
+    p = s.p
+    rounds = r
+    # about six batches a round, so the answers move every round and the job ends after them
+    make_job(p, rng, 6 * rounds + 2, 0.05)
+    checks = ["cat job.status", "tail -n 1 job.log", "ls results 2>/dev/null | wc -l"]
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    s.bash("nohup sh job.sh > job.log 2>&1 &")
+    for _ in range(rounds):
+        s.bash("sleep 0.3")
+        for c in checks[:2]:
+            s.bash(c)
+    s.bash("sleep 1.5; cat job.status")
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
+def sc_revisit_lookups(s, rng, r):
+    """Class 4: earlier lookups re-run with other steps in between, their results unchanged."""
+    p = s.p
+    lookups = ["cat config/settings.json", f"grep -n 'def ' src/{p['pkg']}/{p['mod']}.py",
+               f"python3 scripts/{p['script']}.py --dry-run", f"head -n 8 scripts/{p['script']}.py"]
+    others = ["ls scripts", "ls config", f"wc -l scripts/{p['script']}.py", "ls tools", "ls docs",
+              f"grep -c key config/settings.json", "ls tests"]
+    ordinary_steps(s, rng, 1)
+    s.loop_starts_here()
+    for cmd in lookups:
+        s.bash(cmd)
+    rng.shuffle(others)
+    for k in range(r):
+        s.bash(others[k % len(others)])
+        s.bash(lookups[k % len(lookups)])
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
+def sc_many_targets(s, rng, r):
+    """Class 4, near-miss: the same tools on different targets, a different answer each time."""
+    p = s.p
+    files = [f"src/{p['pkg']}/{p['mod']}.py", f"src/{p['pkg']}/{p['util']}.py", f"tests/test_{p['mod']}.py",
+             f"scripts/{p['script']}.py", "build.sh", "checks.sh", "tools/sync.sh", "docs/usage.md"]
+    rng.shuffle(files)
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    for f in files[:r]:
+        s.bash(f"head -n 3 {f}")
+    for f in files[:3]:
+        s.bash(f"wc -c {f}")
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
+def sc_reread_ranges(s, rng, r):
+    """Class 5: the same line ranges of a file opened again, no edit in between."""
+    p = s.p
+    path = f"tests/test_{p['mod']}.py"
+    ranges = ["1,8", "8,16", "16,24", "24,32"]
+    order = ["1,8", "8,16", "GREP", "1,8", "16,24", "8,16", "1,8", "24,32", "8,16", "16,24"]
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    s.loop_starts_here()
+    for step in order[:r + 3]:
+        if step == "GREP":
+            s.bash(f"grep -n assertEqual {path}")
+        else:
+            s.bash(f"sed -n {step}p {path}")
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
+def sc_reread_after_edit(s, rng, r):
+    """Class 5, near-miss: the same range re-read after every edit, each time showing the edit."""
+    p = s.p
+    path = f"src/{p['pkg']}/{p['util']}.py"
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    s.bash(f"sed -n 1,12p {path}")
+    for k in range(r):
+        s.edit(path=path, line=1, text=f"# reviewed: pass {k + 1}")
+        s.bash(f"sed -n 1,12p {path}")
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
 # name -> (function, label, uses_repeats)
 SCENARIOS = {
     "prose_to_shell": (sc_prose_to_shell, "looping"),
@@ -807,7 +994,21 @@ SCENARIOS = {
     "fix_and_rerun": (sc_fix_and_rerun, "clean"),
     "edits_same_file": (sc_edits_same_file, "clean"),
     "ordinary": (sc_ordinary, "clean"),
+    # stuck without an identical run: a loop and its near-miss per class
+    "near_edit_rejected": (sc_near_edit_rejected, "looping"),
+    "tune_until_pass": (sc_tune_until_pass, "clean"),
+    "usage_rejection": (sc_usage_rejection, "looping"),
+    "search_narrows": (sc_search_narrows, "clean"),
+    "long_view_cycle": (sc_long_view_cycle, "looping"),
+    "poll_rounds": (sc_poll_rounds, "clean"),
+    "revisit_lookups": (sc_revisit_lookups, "looping"),
+    "many_targets": (sc_many_targets, "clean"),
+    "reread_ranges": (sc_reread_ranges, "looping"),
+    "reread_after_edit": (sc_reread_after_edit, "clean"),
 }
+# Looping scenarios whose repeats are not identical calls: no identical run is expected.
+STUCK_WITHOUT_RUN = {"whitespace_retry", "near_edit_rejected", "usage_rejection", "long_view_cycle",
+                     "revisit_lookups", "reread_ranges"}
 REPEATS = (4, 7)
 
 
@@ -856,7 +1057,7 @@ def check(steps_by_session, summaries):
         ls = summ["loop_start"]
         rep = summ["loop_repeats"]
         loop = steps[ls:ls + rep] if ls is not None else []
-        if summ["label"] == "looping" and sc != "whitespace_retry":
+        if summ["label"] == "looping" and sc not in STUCK_WITHOUT_RUN:
             if summ["longest_identical_run"] < 4 or summ["first_run4_start"] != ls:
                 errors.append(f"{sid}: expected an identical run of {rep} at {ls}")
         if sc == "whitespace_retry":
@@ -894,6 +1095,25 @@ def check(steps_by_session, summaries):
                 warnings.append(f"{sid}: {same} consecutive repeats gave byte-identical output")
             if sc == "interleaved_output" and any(sorted(r.splitlines()) != sorted(res[0].splitlines()) for r in res):
                 errors.append(f"{sid}: interleaved runs should hold the same lines")
+        if sc in ("near_edit_rejected", "usage_rejection"):
+            calls = [json.dumps(st["tool_input"], sort_keys=True) for st in loop]
+            if len(set(calls)) != rep or len({st["result"] for st in loop}) != 1 or any(
+                    st["action_status"] != "failure" for st in loop):
+                errors.append(f"{sid}: expected {rep} different calls failing with one identical result")
+        if sc in ("long_view_cycle", "revisit_lookups", "reread_ranges"):
+            seen = {}
+            for st in steps[ls:]:
+                key = json.dumps(st["tool_input"], sort_keys=True)
+                if key in seen and seen[key] != st["result"]:
+                    errors.append(f"{sid}: a revisited call changed its answer: {key}")
+                seen.setdefault(key, st["result"])
+        if sc in ("tune_until_pass", "search_narrows", "poll_rounds", "many_targets", "reread_after_edit"):
+            res = {}
+            for st in steps:
+                res.setdefault(json.dumps(st["tool_input"], sort_keys=True), []).append(st["result"])
+            again = [k for k, v in res.items() if len(v) > 1 and len(set(v)) < len(v) and "sleep" not in k]
+            if again:
+                warnings.append(f"{sid}: a repeated call answered the same twice: {again[:2]}")
         if sc == "job_poll":
             polls = [st for st in steps if st["tool_input"].get("command", "").startswith("sleep ")]
             outs = [st["result"] for st in polls]

@@ -58,7 +58,14 @@ defmodule Mix.Tasks.Observatory.Replay do
       (the same call saying nothing new, in a row; 2 and 3), `--blank-repeat-loop N`
       (the same, every result empty; 4), `--max-period N` (longest cycle, 1..8; 5),
       `--cycle-suspect N`, `--cycle-loop N` (2 and 3), `--failure-suspect N`,
-      `--failure-loop N|never` (different calls, the same failure; 3 and never)
+      `--failure-loop N|never` (different calls, the same failure; 3 and never),
+      `--near-share N` (the percent of input word pairs two nearly identical calls
+      share, 50..100; 75; 100: identical calls only), `--near-repeat-suspect N`, `--near-repeat-loop N` (nearly identical
+      calls in a row, the same result; 3 and 4), `--blank-near-repeat-loop N` (the
+      same, every result empty; 6), `--failure-run-suspect N`,
+      `--failure-run-loop N|never` (calls in a row failing with the same error; 3 and
+      4), `--revisit-window N`, `--revisit-suspect N`, `--revisit-loop N|never`
+      (earlier calls re-run with the same result among the last N steps; 6, 2 and 3)
     * `--extra-volatile-keys k1,k2` — words whose numbers or string values are per-call
       ids in your logs (`job_token`, `run`), added to the verdict's volatile words;
       repeatable
@@ -130,6 +137,15 @@ defmodule Mix.Tasks.Observatory.Replay do
     cycle_loop: :integer,
     failure_suspect: :integer,
     failure_loop: :string,
+    near_share: :integer,
+    near_repeat_suspect: :integer,
+    near_repeat_loop: :integer,
+    blank_near_repeat_loop: :integer,
+    failure_run_suspect: :integer,
+    failure_run_loop: :string,
+    revisit_window: :integer,
+    revisit_suspect: :integer,
+    revisit_loop: :string,
     extra_volatile_keys: :keep,
     kill_switch_window: :integer,
     kill_switch_threshold: :float,
@@ -169,6 +185,15 @@ defmodule Mix.Tasks.Observatory.Replay do
     :cycle_loop,
     :failure_suspect,
     :failure_loop,
+    :near_share,
+    :near_repeat_suspect,
+    :near_repeat_loop,
+    :blank_near_repeat_loop,
+    :failure_run_suspect,
+    :failure_run_loop,
+    :revisit_window,
+    :revisit_suspect,
+    :revisit_loop,
     :extra_volatile_keys
   ]
 
@@ -292,8 +317,9 @@ defmodule Mix.Tasks.Observatory.Replay do
     end
   end
 
-  # The flags that are not plain numbers: --alert-source, --failure-loop (N or never),
-  # --extra-volatile-keys (repeatable, comma-separated).
+  # The flags that are not plain numbers: --alert-source, --failure-loop,
+  # --failure-run-loop and --revisit-loop (N or never), --extra-volatile-keys
+  # (repeatable, comma-separated).
   defp typed(opts) do
     {words, opts} = Keyword.pop_values(opts, :extra_volatile_keys)
     words = Enum.flat_map(words, &String.split(&1, ",", trim: true)) |> Enum.map(&String.trim/1)
@@ -309,11 +335,11 @@ defmodule Mix.Tasks.Observatory.Replay do
       {:alert_source, other} ->
         bad_flag!("--alert-source must be entropy or verdict, got: #{other}")
 
-      {:failure_loop, "never"} ->
-        {:failure_loop, :never}
+      {key, "never"} when key in [:failure_loop, :failure_run_loop, :revisit_loop] ->
+        {key, :never}
 
-      {:failure_loop, n} ->
-        {:failure_loop, integer_flag!("--failure-loop", n)}
+      {key, n} when key in [:failure_loop, :failure_run_loop, :revisit_loop] ->
+        {key, integer_flag!("--" <> String.replace(Atom.to_string(key), "_", "-"), n)}
 
       other ->
         other

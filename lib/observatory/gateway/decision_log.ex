@@ -22,7 +22,7 @@ defmodule Observatory.Gateway.DecisionLog do
   alias Observatory.Gateway.{ActionStatus, LoopVerdict}
   alias Observatory.Native
 
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
 
   @typedoc "A rule broken by a message: the field's dotted path and why."
   @type violation :: %{path: String.t(), reason: String.t()}

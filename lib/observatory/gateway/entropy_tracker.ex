@@ -238,6 +238,16 @@ defmodule Observatory.Gateway.EntropyTracker do
     %{sessions: sessions, evicted: evicted, expired: expired}
   end
 
+  @doc """
+  Sessions held, read without a dirty scheduler (`stats/1` counts on one): for health
+  checks, which must answer while request work fills the dirty schedulers.
+  """
+  @spec session_count(keyword()) :: non_neg_integer()
+  def session_count(opts \\ []) do
+    {:ok, store} = store(opts)
+    Native.entropy_count(store)
+  end
+
   @doc "Drops idle sessions now instead of at the next periodic sweep."
   @spec sweep(keyword()) :: non_neg_integer()
   def sweep(opts \\ []) do

@@ -36,12 +36,26 @@ defmodule Observatory.Gateway.LoopVerdict do
     * **same_failure** (c) — the step failed (`failure`, `error`, `timeout`) with a
       result, and that same outcome ended `failure_suspect` / `failure_loop` different
       calls in the history;
-    * **entropy** (d) — only when (a)–(c) say nothing, and only if `entropy_rule`: the
+    * **near_repeat** (e) — nearly identical calls in a row (the same tool, at least
+      `near_share` percent of the input's word pairs the same), each with the same
+      answer (word for word between different calls): suspect at
+      `near_repeat_suspect`, loop at `near_repeat_loop` (`blank_near_repeat_loop` when
+      every answer was empty);
+    * **failure_run** (f) — the newest steps all failed with the same non-blank error
+      (numbers kept: a count of failing tests that moves is progress), whatever the calls: suspect at `failure_run_suspect`, loop at `failure_run_loop`;
+    * **revisit** (g) — the step repeats an earlier one (the same or a nearly identical
+      call, the same non-empty answer; or the identical call, empty again, with only
+      failures and empty answers since), and so do `revisit_suspect` / `revisit_loop`
+      of the last `revisit_window` steps: re-run lookups, re-reads, cycles of any
+      length up to the history;
+    * **entropy** (d) — only when the others say nothing, and only if `entropy_rule`: the
       entropy severity is WARNING or LOOP. Explained (**progress**) when every
       `(call, outcome)` pair in the entropy window differs, suspect otherwise — never
       loop.
 
-  No rule: progress. Otherwise the strongest level wins, ties to the earlier rule.
+  No rule: progress. Otherwise the strongest level wins, ties to the earlier rule in the
+  order (a), (b), (e), (f), (g), (c), (d). The guide `docs/stuck-detection.md` says what
+  (e)–(g) see and how to tune them.
 
   ## Configuration
 
@@ -50,8 +64,12 @@ defmodule Observatory.Gateway.LoopVerdict do
         repeat_suspect: 2, repeat_loop: 3,
         max_period: 5,                    # longest cycle looked for (1..8; 1: no cycles)
         cycle_suspect: 2, cycle_loop: 3,  # repetitions of the whole cycle
-        failure_suspect: 3, failure_loop: 4,
+        failure_suspect: 3, failure_loop: :never,
         entropy_rule: true,
+        near_share: 75,                   # nearly identical: % of input word pairs shared
+        near_repeat_suspect: 3, near_repeat_loop: 4, blank_near_repeat_loop: 6,
+        failure_run_suspect: 3, failure_run_loop: 4,
+        revisit_window: 6, revisit_suspect: 2, revisit_loop: 3,
         # normalization, read at start and by reload_rules/0
         volatile_keys: :default,          # or a list of words that replaces the default
         extra_volatile_keys: [],          # added to them
@@ -100,7 +118,16 @@ defmodule Observatory.Gateway.LoopVerdict do
     cycle_loop: 3,
     failure_suspect: 3,
     failure_loop: :never,
-    entropy_rule: true
+    entropy_rule: true,
+    near_share: 75,
+    near_repeat_suspect: 3,
+    near_repeat_loop: 4,
+    blank_near_repeat_loop: 6,
+    failure_run_suspect: 3,
+    failure_run_loop: 4,
+    revisit_window: 6,
+    revisit_suspect: 2,
+    revisit_loop: 3
   ]
   @normalization [
     volatile_keys: :default,
@@ -112,18 +139,30 @@ defmodule Observatory.Gateway.LoopVerdict do
   ]
   @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
   @rules_text "each suspect threshold must be >= 2 and <= its loop threshold (or :never " <>
-                "for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"
+                "for failure_loop, failure_run_loop, revisit_loop), blank_repeat_loop and " <>
+                "blank_near_repeat_loop >= 2, history 2..64, max_period 1..8, near_share 50..100, " <>
+                "revisit_window 2..64"
 
   @type level :: :progress | :suspect | :loop
-  @type rule :: :none | :repeat | :cycle | :same_failure | :entropy
+  @type rule ::
+          :none
+          | :repeat
+          | :cycle
+          | :near_repeat
+          | :failure_run
+          | :revisit
+          | :same_failure
+          | :entropy
   @typedoc """
   What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  lines, flags}` (64-bit hashes, a 128-byte line sketch, and flag bits: has a result,
-  failed, blank, long). Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
+  sketches, flags, {tool, shape, exact}}` (64-bit hashes, the result's line and number
+  sketches, flag bits: has a result, failed, blank; the tool's hash, the input's
+  word-pair set and the result's hash before normalization).
+  Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
   @type keys ::
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
-           non_neg_integer()}
+           non_neg_integer(), {non_neg_integer(), non_neg_integer(), non_neg_integer()}}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -160,7 +199,7 @@ defmodule Observatory.Gateway.LoopVerdict do
       iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_loop: 3)
       :ok
       iex> Observatory.Gateway.LoopVerdict.check_thresholds(repeat_suspect: 4, repeat_loop: 3)
-      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop), blank_repeat_loop >= 2, history 2..64, max_period 1..8"}
+      {:error, "invalid :loop_verdict thresholds: each suspect threshold must be >= 2 and <= its loop threshold (or :never for failure_loop, failure_run_loop, revisit_loop), blank_repeat_loop and blank_near_repeat_loop >= 2, history 2..64, max_period 1..8, near_share 50..100, revisit_window 2..64"}
   """
   @spec check_thresholds(keyword()) :: :ok | {:error, String.t()}
   def check_thresholds(thresholds) when is_list(thresholds) do
@@ -305,7 +344,10 @@ defmodule Observatory.Gateway.LoopVerdict do
   defp to_tuple(s) do
     {s[:history], s[:max_period], {s[:repeat_suspect], s[:repeat_loop], s[:blank_repeat_loop]},
      {s[:cycle_suspect], s[:cycle_loop]}, {s[:failure_suspect], never_as_zero(s[:failure_loop])},
-     s[:entropy_rule]}
+     s[:entropy_rule],
+     {{s[:near_share], s[:near_repeat_suspect], s[:near_repeat_loop], s[:blank_near_repeat_loop]},
+      {s[:failure_run_suspect], never_as_zero(s[:failure_run_loop])},
+      {s[:revisit_window], s[:revisit_suspect], never_as_zero(s[:revisit_loop])}}}
   end
 
   # The NIF takes 0 for "never".
@@ -313,8 +355,14 @@ defmodule Observatory.Gateway.LoopVerdict do
   defp never_as_zero(0), do: -1
   defp never_as_zero(n), do: n
 
-  defp valid_config?({history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy} = tuple) do
-    Enum.all?([history, period, rs, rl, rb, cs, cl, fs, fl], &(is_integer(&1) and &1 >= 0)) and
+  defp valid_config?(
+         {history, period, {rs, rl, rb}, {cs, cl}, {fs, fl}, entropy,
+          {{nb, ns, nl, nbl}, {frs, frl}, {rw, rvs, rvl}}} = tuple
+       ) do
+    Enum.all?(
+      [history, period, rs, rl, rb, cs, cl, fs, fl, nb, ns, nl, nbl, frs, frl, rw, rvs, rvl],
+      &(is_integer(&1) and &1 >= 0)
+    ) and
       is_boolean(entropy) and Native.verdict_config_check(tuple) == :ok
   rescue
     _ in [ArgumentError, ErlangError] -> false

@@ -50,6 +50,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     Idempotency,
     LoopVerdict,
     SessionLog,
+    SessionOwners,
     StepDetector
   }
 
@@ -82,10 +83,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     * `:tracker` — the `EntropyTracker` to score with (default: the application's).
     * `:log_violations` — log a rejected message as a `schema_violation` (default
       `true`); a batch caller that logs a capped summary itself turns it off.
-    * `:agent` — the authenticated agent sending it (issue 13): its `meta.agent_id`
-      must be this agent, and its session must not be one the gateway has recorded
-      for another agent; otherwise `{:error, {:forbidden, violation}}` and nothing is
-      touched. Unset (in-process callers, `:any_agent`): no check.
+    * `:agent` — the authenticated agent sending it: its `meta.agent_id` must be this
+      agent, and its session must not be owned by another agent
+      (`Observatory.Gateway.SessionOwners`); otherwise `{:error, {:forbidden,
+      violation}}` and nothing is touched. Unset (in-process callers, `:any_agent`):
+      no check, but a new session is still claimed for the envelope's agent.
 
   ## In a cluster (issue 14)
 
@@ -222,24 +224,46 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     })
   end
 
-  # An agent acts only as itself, and only in its own sessions.
-  defp authorize(_fields, agent, _opts) when agent in [nil, :any_agent], do: :ok
+  # An agent acts only as itself, and only in its own sessions: the first agent to
+  # write a session owns it (SessionOwners), whatever the detectors evicted since.
+  # A trusted caller (in-process, a shared key) is not checked, but the session
+  # it writes is still claimed for the envelope's agent.
+  defp authorize(fields, agent, opts) when agent in [nil, :any_agent] do
+    _ = claim(fields, opts)
+    :ok
+  end
 
-  defp authorize(%{agent_id: agent, session_id: session_id}, agent, opts)
-       when is_binary(agent) do
-    tracker = Keyword.get(opts, :tracker, EntropyTracker)
-
-    case EntropyTracker.session(session_id, tracker: tracker) do
-      %{agent_id: owner} when is_binary(owner) and owner != agent ->
-        forbidden(%{path: "meta.session_id", reason: "is a session of another agent"})
-
-      _ ->
+  defp authorize(%{agent_id: agent} = fields, agent, opts) when is_binary(agent) do
+    case claim(fields, opts) do
+      :ok ->
         :ok
+
+      :owned_by_other ->
+        forbidden(%{path: "meta.session_id", reason: "is a session of another agent"})
     end
   end
 
   defp authorize(_fields, agent, _opts) do
     forbidden(%{path: "meta.agent_id", reason: "is not #{inspect(agent)}, the agent of this key"})
+  end
+
+  # Past its quota the agent gives up its own least recently used sessions: their
+  # windows go too, so one agent cannot crowd the others out of the stores.
+  defp claim(%{session_id: session_id, agent_id: agent_id}, opts) do
+    case SessionOwners.claim(session_id, agent_id) do
+      {:ok, released} ->
+        tracker = Keyword.get(opts, :tracker, EntropyTracker)
+
+        for id <- released do
+          EntropyTracker.forget(id, tracker: tracker)
+          LoopVerdict.forget(id)
+        end
+
+        :ok
+
+      {:error, {:owned_by, _other}} ->
+        :owned_by_other
+    end
   end
 
   defp forbidden(violation) do

@@ -1,8 +1,8 @@
 defmodule Observatory.Gateway.Supervisor do
   @moduledoc """
-  The gateway's detectors and stores: the entropy tracker, HITL, the step detector,
-  the loop verdict, the call breaker, the session log, the alerted sessions and the
-  memory of answered steps (`Idempotency`), each restarted on its own
+  The gateway's detectors and stores: session ownership, the entropy tracker, HITL,
+  the step detector, the loop verdict, the call breaker, the session log, the alerted
+  sessions and the memory of answered steps (`Idempotency`), each restarted on its own
   (`:one_for_one`: none depends on another's process).
 
   A restart is cheap and safe here: the safety state a crash could lose (pauses, the
@@ -20,6 +20,7 @@ defmodule Observatory.Gateway.Supervisor do
   @impl true
   def init(_opts) do
     children = [
+      Observatory.Gateway.SessionOwners,
       Observatory.Gateway.EntropyTracker,
       Observatory.Gateway.HITL,
       Observatory.Gateway.StepDetector,

@@ -12,7 +12,8 @@ defmodule Observatory.KillSwitch.Agents do
         deactivated_at: nil,            # DateTime | nil
         reactivated_from: nil,          # the deactivated_at an activation undid
         kill_switch: %{enabled: false, window_size: 5, threshold: 5.5, mode: :enforce},
-        notification_webhook: nil,      # URL | nil
+        notification_webhook: nil,      # URL | nil (stored sealed: Observatory.AtRest)
+        notification_webhook_unreadable: false, # sealed under another key: enter it again
         guidance: nil,                  # true | false | nil (the configured default)
         budget: %{mode: :enforce, session_tokens: nil, …},  # Observatory.Budget.Settings
         created_at: ~U[...], updated_at: ~U[...]
@@ -49,8 +50,9 @@ defmodule Observatory.KillSwitch.Agents do
 
   require Logger
 
+  alias Observatory.AtRest
   alias Observatory.Cluster.Tombstones
-  alias Observatory.KillSwitch.Settings
+  alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias Observatory.Storage
 
   @agents :observatory_agents
@@ -76,6 +78,7 @@ defmodule Observatory.KillSwitch.Agents do
             mode: :enforce | :warn | :shadow
           },
           notification_webhook: String.t() | nil,
+          notification_webhook_unreadable: boolean(),
           guidance: boolean() | nil,
           budget: Observatory.Budget.Settings.t(),
           created_at: DateTime.t(),
@@ -122,6 +125,44 @@ defmodule Observatory.KillSwitch.Agents do
       nil -> Observatory.Cluster.Store.await_tables(@tables)
       timeout -> :ok = :mnesia.wait_for_tables(@tables, timeout)
     end
+
+    seal_plain_webhooks()
+  end
+
+  # Webhook URLs written in plain by an older release: sealed, and the copies in
+  # "settings_changed" events redacted. Nothing to do once done.
+  defp seal_plain_webhooks do
+    agents =
+      :mnesia.dirty_select(@agents, [
+        {{@agents, :"$1", :"$2"}, [{:is_binary, {:map_get, :notification_webhook, :"$2"}}],
+         [:"$1"]}
+      ])
+
+    events =
+      :mnesia.dirty_select(@events, [{{@events, :"$1", :"$2"}, [], [{{:"$1", :"$2"}}]}])
+      |> Enum.filter(fn {_key, event} ->
+        is_binary(get_in(event, [:details, :changes, :notification_webhook]))
+      end)
+
+    if agents != [] or events != [] do
+      Storage.transaction("agent store", fn ->
+        for id <- agents, agent = read(id), do: write(agent)
+
+        for {key, event} <- events do
+          event =
+            update_in(event, [:details, :changes, :notification_webhook], &WebhookURL.redact/1)
+
+          :mnesia.write({@events, key, event})
+        end
+      end)
+
+      Logger.info(
+        "sealed #{length(agents)} webhook URL(s) stored in plain by an older release, " <>
+          "redacted #{length(events)} in events"
+      )
+    end
+
+    :ok
   end
 
   @doc """
@@ -357,7 +398,13 @@ defmodule Observatory.KillSwitch.Agents do
           |> Map.put(:updated_at, now)
 
         write(updated)
-        event = write_event(id, "settings_changed", Map.put(details, :changes, changes), now)
+        # The event keeps what changed, a webhook URL only redacted: it is a secret.
+        logged =
+          if Map.has_key?(changes, :notification_webhook),
+            do: Map.update!(changes, :notification_webhook, &WebhookURL.redact/1),
+            else: changes
+
+        event = write_event(id, "settings_changed", Map.put(details, :changes, logged), now)
         {:ok, before, updated, event}
       end
     end)
@@ -559,7 +606,20 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
-  defp write(agent), do: :mnesia.write({@agents, agent.id, agent})
+  # The webhook URL is stored sealed (Observatory.AtRest), bound to the agent's id.
+  defp write(agent) do
+    stored =
+      agent
+      |> Map.delete(:notification_webhook_unreadable)
+      |> Map.update!(:notification_webhook, fn
+        nil -> nil
+        url -> AtRest.seal(url, webhook_aad(agent.id))
+      end)
+
+    :mnesia.write({@agents, agent.id, stored})
+  end
+
+  defp webhook_aad(id), do: "notification_webhook:" <> id
 
   defp write_event(agent_id, type, details, at) do
     at_us = DateTime.to_unix(at, :microsecond)
@@ -592,6 +652,7 @@ defmodule Observatory.KillSwitch.Agents do
         mode: Keyword.get(config, :mode, :enforce)
       },
       notification_webhook: nil,
+      notification_webhook_unreadable: false,
       guidance: nil,
       budget: Observatory.Budget.Settings.defaults(),
       reactivated_from: nil,
@@ -601,13 +662,29 @@ defmodule Observatory.KillSwitch.Agents do
   end
 
   # Records written by an older release lack newer fields: fill them with defaults.
+  # A webhook URL sealed under another key (the secret_key_base changed) cannot be
+  # read: the agent has none until an operator enters it again, and says so.
   defp upgrade(id, stored) do
     defaults = new(id, Map.get(stored, :created_at, now()))
+
+    {webhook, unreadable?} =
+      case Map.get(stored, :notification_webhook) do
+        nil ->
+          {nil, false}
+
+        value ->
+          case AtRest.unseal(value, webhook_aad(id)) do
+            {:ok, url} -> {url, false}
+            {:error, _} -> {nil, true}
+          end
+      end
 
     defaults
     |> Map.merge(stored)
     |> Map.put(:kill_switch, Map.merge(defaults.kill_switch, Map.get(stored, :kill_switch, %{})))
     |> Map.put(:budget, Map.merge(defaults.budget, Map.get(stored, :budget, %{})))
+    |> Map.put(:notification_webhook, webhook)
+    |> Map.put(:notification_webhook_unreadable, unreadable?)
   end
 
   defp max_agents do

@@ -33,6 +33,14 @@ defmodule Observatory.KillSwitch.Notifier do
   @doc "Sends `payload` to the agent's webhook in the background; `:ok` when there is none."
   @spec notify(map(), map()) :: :ok
   def notify(agent, payload) do
+    if agent[:notification_webhook_unreadable] do
+      Logger.warning(
+        "agent #{inspect(agent[:id])}'s webhook URL was sealed under another key " <>
+          "(the secret_key_base changed) and cannot be read: set it again; " <>
+          "this alert goes to the global webhook, if any"
+      )
+    end
+
     case webhook(agent) do
       nil ->
         :ok

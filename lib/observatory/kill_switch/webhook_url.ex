@@ -55,6 +55,35 @@ defmodule Observatory.KillSwitch.WebhookURL do
     end
   end
 
+  @doc """
+  A webhook URL as it may be shown back: its scheme, host and port, and of the rest
+  only the last four characters. A Slack-style URL is its own credential, so the
+  gateway never shows one back in full (and stores it sealed: `Observatory.AtRest`).
+
+      iex> Observatory.KillSwitch.WebhookURL.redact("https://hooks.slack.com/services/T0/B0/x9Abc7")
+      "https://hooks.slack.com/…Abc7"
+      iex> Observatory.KillSwitch.WebhookURL.redact("http://alerts.internal:8080/")
+      "http://alerts.internal:8080/"
+  """
+  @spec redact(String.t() | nil) :: String.t() | nil
+  def redact(nil), do: nil
+
+  def redact(url) when is_binary(url) do
+    uri = URI.parse(url)
+    rest = (uri.path || "") <> if(uri.query, do: "?" <> uri.query, else: "")
+
+    port =
+      if uri.port && uri.port != URI.default_port(uri.scheme || ""), do: ":#{uri.port}", else: ""
+
+    origin = "#{uri.scheme}://#{uri.host}#{port}/"
+
+    cond do
+      rest in ["", "/"] -> origin
+      String.length(rest) >= 16 -> origin <> "…" <> String.slice(rest, -4, 4)
+      true -> origin <> "…"
+    end
+  end
+
   @doc "Whether `ip` is in a range a webhook may not reach (loopback, private, ...)."
   @spec private?(:inet.ip_address()) :: boolean()
   def private?({a, b, _, _}) do

@@ -45,7 +45,7 @@ defmodule Observatory.Replay.Record do
   alias Observatory.Native
 
   @default_agent "unknown-agent"
-  @dirty_bytes 64 * 1024
+  @dirty_bytes Observatory.Native.Cost.dirty_bytes()
 
   @flat_paths %{
     "meta.session_id" => "session_id",

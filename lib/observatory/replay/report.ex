@@ -145,13 +145,18 @@ defmodule Observatory.Replay.Report do
   end
 
   defp verdict_settings(%{verdict: v} = s) do
-    failure_loop = if v.failure_loop == :never, do: "never", else: v.failure_loop
+    never = fn n -> if n == :never, do: "never", else: n end
 
     [
       "verdict: repeat suspect #{v.repeat_suspect} loop #{v.repeat_loop} ",
       "(blank results #{v.blank_repeat_loop}), cycles up to #{v.max_period} calls ",
-      "suspect #{v.cycle_suspect} loop #{v.cycle_loop}, same failure suspect ",
-      "#{v.failure_suspect} loop #{failure_loop}, history #{v.history}",
+      "suspect #{v.cycle_suspect} loop #{v.cycle_loop}, near repeat (#{v.near_share} % shared) ",
+      "suspect #{v.near_repeat_suspect} loop #{v.near_repeat_loop} ",
+      "(blank results #{v.blank_near_repeat_loop}), failure run suspect ",
+      "#{v.failure_run_suspect} loop #{never.(v.failure_run_loop)}, revisits in ",
+      "#{v.revisit_window} steps suspect #{v.revisit_suspect} loop #{never.(v.revisit_loop)}, ",
+      "same failure suspect #{v.failure_suspect} loop #{never.(v.failure_loop)}, ",
+      "history #{v.history}",
       if(s.extra_volatile_keys == [],
         do: "",
         else: "; extra volatile keys: #{Enum.join(s.extra_volatile_keys, ", ")}"

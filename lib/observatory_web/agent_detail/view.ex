@@ -22,7 +22,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
 
   import ObservatoryWeb.HTML, only: [escape: 1, spend: 1]
 
-  alias Observatory.KillSwitch.Settings
+  alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias ObservatoryWeb.API.Agents, as: AgentJSON
 
   # The kill switch's modes, as the settings form offers them.
@@ -472,7 +472,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
   defp notifications_panel(%{agent: agent} = assigns) do
     configured? = assigns.notifications_configured
     form = source_form(assigns.webhook_form, "panel")
-    value = form_values(form, %{"notification_webhook" => agent.notification_webhook || ""})
+    # The URL set is a secret: never put back in the page, only its redaction.
+    value = form_values(form, %{"notification_webhook" => ""})
 
     [
       ~s(<section id="notifications-panel" class="panel" aria-labelledby="notif-title" data-configured="),
@@ -488,9 +489,13 @@ defmodule ObservatoryWeb.AgentDetail.View do
         agent.notification_webhook ->
           [
             ~s(<p>When the kill switch stops this agent, the event is POSTed to <code class="ad-url">),
-            escape(agent.notification_webhook),
-            "</code>.</p>"
+            escape(WebhookURL.redact(agent.notification_webhook)),
+            "</code> (the rest of the URL is kept secret). Enter a new URL to replace it.</p>"
           ]
+
+        agent[:notification_webhook_unreadable] ->
+          ~s(<p class="ad-warning">This agent's webhook URL was stored under another secret ) <>
+            ~s{key (<code>secret_key_base</code> changed) and cannot be read: enter it again.</p>}
 
         configured? ->
           ~s(<p>When the kill switch stops this agent, the event is POSTed to the global webhook ) <>
@@ -509,7 +514,8 @@ defmodule ObservatoryWeb.AgentDetail.View do
         value["notification_webhook"],
         form_errors(form)["notification_webhook"],
         ~s(type="text" inputmode="url" autocomplete="off" placeholder="https://hooks.example.com/observatory"),
-        "An http:// or https:// URL. Leave it blank to remove it."
+        "An http:// or https:// URL. The one set is never shown back: enter a new one " <>
+          "to replace it, or save this blank to remove it."
       ),
       ~s(<div class="ad-actions"><button type="submit" class="btn btn-primary-sm">Save webhook</button></div>),
       "</form></section>"

@@ -41,20 +41,25 @@ defmodule ObservatoryWeb.API.Agents do
                        "max_score": 18.0},
        "guidance": {"setting": "default", "enabled": false},
        "budget": {"mode": "enforce", "session_tokens": 2000000, "window_seconds": 3600, …},
-       "notification_webhook": null, "notifications_configured": false,
+       "notification_webhook": "https://hooks.slack.com/…Xk4q",
+       "notification_webhook_unreadable": false, "notifications_configured": true,
        "score": {"score": 7.5, "similar_prompts": 3, "similar_responses": 0,
                  "repeated_tool_calls": 3, "window_len": 4, "window_size": 5},
        "created_at": "...", "updated_at": "..."}
 
   `status_label` is what the dashboard shows: "Deactivated by Kill Switch" when the
   switch stopped the agent, "Inactive" when an operator did, "Active" otherwise.
+  A webhook URL is its own credential: it is shown back redacted (its origin and last
+  four characters, `Observatory.KillSwitch.WebhookURL.redact/1`), in events too, and
+  stored sealed; `notification_webhook_unreadable` is true when it was sealed under
+  another key (the `:secret_key_base` changed) and must be set again.
   `score` is null while the switch is off (no window).
   """
 
   alias Observatory.{AgentKeys, Budget, JSON}
   alias Observatory.KillSwitch
   alias Observatory.Proxy.Guidance
-  alias Observatory.KillSwitch.Settings
+  alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias ObservatoryWeb.{Auth, Conn}
 
   def index(conn) do
@@ -321,7 +326,8 @@ defmodule ObservatoryWeb.API.Agents do
         enabled: Guidance.enabled?(agent)
       },
       budget: Budget.settings_json(agent.budget),
-      notification_webhook: agent.notification_webhook,
+      notification_webhook: WebhookURL.redact(agent.notification_webhook),
+      notification_webhook_unreadable: agent[:notification_webhook_unreadable] == true,
       notifications_configured: KillSwitch.notifications_configured?(agent),
       score: score(agent),
       created_at: DateTime.to_iso8601(agent.created_at),

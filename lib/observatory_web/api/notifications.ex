@@ -4,7 +4,8 @@ defmodule ObservatoryWeb.API.Notifications do
   token required on every route.
 
     * `GET /api/v1/notifications/sinks` — `{"sinks": [sink]}`, configured ones first,
-      every secret redacted;
+      every secret redacted; `"unreadable": true` for a run-time sink whose secrets
+      were sealed under another `:secret_key_base` (it sends nothing: `PUT` it again);
     * `PUT /api/v1/notifications/sinks/:name` — adds or replaces a run-time sink:
       `{"type": "webhook" | "slack" | "pagerduty", "url": …, "routing_key": …,
       "secret": …, "events": [...]}` (`Observatory.Notifications.Sink`); `422` with every

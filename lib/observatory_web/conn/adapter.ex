@@ -36,8 +36,13 @@ defmodule ObservatoryWeb.Conn.Adapter do
 
   @callback request(req()) :: request()
 
-  @doc "The whole body, at most `max` bytes."
-  @callback read_body(req(), max :: pos_integer()) :: {:ok, binary()} | {:error, :too_large}
+  @doc """
+  The whole body, at most `max` bytes. `{:error, {:malformed, reason}}` for a chunked
+  body whose framing is broken: `ObservatoryWeb.Conn` answers `400` and closes the
+  connection.
+  """
+  @callback read_body(req(), max :: pos_integer()) ::
+              {:ok, binary()} | {:error, :too_large | {:malformed, String.t()}}
 
   @doc "Reads and drops the body (at most `max` bytes), so the client sees the answer."
   @callback discard_body(req(), max :: pos_integer()) :: :ok

@@ -48,17 +48,32 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     end
   end
 
+  # A chunked body is read by ObservatoryWeb.Conn.Chunked: MochiWeb's own reader
+  # crashes on a chunk extension and takes a bare LF for a line end.
   @impl true
   def read_body(req, max) do
-    case ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-           :mochiweb_request.recv_body(max, req)
-         end) do
+    ObservatoryWeb.Endpoint.with_read_deadline(fn ->
+      if chunked?(req),
+        do: ObservatoryWeb.Conn.Chunked.read(req, max),
+        else: recv_body(req, max)
+    end)
+  end
+
+  defp recv_body(req, max) do
+    case :mochiweb_request.recv_body(max, req) do
       :undefined -> {:ok, ""}
       body -> {:ok, IO.iodata_to_binary(body)}
     end
   catch
     :exit, {:body_too_large, _} -> {:error, :too_large}
     :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  defp chunked?(req) do
+    case :mochiweb_request.get_header_value(~c"transfer-encoding", req) do
+      :undefined -> false
+      value -> ObservatoryWeb.Conn.chunked_value?(bytes(value))
+    end
   end
 
   # Piece by piece, keeping none of it: a client whose body is left unread when the

@@ -8,8 +8,9 @@ defmodule ObservatoryWeb.Dashboard.Login do
       SameSite=Strict, make the browser send it).
     * `POST /login` — `403` when the two do not match; `401` and the form again for a
       wrong token (counted by `ObservatoryWeb.AuthThrottle`: `429` with `Retry-After`
-      and the form once a client has failed too often); otherwise the signed session cookie (`ObservatoryWeb.Dashboard.Session`)
-      and `303` to `/`.
+      and the form once a client has failed too often); for the right token, however
+      often its address failed, the signed session cookie
+      (`ObservatoryWeb.Dashboard.Session`) and `303` to `/`.
     * `POST /logout` — needs the session's CSRF token; revokes the session on the server
       (a copy of the cookie no longer signs in), clears the cookie, `303` to `/login`.
   """
@@ -35,6 +36,10 @@ defmodule ObservatoryWeb.Dashboard.Login do
   def create(conn) do
     with {:ok, fields} <- form_fields(conn),
          true <- csrf_ok?(Conn.cookie(conn, @csrf_cookie), fields["_csrf_token"]) do
+      # As for the API: a client locked out before this attempt gets 429 for a wrong
+      # token, and the right token signs in whatever its address's failures.
+      locked = ObservatoryWeb.AuthThrottle.check(conn.remote_ip)
+
       case Auth.sign_in(conn, blank_to_nil(fields["token"])) do
         {:ok, operator} ->
           Conn.redirect(conn, "/", [
@@ -43,7 +48,10 @@ defmodule ObservatoryWeb.Dashboard.Login do
           ])
 
         {:error, :unauthorized} ->
-          form(conn, 401, "That token is not an operator token.")
+          case locked do
+            :ok -> form(conn, 401, "That token is not an operator token.")
+            {:error, retry_after_s} -> throttled(conn, retry_after_s)
+          end
       end
     else
       false -> forbidden(conn)
@@ -51,9 +59,8 @@ defmodule ObservatoryWeb.Dashboard.Login do
     end
   end
 
-  @doc "The answer to a sign-in while the client is locked out (`ObservatoryWeb.AuthThrottle`)."
-  @spec throttled(Conn.t(), pos_integer()) :: :ok
-  def throttled(conn, retry_after_s) do
+  # A wrong token while the client is locked out (`ObservatoryWeb.AuthThrottle`).
+  defp throttled(conn, retry_after_s) do
     form(
       conn,
       429,

@@ -7,8 +7,9 @@
 //! * `step_hashes` — the same parse pass with the verdict's keys added: the canonical
 //!   text is written once and hashed twice;
 //! * `verdict_keys` — what the verdict adds to that pass: normalizing the canonical
-//!   text and hashing it to two 64-bit keys;
-//! * `verdict_observe` — the store update and the four rules on a warm session
+//!   text and hashing it to the step's keys (call, outcome, the result's shape, since
+//!   issue 26 the input's word pairs and the result word for word);
+//! * `verdict_observe` — the store update and the seven rules on a warm session
 //!   (history full), in a `KeyedStore` of 1 000 sessions;
 //! * `verdict_added` — `verdict_keys` + `verdict_observe`: **what the verdict adds to a
 //!   step**.
@@ -18,8 +19,9 @@
 //! (the same input and a log-heavy ~750 B result: timestamps, pids, trace ids and some
 //! sixty numbers to examine). The normalizer's cost follows the digits more than the
 //! bytes: it jumps from digit to digit. Two session shapes:
-//! `varied` (sixteen different steps round and round: every rule scans the full
-//! history and finds nothing) and `looping` (the same failing step: a loop verdict
+//! `varied` (64 different steps round and round, more than a session keeps: every rule
+//! scans the full history and finds nothing; sixteen, since issue 26, would be a round
+//! of revisits) and `looping` (the same failing step: a loop verdict
 //! with evidence every time).
 //!
 //! cargo bench -p observatory_core --bench loop_verdict -- --warm-up-time 1 --measurement-time 3
@@ -29,7 +31,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use observatory_core::decision_log::{step_digests, step_hashes, verdict_keys};
 use observatory_core::keyed_store::KeyedStore;
-use observatory_core::loop_verdict::keys::{keys_from_canonical, Normalization};
+use observatory_core::loop_verdict::keys::{call_shape, keys_from_canonical, Normalization};
 use observatory_core::loop_verdict::shape::{collapse_whitespace, shape, Scratch};
 use observatory_core::loop_verdict::{Config, EntropySignal, StepKeys, VerdictState};
 use observatory_core::session_store::{Observation, Settings, Store};
@@ -140,7 +142,7 @@ fn bench_verdict(c: &mut Criterion) {
         ("medium", medium),
         ("large", large),
     ] {
-        let envelopes: Vec<Value> = (0..16).map(make).collect();
+        let envelopes: Vec<Value> = (0..64).map(make).collect();
         eprintln!(
             "{name}: tool_input {} B, result {} B (canonical JSON)",
             size(&envelopes[0], "tool_input"),
@@ -218,6 +220,14 @@ fn bench_verdict(c: &mut Criterion) {
                 out.clear();
                 collapse_whitespace(black_box(texts[i].0.as_bytes()), &mut out);
                 black_box(out.len())
+            })
+        });
+        // Issue 26: the input's shape (its word pairs), for nearly identical calls.
+        let mut i = 0usize;
+        group.bench_function("keys_shape_input", |b| {
+            b.iter(|| {
+                i = (i + 1) % texts.len();
+                black_box(call_shape(black_box(texts[i].0.as_bytes())))
             })
         });
         let mut scratch = Scratch::default();

@@ -41,7 +41,31 @@
 //!   agent trying different calls that fail alike is struggling, and on real runs the
 //!   rule raised more false alarms than it caught loops). A blank failure (a `grep`
 //!   that found nothing) is an answer, not a cause: not counted.
-//! * **(d) entropy** — only when (a)–(c) say nothing: the entropy tracker's severity is
+//! * **(e) near repeat** — the newest steps are nearly identical calls (the same tool,
+//!   at least `near_share` (75 %) of their input's word pairs the same: [`keys`]), each
+//!   with the same answer as the one before (the identical call counts when it said
+//!   nothing new; two different calls' answers must be the same word for word), at
+//!   least one of them not identical: suspect at `near_repeat_suspect` (3), loop at
+//!   `near_repeat_loop` (4), or `blank_near_repeat_loop` (6) when every answer was
+//!   blank. The same edit re-applied with a character changed, the same query with
+//!   another `LIMIT`, each time the same error.
+//! * **(f) failure run** — the newest steps all failed with the same non-blank error
+//!   (word for word, numbers kept: "3 tests failed", then "2", is progress), whatever
+//!   their calls: suspect at `failure_run_suspect` (3), loop at `failure_run_loop` (4).
+//!   New argument names, new wording, one identical rejection.
+//! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
+//!   same or a nearly identical call and the same non-blank answer, or the identical
+//!   call and a blank answer again with nothing but failures and blank answers since
+//!   (`cp` that prints nothing, a failing variant, the same `cp`); when the newest step
+//!   revisits and `revisit_suspect` (2) / `revisit_loop` (3) of the last
+//!   `revisit_window` (6) steps do: suspect / loop. Lookups re-run between other
+//!   steps, files re-read with no edit between, and cycles of any length up to the
+//!   history, past `max_period`.
+//!
+//!   Rules (e)–(g) compare answers exactly (ids normalized, numbers kept: across
+//!   different calls or steps apart, a number that changed in an error is news), and any
+//!   blank answer is the same as any other.
+//! * **(d) entropy** — only when (a)–(c) and (e)–(g) say nothing: the entropy tracker's severity is
 //!   WARNING or LOOP. If every `(call, outcome)` pair in the entropy window is distinct,
 //!   the repetition the ratio saw is explained by different arguments or different
 //!   results: **progress**. Otherwise: suspect. The entropy window alone never makes a
@@ -49,17 +73,20 @@
 //!   poll, ten different writes).
 //!
 //! No rule: progress. Otherwise the strongest rule wins (loop > suspect > progress);
-//! among equals, the first in the order above. The reason names the rule; the
+//! among equals, the first of (a), (b), (e), (f), (g), (c), (d). The reason names the rule; the
 //! evidence is the step numbers involved (at most [`MAX_EVIDENCE`], the most recent).
 //!
 //! A step without `action.result` has the status as its only outcome: it is blank.
 //!
 //! # Cost
 //!
-//! A session is a ring of 40-byte entries plus two sketches (the run's lines, the
-//! newest result's numbers: 160 bytes); a step is one push and scans of at most
-//! `history` entries per rule (the cycle scan compares at most `max_period × history`
-//! hashes). `benches/loop_verdict.rs` measures it with the hashing.
+//! A session is a ring of 40-byte entries and their outcomes folded to 4 bytes (about
+//! 0.7 KiB at the default history of 16) plus two sketches (the run's lines, the newest
+//! result's numbers: 160 bytes); a step
+//! is one push and scans of at most `history` entries per rule (the cycle scan
+//! compares at most `max_period × history` hashes, the revisit scan `history` entries
+//! once, when the step is recorded). `benches/loop_verdict.rs` measures it with the
+//! hashing.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -106,6 +133,12 @@ pub enum Rule {
     Repeat,
     /// (b) a cycle of 2..=max_period calls.
     Cycle,
+    /// (e) nearly identical calls in a row, the same result.
+    NearRepeat,
+    /// (f) calls in a row failing with the same error.
+    FailureRun,
+    /// (g) earlier calls re-run, their results unchanged.
+    Revisit,
     /// (c) the same failure under different calls.
     SameFailure,
     /// (d) the entropy tracker's severity.
@@ -118,6 +151,9 @@ impl Rule {
             Rule::None => "none",
             Rule::Repeat => "repeat",
             Rule::Cycle => "cycle",
+            Rule::NearRepeat => "near_repeat",
+            Rule::FailureRun => "failure_run",
+            Rule::Revisit => "revisit",
             Rule::SameFailure => "same_failure",
             Rule::Entropy => "entropy",
         }
@@ -138,6 +174,14 @@ pub enum Reason {
     Cycle { period: u32, blocks: u32 },
     /// (b) a cycle of `period` calls, `blocks` times, an outcome changed.
     CycleProgress { period: u32, blocks: u32 },
+    /// (e) `times` nearly identical calls in a row with the same result (each time
+    /// blank: `blank`).
+    NearRepeat { times: u32, blank: bool },
+    /// (f) `times` calls in a row failed with the same error.
+    FailureRun { times: u32 },
+    /// (g) `revisits` of the last `window` steps repeated an earlier call with the same
+    /// result.
+    Revisit { revisits: u32, window: u32 },
     /// (c) `calls` different calls ended in the same failure.
     SameFailure { calls: u32 },
     /// (d) low entropy, but every call or outcome differs.
@@ -177,6 +221,24 @@ impl fmt::Display for Reason {
             Reason::CycleProgress { period, blocks } => write!(
                 f,
                 "a cycle of {period} calls repeated {blocks} times, but a result changed: progress"
+            ),
+            Reason::NearRepeat {
+                times,
+                blank: false,
+            } => write!(
+                f,
+                "{times} nearly identical calls in a row (the same tool, most of the input the same), each with the same result"
+            ),
+            Reason::NearRepeat { times, blank: true } => write!(
+                f,
+                "{times} nearly identical calls in a row, each with an empty result"
+            ),
+            Reason::FailureRun { times } => {
+                write!(f, "{times} calls in a row failed with the same error")
+            }
+            Reason::Revisit { revisits, window } => write!(
+                f,
+                "{revisits} of the last {window} steps repeated an earlier call (or a nearly identical one) and got the same result as before"
             ),
             Reason::SameFailure { calls } => {
                 write!(f, "{calls} different calls failed with the same result")
@@ -247,8 +309,18 @@ pub struct Verdict {
 pub struct StepKeys {
     /// Tool name and normalized canonical input, whitespace in strings collapsed.
     pub call: u64,
+    /// The tool name alone.
+    pub tool: u64,
+    /// The word pairs of the collapsed input, one bit of 64 each ([`keys::call_shape`]):
+    /// nearly identical inputs share most of their bits.
+    pub shape: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
+    /// The canonical result word for word, before normalization (its first
+    /// [`keys::EXACT_BYTES`] bytes and its length; the outcome without a result): two
+    /// different calls whose answers differ only in a checksum or an id got different
+    /// answers.
+    pub exact: u64,
     /// Status and the set of the result's lines, digits masked ([`shape`]).
     pub gist: u64,
     /// Status and the result's text, digits masked, in order ([`shape`]).
@@ -267,10 +339,15 @@ pub struct StepKeys {
 impl StepKeys {
     /// Keys from a call and an outcome hash alone, as if the result were one line:
     /// every view of the outcome is the outcome itself.
+    /// The tool is the call itself and so is the shape: no two different calls are
+    /// near-identical (set `tool` and `shape` for that).
     pub fn exact(call: u64, outcome: u64, has_result: bool, failure: bool) -> Self {
         Self {
             call,
+            tool: call,
+            shape: call,
             outcome,
+            exact: outcome,
             gist: outcome,
             skeleton: outcome,
             lines: if has_result {
@@ -319,6 +396,24 @@ pub struct Config {
     pub failure_loop: Option<u32>,
     /// (d) on or off.
     pub entropy: bool,
+    /// Two inputs of the same tool are nearly identical when at least this share (in
+    /// percent) of their word pairs are the same ([`keys::call_shape`]); 100: only identical
+    /// calls compare, rules (e)–(g) see identical calls alone.
+    pub near_share: u32,
+    /// (e) nearly identical calls in a row with the same result: suspect / loop.
+    pub near_repeat_suspect: u32,
+    pub near_repeat_loop: u32,
+    /// (e) the same, every result blank (an empty answer says little): loop.
+    pub blank_near_repeat_loop: u32,
+    /// (f) calls in a row failing with the same non-blank error: suspect / loop
+    /// (`None`: never loop).
+    pub failure_run_suspect: u32,
+    pub failure_run_loop: Option<u32>,
+    /// (g) revisits among the last `revisit_window` steps (at most `history`): suspect /
+    /// loop (`None`: never loop).
+    pub revisit_window: usize,
+    pub revisit_suspect: u32,
+    pub revisit_loop: Option<u32>,
 }
 
 impl Default for Config {
@@ -334,23 +429,41 @@ impl Default for Config {
             failure_suspect: 3,
             failure_loop: None,
             entropy: true,
+            near_share: 75,
+            near_repeat_suspect: 3,
+            near_repeat_loop: 4,
+            blank_near_repeat_loop: 6,
+            failure_run_suspect: 3,
+            failure_run_loop: Some(4),
+            revisit_window: 6,
+            revisit_suspect: 2,
+            revisit_loop: Some(3),
         }
     }
 }
 
 impl Config {
     /// Each suspect threshold at least 2 (once is not a repetition) and at most its
-    /// loop threshold (equal: no suspect stage), the blank repeat threshold at least 2
-    /// (below `repeat_loop` it has no effect); history and period in range.
+    /// loop threshold (equal: no suspect stage), the blank thresholds at least 2
+    /// (below their loop threshold they have no effect); history, period, near bits
+    /// (50..=100) and revisit window (2..=[`MAX_HISTORY`], at most the history in use) in
+    /// range.
     pub fn validate(&self) -> Result<(), Error> {
         let pair = |suspect: u32, lp: u32| suspect >= 2 && lp >= suspect;
+        let optional =
+            |suspect: u32, lp: Option<u32>| suspect >= 2 && lp.is_none_or(|l| l >= suspect);
         let ok = (2..=MAX_HISTORY).contains(&self.history)
             && (1..=MAX_PERIOD).contains(&self.max_period)
             && pair(self.repeat_suspect, self.repeat_loop)
             && self.blank_repeat_loop >= 2
             && pair(self.cycle_suspect, self.cycle_loop)
-            && self.failure_suspect >= 2
-            && self.failure_loop.is_none_or(|l| l >= self.failure_suspect);
+            && optional(self.failure_suspect, self.failure_loop)
+            && (50..=100).contains(&self.near_share)
+            && pair(self.near_repeat_suspect, self.near_repeat_loop)
+            && self.blank_near_repeat_loop >= 2
+            && optional(self.failure_run_suspect, self.failure_run_loop)
+            && (2..=MAX_HISTORY).contains(&self.revisit_window)
+            && optional(self.revisit_suspect, self.revisit_loop);
         if ok {
             Ok(())
         } else {
@@ -362,17 +475,71 @@ impl Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     call: u64,
+    shape: u64,
     outcome: u64,
+    /// The result word for word ([`StepKeys::exact`]), folded: different calls compare
+    /// by it.
+    exact: u32,
     /// What cycles compare: the gist of a failure (its numbers are counters), the exact
-    /// outcome of a success.
-    fuzzy: u64,
-    skeleton: u64,
-    step: u32,
+    /// outcome of a success; folded (that two of the 16 steps a session keeps
+    /// collide is about one chance in 36 million).
+    fuzzy: u32,
+    /// The tool's hash, folded to 16 bits (a collision only lets two calls of different
+    /// tools compare by shape).
+    tool: u16,
+    /// How many steps back the earlier step this one repeats is (the same or a nearly
+    /// identical call, the same non-blank answer), 0 if none. A step's number is not
+    /// kept: the ring holds consecutive steps, the newest being `steps`.
+    revisit_back: u8,
     has_result: bool,
     failure: bool,
     blank: bool,
     /// The same call as the step before, and its result said nothing new.
     stale: bool,
+}
+
+/// A 64-bit hash folded to 32 bits, for compact scans (a match is confirmed in full).
+fn fold(hash: u64) -> u32 {
+    (hash ^ (hash >> 32)) as u32
+}
+
+fn fold16(hash: u64) -> u16 {
+    let h = fold(hash);
+    (h ^ (h >> 16)) as u16
+}
+
+impl Entry {
+    /// The same tool, and inputs sharing at least `near_share` percent of their word
+    /// pairs (of the pairs in either shape; identical calls too).
+    fn near(&self, other: &Entry, near_share: u32) -> bool {
+        if self.call == other.call {
+            return true;
+        }
+        let either = (self.shape | other.shape).count_ones();
+        let one_only = (self.shape ^ other.shape).count_ones();
+        near_share < 100
+            && self.tool == other.tool
+            && either > 0
+            && 100 * (either - one_only) >= near_share * either
+    }
+
+    /// The same answer, compared exactly (ids normalized, numbers kept: across different
+    /// calls or steps apart, a number that changed in an error is news, "limit 10 is too
+    /// small" then "limit 20"); any blank answer is the same as any other blank answer,
+    /// whatever the status (an empty `grep` fails, an empty `find` succeeds).
+    fn same_answer(&self, other: &Entry) -> bool {
+        (self.blank && other.blank) || (self.outcome == other.outcome && self.blank == other.blank)
+    }
+
+    /// The same or a nearly identical call with the same answer. Between different calls
+    /// the answer must also be the same word for word: normalization hides the ids and
+    /// checksums that are noise when a call is re-sent, but news when the call changed
+    /// (`sort | md5sum` then `sort -k 2 | md5sum`).
+    fn alike(&self, other: &Entry, near_share: u32) -> bool {
+        self.near(other, near_share)
+            && self.same_answer(other)
+            && (self.call == other.call || self.blank || self.exact == other.exact)
+    }
 }
 
 /// A rule's finding.
@@ -388,12 +555,28 @@ struct Finding {
 #[derive(Debug, Clone, Default)]
 pub struct VerdictState {
     ring: VecDeque<Entry>,
+    /// The ring's outcomes folded to 32 bits, in the same order: rule (g) scans them on
+    /// every step (one cache line at a history of 16), and confirms a match in the ring.
+    outcomes: VecDeque<u32>,
     steps: u32,
     last: Option<Verdict>,
     /// The lines every result of the current run of the same call has shown.
     run_lines: LineSketch,
-    /// The numbers of the newest step's result.
+    /// The numbers of the newest step's result, and its skeleton.
     newest_numbers: NumberSketch,
+    newest_skeleton: u64,
+    /// Rule (e)'s chain ending at the newest step: its length, whether a link in it is
+    /// nearly identical (not identical), whether every answer in it was blank.
+    near_run: u32,
+    near_run_near: bool,
+    near_run_blank: bool,
+    /// Rule (f): failures in a row ending at the newest step with its non-blank error.
+    failure_run: u32,
+    /// Rule (a): the newest step's run of the same call, the stale steps ending it, and
+    /// whether those (and the call before them) were all blank.
+    same_run: u32,
+    stale_run: u32,
+    stale_blank: bool,
 }
 
 impl VerdictState {
@@ -413,6 +596,7 @@ impl VerdictState {
         let history = config.history.clamp(2, MAX_HISTORY);
         while self.ring.len() >= history {
             self.ring.pop_front();
+            self.outcomes.pop_front();
         }
         let same_call = self.ring.back().is_some_and(|prev| prev.call == keys.call);
         let stale = same_call && self.says_nothing_new(&keys);
@@ -422,25 +606,35 @@ impl VerdictState {
             self.run_lines = keys.lines;
         }
         self.newest_numbers = keys.numbers;
-        self.ring.push_back(Entry {
+        self.newest_skeleton = keys.skeleton;
+        let mut entry = Entry {
             call: keys.call,
+            tool: fold16(keys.tool),
+            shape: keys.shape,
             outcome: keys.outcome,
-            fuzzy: if keys.failure {
+            exact: fold(keys.exact),
+            fuzzy: fold(if keys.failure {
                 keys.gist
             } else {
                 keys.outcome
-            },
-            skeleton: keys.skeleton,
-            step: self.steps,
+            }),
             has_result: keys.has_result,
             failure: keys.failure,
             blank: keys.blank,
             stale,
-        });
+            revisit_back: 0,
+        };
+        entry.revisit_back = self.revisit_back(&entry, config);
+        self.extend_runs(&entry, config);
+        self.outcomes.push_back(fold(entry.outcome));
+        self.ring.push_back(entry);
 
         let specific = [
             self.repeat(config),
             self.cycle(config),
+            self.near_repeat(config),
+            self.failure_run(config),
+            self.revisit(config),
             self.same_failure(config),
         ]
         .into_iter()
@@ -505,31 +699,26 @@ impl VerdictState {
             return false;
         }
         keys.failure
-            || keys.skeleton != prev.skeleton
+            || keys.skeleton != self.newest_skeleton
             || keys.numbers.mostly_same_as(&self.newest_numbers)
     }
 
     /// Rule (a): the same call several times in a row, the last of them saying
     /// nothing new.
     fn repeat(&self, config: &Config) -> Option<Finding> {
-        let run = self
-            .ring
-            .iter()
-            .rev()
-            .take_while(|e| e.call == self.at(0).call)
-            .count();
+        // Kept as the steps come (`extend_runs`); a history shrunk at run time keeps
+        // what it still holds.
+        let run = (self.same_run as usize).min(self.ring.len());
         if run < 2 {
             return None;
         }
-        let stale = self
-            .ring
-            .iter()
-            .rev()
-            .take_while(|e| e.stale)
-            .count()
-            .min(run - 1);
+        let stale = (self.stale_run as usize).min(run - 1);
         let times = (stale + 1) as u32;
-        let blank = (0..=stale).all(|k| self.at(k).blank);
+        let blank = if stale == self.stale_run as usize {
+            self.stale_blank
+        } else {
+            (0..=stale).all(|k| self.at(k).blank)
+        };
         let loop_at = if blank {
             config.blank_repeat_loop.max(config.repeat_loop)
         } else {
@@ -565,12 +754,15 @@ impl VerdictState {
         let n = self.ring.len();
         let max_period = config.max_period.clamp(1, MAX_PERIOD).min(n / 2);
         for p in 2..=max_period {
+            // A block of one call repeated is rule (a)'s.
+            if (0..p).all(|k| self.at(k).call == self.at(0).call) {
+                continue;
+            }
             let calls = (0..n - p)
                 .take_while(|&k| self.at(k).call == self.at(k + p).call)
                 .count();
             let blocks = ((calls + p) / p) as u32;
-            // A block of one call repeated is rule (a)'s.
-            if blocks < 2 || (0..p).all(|k| self.at(k).call == self.at(0).call) {
+            if blocks < 2 {
                 continue;
             }
             let outcomes = (0..calls)
@@ -606,6 +798,196 @@ impl VerdictState {
         None
     }
 
+    /// Rule (e): the newest steps, each a nearly identical call of the step before with
+    /// the same answer (or the same call saying nothing new), at least one of them not
+    /// identical (identical calls alone are rule (a)'s).
+    fn near_repeat(&self, config: &Config) -> Option<Finding> {
+        if !self.near_run_near {
+            return None;
+        }
+        // A history shrunk at run time keeps what it still holds.
+        let times = self.near_run.min(self.ring.len() as u32);
+        let blank = self.near_run_blank;
+        let loop_at = if blank {
+            config.blank_near_repeat_loop.max(config.near_repeat_loop)
+        } else {
+            config.near_repeat_loop
+        };
+        let level = if times >= loop_at {
+            Level::Loop
+        } else if times >= config.near_repeat_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::NearRepeat,
+            reason: Reason::NearRepeat { times, blank },
+            evidence: self.newest(times as usize),
+        })
+    }
+
+    /// Extends or restarts rules (e)'s and (f)'s runs with `entry`, before it is pushed:
+    /// a step costs the same whatever the runs' length.
+    fn extend_runs(&mut self, entry: &Entry, config: &Config) {
+        let prev = self.ring.back();
+        let linked = prev.is_some_and(|p| {
+            if p.call == entry.call {
+                entry.stale
+            } else {
+                p.alike(entry, config.near_share)
+            }
+        });
+        if linked {
+            self.near_run += 1;
+            self.near_run_near |= prev.is_some_and(|p| p.call != entry.call);
+            self.near_run_blank &= entry.blank;
+        } else {
+            self.near_run = 1;
+            self.near_run_near = false;
+            self.near_run_blank = entry.blank;
+        }
+        let same_call = prev.is_some_and(|p| p.call == entry.call);
+        self.same_run = if same_call { self.same_run + 1 } else { 1 };
+        if entry.stale {
+            // A stale step follows the same call: the run's head counts too.
+            self.stale_blank = if self.stale_run == 0 {
+                prev.is_some_and(|p| p.blank) && entry.blank
+            } else {
+                self.stale_blank && entry.blank
+            };
+            self.stale_run += 1;
+        } else {
+            self.stale_run = 0;
+            self.stale_blank = entry.blank;
+        }
+        let failed = entry.failure && !entry.blank;
+        let same_error = prev.is_some_and(|p| p.failure && !p.blank && p.outcome == entry.outcome);
+        self.failure_run = match (failed, same_error) {
+            (false, _) => 0,
+            (true, true) => self.failure_run + 1,
+            (true, false) => 1,
+        };
+    }
+
+    /// Rule (f): the newest steps all failed with this step's non-blank error, whatever
+    /// their calls.
+    fn failure_run(&self, config: &Config) -> Option<Finding> {
+        let times = self.failure_run.min(self.ring.len() as u32);
+        if times == 0 {
+            return None;
+        }
+        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
+            Level::Loop
+        } else if times >= config.failure_run_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::FailureRun,
+            reason: Reason::FailureRun { times },
+            evidence: self.newest(times as usize),
+        })
+    }
+
+    /// How many steps back the newest earlier step `entry` repeats is: the same or a
+    /// nearly identical call with the same non-blank answer, anywhere in the history
+    /// (`entry` is not in the ring yet). 0 if none.
+    fn revisit_back(&self, entry: &Entry, config: &Config) -> u8 {
+        let n = self.outcomes.len();
+        if entry.blank {
+            // An empty answer says little: only the identical call counts, with nothing
+            // but failures and empty answers since.
+            let quiet = |e: &Entry| e.failure || e.blank;
+            return self
+                .with_outcome(entry.outcome)
+                .find(|&i| i + 1 < n && self.ring[i].blank && self.ring[i].call == entry.call)
+                .filter(|&i| (i + 1..n).all(|j| quiet(&self.ring[j])))
+                .map_or(0, |i| (n - i) as u8);
+        }
+        self.with_outcome(entry.outcome)
+            .find(|&i| {
+                let e = &self.ring[i];
+                e.alike(entry, config.near_share)
+            })
+            .map_or(0, |i| (n - i) as u8)
+    }
+
+    /// The ring indexes of the steps whose outcome may be `outcome` (its 32-bit fold
+    /// matches; confirm in the ring), newest first. The folded outcomes are contiguous:
+    /// most steps share none of them.
+    fn with_outcome(&self, outcome: u64) -> impl Iterator<Item = usize> + '_ {
+        let folded = fold(outcome);
+        let (older, newer) = self.outcomes.as_slices();
+        let newer = newer
+            .iter()
+            .enumerate()
+            .rev()
+            .map(move |(i, &o)| (older.len() + i, o));
+        newer
+            .chain(older.iter().copied().enumerate().rev())
+            .filter(move |&(_, o)| o == folded)
+            .map(|(i, _)| i)
+    }
+
+    /// The number of the step `back` steps before the newest (0: the newest).
+    fn step_at(&self, back: usize) -> u32 {
+        self.steps - back as u32
+    }
+
+    /// Rule (g): the newest step repeats an earlier one, and so do others among the last
+    /// `revisit_window` steps.
+    fn revisit(&self, config: &Config) -> Option<Finding> {
+        if self.at(0).revisit_back == 0 {
+            return None;
+        }
+        let window = config.revisit_window.min(self.ring.len());
+        let revisits = (0..window)
+            .filter(|&k| self.at(k).revisit_back != 0)
+            .count() as u32;
+        let level = if config.revisit_loop.is_some_and(|l| revisits >= l) {
+            Level::Loop
+        } else if revisits >= config.revisit_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        // The latest revisiting steps and the steps they repeat, oldest first: at most
+        // MAX_EVIDENCE steps, as evidence holds.
+        let mut steps = [0u32; MAX_EVIDENCE];
+        let mut count = 0;
+        for k in 0..window {
+            let back = self.at(k).revisit_back;
+            if back != 0 && count + 2 <= MAX_EVIDENCE {
+                steps[count] = self.step_at(k);
+                steps[count + 1] = self.step_at(k) - u32::from(back);
+                count += 2;
+            }
+        }
+        let steps = &mut steps[..count];
+        steps.sort_unstable();
+        let mut unique = [0u32; MAX_EVIDENCE];
+        let mut n = 0;
+        for &step in steps.iter() {
+            if n == 0 || unique[n - 1] != step {
+                unique[n] = step;
+                n += 1;
+            }
+        }
+        Some(Finding {
+            level,
+            rule: Rule::Revisit,
+            reason: Reason::Revisit {
+                revisits,
+                window: window as u32,
+            },
+            evidence: Evidence::from_iter(unique[..n].iter().copied()),
+        })
+    }
+
     /// Rule (c): distinct calls among the recent steps that failed with this step's
     /// outcome.
     fn same_failure(&self, config: &Config) -> Option<Finding> {
@@ -617,11 +999,16 @@ impl VerdictState {
         let mut calls = [0u64; MAX_HISTORY];
         let mut steps = [0u32; MAX_HISTORY];
         let mut count = 0;
-        for entry in self.ring.iter().rev() {
-            let same = entry.failure && entry.outcome == current.outcome;
-            if same && !calls[..count].contains(&entry.call) {
+        // The contiguous outcomes first: most steps do not share this one.
+        let n = self.outcomes.len();
+        for i in self.with_outcome(current.outcome) {
+            let entry = &self.ring[i];
+            if entry.failure
+                && entry.outcome == current.outcome
+                && !calls[..count].contains(&entry.call)
+            {
                 calls[count] = entry.call;
-                steps[count] = entry.step;
+                steps[count] = self.step_at(n - 1 - i);
                 count += 1;
             }
         }
@@ -652,7 +1039,7 @@ impl VerdictState {
             (0..window)
                 .rev()
                 .filter(|&k| repeated(k))
-                .map(|k| self.at(k).step),
+                .map(|k| self.step_at(k)),
         );
         let (level, reason) = if evidence.as_slice().is_empty() {
             (Level::Progress, Reason::EntropyExplained { window })
@@ -670,7 +1057,7 @@ impl VerdictState {
     /// The step numbers of the newest `count` steps, oldest first.
     fn newest(&self, count: usize) -> Evidence {
         let count = count.min(self.ring.len());
-        Evidence::from_iter((0..count).rev().map(|k| self.at(k).step))
+        Evidence::from_iter((0..count).rev().map(|k| self.step_at(k)))
     }
 }
 

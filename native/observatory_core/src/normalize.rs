@@ -180,7 +180,10 @@ fn whitespace_len(text: &str, i: usize) -> usize {
 }
 
 fn digits_len(s: &[u8]) -> usize {
-    s.iter().take_while(|b| b.is_ascii_digit()).count()
+    let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    #[cfg(test)]
+    tests::count_read(n + 1);
+    n
 }
 
 /// `s` starts with `shape`, where `d` stands for any ASCII digit.
@@ -263,6 +266,8 @@ fn is_uuid(s: &[u8]) -> bool {
 /// Length of the hex id filling the whole alphanumeric word at the start of `s`, or 0.
 fn hex_id_len(s: &[u8]) -> usize {
     let word = s.iter().take_while(|b| b.is_ascii_alphanumeric()).count();
+    #[cfg(test)]
+    tests::count_read(word + 1);
     let word = &s[..word];
     let is_id = word.len() >= MIN_HEX_ID
         && word.iter().all(u8::is_ascii_hexdigit)
@@ -506,6 +511,7 @@ fn scan_ids(s: &[u8], rules: &IdRules, json: bool, out: &mut Vec<u8>) {
     // the last word or token looked at).
     let mut literal = 0;
     let mut floor = 0;
+    let mut numbers = NumberChain::default();
     while let Some(digit) = next_digit(s, floor) {
         let mut start = digit;
         while start > floor
@@ -524,7 +530,7 @@ fn scan_ids(s: &[u8], rules: &IdRules, json: bool, out: &mut Vec<u8>) {
                 None => {
                     let (word, end) = scan_word(s, start);
                     let class = WORD_CLASS[usize::from(s[start])];
-                    match id_token_at(s, start, class, word, rules) {
+                    match id_token_at(s, start, class, word, rules, &mut numbers) {
                         Some((len, placeholder)) => Some((start, len, placeholder)),
                         None => {
                             floor = end;
@@ -570,7 +576,10 @@ fn last_quote(s: &[u8]) -> Option<usize> {
 /// Whether the byte at `k` is the letter of a JSON escape: preceded by an odd number
 /// of backslashes.
 fn escape_letter(s: &[u8], k: usize) -> bool {
-    s[..k].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
+    let backslashes = s[..k].iter().rev().take_while(|&&b| b == b'\\').count();
+    #[cfg(test)]
+    tests::count_read(backslashes + 1);
+    backslashes % 2 == 1
 }
 
 /// Longest distance from a string value's opening quote to the digit that makes the
@@ -613,7 +622,10 @@ fn volatile_string(
     }
     let mut close = start;
     loop {
-        close += s[close..].iter().position(|&b| b == b'"')?;
+        let to_quote = s[close..].iter().position(|&b| b == b'"');
+        #[cfg(test)]
+        tests::count_read(to_quote.map_or(s.len() - close, |n| n + 1));
+        close += to_quote?;
         if !escape_letter(s, close) {
             break;
         }
@@ -673,6 +685,8 @@ fn scan_word(s: &[u8], start: usize) -> (Word, usize) {
         any |= c;
         end += 1;
     }
+    #[cfg(test)]
+    tests::count_read(end - start);
     let word = Word {
         len: end - start,
         all_hex: all & HEX != 0,
@@ -728,6 +742,7 @@ fn id_token_at(
     class: u8,
     word: Word,
     rules: &IdRules,
+    numbers: &mut NumberChain,
 ) -> Option<(usize, &'static str)> {
     if class & HEX == 0 {
         return None;
@@ -750,7 +765,7 @@ fn id_token_at(
     if !digit {
         return None;
     }
-    let len = number_len(rest);
+    let len = numbers.len_at(s, i);
     if rules.epoch_timestamps && is_epoch(&rest[..len]) {
         Some((len, TIMESTAMP))
     } else if volatile_before(s, i, &rules.volatile) {
@@ -759,6 +774,28 @@ fn id_token_at(
         Some((len, NUM))
     } else {
         None
+    }
+}
+
+/// The number [`number_len`] measured last, so that a chain of digit runs is read once
+/// and not once per run: in `1,1,1,…` (CSV, a JSON array of numbers) each run starts a
+/// word, and the number from each one reaches to the end of the chain, so measuring
+/// every one of them anew would cost time quadratic in the chain's length. From any
+/// digit inside a chain the number ends where the chain ends.
+#[derive(Default)]
+struct NumberChain {
+    start: usize,
+    end: usize,
+}
+
+impl NumberChain {
+    /// [`number_len`] of `s[i..]`, where `s[i]` is a digit.
+    fn len_at(&mut self, s: &[u8], i: usize) -> usize {
+        if !(self.start..self.end).contains(&i) {
+            self.start = i;
+            self.end = i + number_len(&s[i..]);
+        }
+        self.end - i
     }
 }
 
@@ -909,6 +946,16 @@ mod tests {
     }
 
     #[test]
+    fn ids_mode_keeps_long_words_that_are_not_hex() {
+        // Eight characters and a digit make no hex id when a letter is past `f`.
+        assert_eq!(
+            ids("version12 of build2024x, step9abc"),
+            "version12 of build2024x, step9abc"
+        );
+        assert_eq!(ids("abcdef1234 of build2024x"), "<ID> of build2024x");
+    }
+
+    #[test]
     fn ids_mode_replaces_unix_times() {
         assert_eq!(ids("ts 1739870000 and 1739870000123"), "ts <TS> and <TS>");
         assert_eq!(
@@ -988,7 +1035,16 @@ mod tests {
                 continue;
             }
             let (word, end) = scan_word(s, i);
-            match id_token_at(s, i, WORD_CLASS[usize::from(s[i])], word, rules) {
+            // A fresh chain each time: the plain way measures every number anew.
+            let mut numbers = NumberChain::default();
+            match id_token_at(
+                s,
+                i,
+                WORD_CLASS[usize::from(s[i])],
+                word,
+                rules,
+                &mut numbers,
+            ) {
                 Some((len, placeholder)) => {
                     out.extend_from_slice(&s[literal..i]);
                     out.extend_from_slice(placeholder.as_bytes());
@@ -1033,6 +1089,18 @@ mod tests {
         // An escaped backslash before a letter is not an escape of that letter.
         assert_eq!(json_ids(r#""C:\\n2026-02-22""#), r#""C:\\n2026-02-22""#);
         assert_eq!(json_ids(r#""C:\\\n2026-02-22""#), r#""C:\\\n<TS>""#);
+    }
+
+    #[test]
+    fn json_mode_finds_keys_spelled_long() {
+        // A key is looked for up to 32 bytes back: separators make a volatile word longer
+        // than itself, and it is still that word.
+        assert_eq!(
+            json_ids(r#"{"correlation___id___":"req-42"}"#),
+            r#"{"correlation___id___":"<V>"}"#
+        );
+        let too_far = format!(r#"{{"{}pid":"req-42"}}"#, "_".repeat(40));
+        assert_eq!(json_ids(&too_far), too_far);
     }
 
     #[test]
@@ -1149,5 +1217,136 @@ mod tests {
             let out = normalize_hex_ids(&text);
             prop_assert_eq!(normalize_hex_ids(&out), out);
         }
+    }
+
+    // -----------------------------------------------------------------------------
+    // Linear work on any input (finding 1 of the second hardening round: a CSV result
+    // cost time quadratic in its length)
+    // -----------------------------------------------------------------------------
+
+    thread_local! {
+        static READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Counts bytes read by a helper that can read an unbounded stretch of the input
+    /// (digit runs, words, backslash runs, a string to its end). Checks of a fixed
+    /// size (a UUID, a timestamp's fields, a key within reach) are not counted.
+    pub(super) fn count_read(n: usize) {
+        READ.with(|r| r.set(r.get() + n));
+    }
+
+    fn reads_of(run: impl FnOnce()) -> usize {
+        READ.with(|r| r.set(0));
+        run();
+        READ.with(std::cell::Cell::get)
+    }
+
+    /// At most this many counted reads per input byte.
+    const READS_PER_BYTE: usize = 6;
+
+    const ADVERSARIAL_UNITS: &[&str] = &[
+        "1,",
+        "1.",
+        "12,345.6,",
+        "1739870000,",
+        "1739870000123.",
+        "1-",
+        "2024-01-",
+        "2024-01-15,",
+        "2024-01-15T10:30:00.",
+        "a1b2c3d4-",
+        "a1b2-",
+        "a1",
+        "a1b2c3d4e5 ",
+        "pid 1 ",
+        "pid=1,",
+        "\\\\",
+        "\\\"",
+        "\"1\",",
+        "\"pid\":\"1 ",
+        "\\n1",
+        "  ",
+        "\n1\n",
+        "\u{3000}\u{a0}",
+        "550e8400-e29b-41d4-a716-44665544000",
+    ];
+
+    /// The shapes that once cost quadratic time (`1,1,1,…`, `1.2.3.…`, a chain of Unix
+    /// times), and the worst case of each recognizer: chains of separators, dates and
+    /// UUID groups that almost match, hex words, volatile words, backslash and quote
+    /// runs, whitespace runs. A few units, repeated up to `max_times`, then some
+    /// tricky text.
+    fn adversarial_text(max_times: usize) -> impl Strategy<Value = String> {
+        let unit = prop_oneof![
+            prop::sample::select(ADVERSARIAL_UNITS).prop_map(str::to_owned),
+            "[0-9a-fA-F,.:T -]{1,6}",
+        ];
+        (
+            prop::collection::vec(unit, 1..4),
+            1..max_times,
+            tricky_text(),
+        )
+            .prop_map(|(units, times, tail)| {
+                let mut text = units.concat().repeat(times);
+                text.push_str(&tail);
+                text
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn finding_1_every_mode_reads_each_byte_a_bounded_number_of_times(
+            text in adversarial_text(4000),
+            numbers in any::<bool>(),
+        ) {
+            let rules = IdRules { numbers, ..IdRules::default() };
+            let json = serde_json::to_string(&text).unwrap();
+            let bound = READS_PER_BYTE * json.len() + 64;
+            let reads = [
+                ("normalize", reads_of(|| { normalize(&text); })),
+                ("normalize_hex_ids", reads_of(|| { normalize_hex_ids(&text); })),
+                ("normalize_ids", reads_of(|| { normalize_ids(&text, &rules); })),
+                ("json ids", reads_of(|| normalize_json_ids_into(&json, &rules, &mut Vec::new()))),
+                ("json ids on raw text", reads_of(|| normalize_json_ids_into(&text, &rules, &mut Vec::new()))),
+            ];
+            for (mode, read) in reads {
+                prop_assert!(read <= bound, "{mode}: {read} reads for {} bytes", text.len());
+            }
+        }
+
+        #[test]
+        fn finding_1_ids_mode_agrees_with_the_plain_scan_on_adversarial_shapes(
+            text in adversarial_text(200),
+            numbers in any::<bool>(),
+        ) {
+            let rules = IdRules { numbers, ..IdRules::default() };
+            prop_assert_eq!(normalize_ids(&text, &rules), ids_reference(&text, &rules));
+        }
+
+        #[test]
+        fn finding_1_adversarial_shapes_normalize_idempotently(text in adversarial_text(400)) {
+            // (The per-call-id mode is not idempotent on every chain of numbers:
+            // `1739870000,1739870000` gives `1739870000,<TS>`, then `<TS>,<TS>`.)
+            let once = normalize_hex_ids(&text);
+            prop_assert_eq!(normalize_hex_ids(&once), once);
+            let once = normalize(&text);
+            prop_assert_eq!(normalize(&once), once);
+        }
+    }
+
+    #[test]
+    fn finding_1_a_number_chain_is_measured_once_and_each_run_still_judged() {
+        // Each run of a chain starts a word of its own and is judged from there, with
+        // the number reaching to the chain's end: the last run can be a Unix time.
+        assert_eq!(ids("1,2,1739870000"), "1,2,<TS>");
+        assert_eq!(ids("1,1739870000,2"), "1,1739870000,2");
+        assert_eq!(ids("pid=1,2"), "pid=<V>");
+        let csv = "1,".repeat(10_000);
+        let reads = reads_of(|| {
+            normalize_ids(&csv, &IdRules::default());
+        });
+        assert!(reads <= READS_PER_BYTE * csv.len(), "{reads} reads");
     }
 }

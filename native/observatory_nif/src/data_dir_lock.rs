@@ -1,11 +1,12 @@
-//! NIFs behind `Observatory.DataDirLock`: an exclusive OS lock on a file (`flock` on
-//! Unix), held while the resource lives and released by the kernel when the OS
-//! process ends, however it ends.
+//! NIFs behind `Observatory.DataDirLock` and `Observatory.DataDir`: an exclusive OS
+//! lock on a file (`flock` on Unix), held while the resource lives and released by
+//! the kernel when the OS process ends, however it ends; and the process's umask.
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 
 use parking_lot::Mutex;
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
@@ -30,6 +31,7 @@ fn data_dir_lock<'a>(env: Env<'a>, path: Binary<'a>) -> Term<'a> {
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(path)
     {
         Ok(file) => file,
@@ -52,4 +54,13 @@ fn data_dir_lock<'a>(env: Env<'a>, path: Binary<'a>) -> Term<'a> {
 #[rustler::nif]
 fn data_dir_unlock(lock: ResourceArc<DirLock>) -> bool {
     lock.0.lock().take().is_some()
+}
+
+/// Sets the OS process's file mode creation mask so that every file and directory it
+/// creates from now on is its owner's alone (`umask 077`, as PostgreSQL does); returns
+/// the previous mask.
+#[rustler::nif]
+fn umask_owner_only() -> u32 {
+    // SAFETY: umask(2) cannot fail and touches no memory.
+    unsafe { libc::umask(0o077) }
 }

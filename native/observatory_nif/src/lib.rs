@@ -42,6 +42,9 @@ mod atoms {
         none,
         repeat,
         cycle,
+        near_repeat,
+        failure_run,
+        revisit,
         same_failure,
         entropy,
         // error reasons

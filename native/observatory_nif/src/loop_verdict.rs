@@ -27,13 +27,24 @@ pub struct VerdictRules(pub Normalization);
 impl rustler::Resource for VerdictRules {}
 
 /// `{history, max_period, {repeat_suspect, repeat_loop, blank_repeat_loop},
-/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop (0: never)}, entropy_rule}`.
-type ConfigTuple = (usize, usize, (u32, u32, u32), (u32, u32), (u32, u32), bool);
+/// {cycle_suspect, cycle_loop}, {failure_suspect, failure_loop (0: never)}, entropy_rule,
+/// {{near_share, near_repeat_suspect, near_repeat_loop, blank_near_repeat_loop},
+/// {failure_run_suspect, failure_run_loop (0: never)},
+/// {revisit_window, revisit_suspect, revisit_loop (0: never)}}}`.
+type ConfigTuple = (
+    usize,
+    usize,
+    (u32, u32, u32),
+    (u32, u32),
+    (u32, u32),
+    bool,
+    ((u32, u32, u32, u32), (u32, u32), (usize, u32, u32)),
+);
 
 /// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
-/// flags}`, `sketches` the line and number sketches (see [`sketches_to_bytes`]),
-/// `flags` has_result (1), failure (2), blank (4).
-type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8);
+/// flags, {tool, shape, exact}}`, `sketches` the line and number sketches (see
+/// [`sketches_to_bytes`]), `flags` has_result (1), failure (2), blank (4).
+type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64));
 
 const HAS_RESULT: u8 = 1;
 const FAILURE: u8 = 2;
@@ -56,16 +67,20 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         keys.skeleton,
         crate::json::binary(env, &sketches_to_bytes(keys)),
         flags,
+        (keys.tool, keys.shape, keys.exact),
     )
         .encode(env)
 }
 
 fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
-    let (call, outcome, gist, skeleton, lines, flags) = t;
+    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact)) = t;
     let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
+        tool,
+        shape,
         outcome,
+        exact,
         gist,
         skeleton,
         lines,
@@ -221,7 +236,9 @@ fn verdict_sweep(store: ResourceArc<VerdictStore>, now_ms: i64, ttl_ms: u64) -> 
 }
 
 fn to_config(t: ConfigTuple) -> NifResult<Config> {
-    let (history, max_period, repeat, cycle, failure, entropy) = t;
+    let (history, max_period, repeat, cycle, failure, entropy, (near, failure_run, revisit)) = t;
+    // 0: never (`:never` in Elixir).
+    let never_as_zero = |n: u32| (n > 0).then_some(n);
     let config = Config {
         history,
         max_period,
@@ -231,9 +248,17 @@ fn to_config(t: ConfigTuple) -> NifResult<Config> {
         cycle_suspect: cycle.0,
         cycle_loop: cycle.1,
         failure_suspect: failure.0,
-        // 0: never (`failure_loop: :never` in Elixir).
-        failure_loop: (failure.1 > 0).then_some(failure.1),
+        failure_loop: never_as_zero(failure.1),
         entropy,
+        near_share: near.0,
+        near_repeat_suspect: near.1,
+        near_repeat_loop: near.2,
+        blank_near_repeat_loop: near.3,
+        failure_run_suspect: failure_run.0,
+        failure_run_loop: never_as_zero(failure_run.1),
+        revisit_window: revisit.0,
+        revisit_suspect: revisit.1,
+        revisit_loop: never_as_zero(revisit.2),
     };
     config.validate().map_err(to_nif)?;
     Ok(config)
@@ -275,6 +300,9 @@ fn rule_atom(rule: Rule) -> Atom {
         Rule::None => atoms::none(),
         Rule::Repeat => atoms::repeat(),
         Rule::Cycle => atoms::cycle(),
+        Rule::NearRepeat => atoms::near_repeat(),
+        Rule::FailureRun => atoms::failure_run(),
+        Rule::Revisit => atoms::revisit(),
         Rule::SameFailure => atoms::same_failure(),
         Rule::Entropy => atoms::entropy(),
     }

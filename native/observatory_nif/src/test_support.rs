@@ -16,3 +16,11 @@ fn live_stores() -> usize {
 fn panic_probe() -> usize {
     panic!("panic_probe: deliberate panic for the test suite")
 }
+
+/// Holds a dirty CPU scheduler for `ms` milliseconds, as a long step's parse would:
+/// lets a test prove that a call (`/healthz`) never waits in the dirty queue.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn dirty_cpu_hold(ms: u64) -> rustler::Atom {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    rustler::types::atom::ok()
+}

@@ -86,7 +86,9 @@ defmodule Observatory.Gateway.AlertSourceTest do
 
     test "an A → B → C cycle raises an EntropyAlertEvent with every FR-9.7 field", %{sid: sid} do
       results = abc_cycle(sid)
-      assert Enum.map(results, & &1.verdict.verdict) |> Enum.count(&(&1 == :loop)) == 1
+      # Issue 26: the third round's first step is the third revisit in six steps (A and B
+      # again with the same answers; C's `%{"failed" => 1}` holds no text): loop at 7.
+      assert Enum.map(results, & &1.verdict.verdict) |> Enum.count(&(&1 == :loop)) == 3
 
       assert_receive %{event_type: "entropy_alert", session_id: ^sid} = event
       assert {:ok, _} = EntropyAlertEvent.validate(event)
@@ -97,16 +99,16 @@ defmodule Observatory.Gateway.AlertSourceTest do
                window_size: 5,
                occurrence_count: 2,
                repeated_pattern: %{
-                 intent: "verify",
-                 tool_call: "run_tests",
-                 action_status: "failure"
+                 intent: "explore",
+                 tool_call: "list_dir",
+                 action_status: "success"
                },
                alert_source: "verdict",
-               rule: :cycle,
-               evidence: [1, 2, 3, 4, 5, 6, 7, 8, 9]
+               rule: :revisit,
+               evidence: [1, 2, 4, 5, 7]
              } = event
 
-      assert event.reason =~ "cycle of 3 calls"
+      assert event.reason =~ "3 of the last 6 steps repeated an earlier call"
       assert_receive %{event_type: "topology_update", session_id: ^sid, state: "blocked"}
       assert_receive %{event_type: "topology_update", session_id: ^sid, state: "alert_entropy"}
     end
@@ -151,7 +153,7 @@ defmodule Observatory.Gateway.AlertSourceTest do
     assert Enum.any?(files, &AlertSource.alert?(&1, :entropy))
     refute Enum.any?(files, &AlertSource.alert?(&1, :verdict))
     refute Enum.any?(cycle, &AlertSource.alert?(&1, :entropy))
-    assert Enum.count(cycle, &AlertSource.alert?(&1, :verdict)) == 1
+    assert Enum.count(cycle, &AlertSource.alert?(&1, :verdict)) == 3
     refute AlertSource.alert?(%{severity: nil, verdict: nil}, :verdict)
   end
 

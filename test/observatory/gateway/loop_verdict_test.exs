@@ -29,6 +29,12 @@ defmodule Observatory.Gateway.LoopVerdictTest do
 
   defp keys(action), do: elem(DecisionLog.from_map(envelope("sess-keys", action)), 2).verdict_keys
 
+  # The keys but the result word for word (before normalization, so ids stay in it).
+  defp normalized_keys(action) do
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact}} = keys(action)
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape}}
+  end
+
   defp ingest(sid, action) do
     {:ok, result} = SchemaInterceptor.ingest(envelope(sid, action))
     result.verdict
@@ -102,6 +108,181 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     end
   end
 
+  describe "stuck, not only repeating: rules (e) near repeat, (f) failure run, (g) revisit" do
+    # An SQL agent re-sending a query with a changed LIMIT: each time the same error.
+    defp near_query(n) do
+      %{
+        "tool_call" => "sql",
+        "tool_input" => %{
+          "query" => "SELECT code FROM template WHERE description = 'Book' LIMIT #{n}"
+        },
+        "result" => "Error: Table 'docs.template' doesn't exist"
+      }
+    end
+
+    test "(e) nearly identical calls with the same answer: suspect at 3, loop at 4", %{sid: sid} do
+      assert %{verdict: :progress} = ingest(sid, near_query(1))
+      assert %{verdict: :progress} = ingest(sid, near_query(10))
+      assert %{verdict: :suspect, rule: :near_repeat} = ingest(sid, near_query(100))
+
+      assert %{verdict: :loop, rule: :near_repeat, evidence: [1, 2, 3, 4], reason: reason} =
+               ingest(sid, near_query(1000))
+
+      assert reason =~ "4 nearly identical calls in a row"
+      assert_receive %{event_type: "loop_verdict", session_id: ^sid, rule: :near_repeat}
+    end
+
+    test "(e) near_share: 100 compares identical calls only", %{sid: sid} do
+      put_config(near_share: 100, failure_run_loop: :never)
+      for n <- [1, 10, 100], do: ingest(sid, near_query(n))
+      refute match?(%{verdict: :loop}, ingest(sid, near_query(1000)))
+    end
+
+    test "(e) nearly identical pipelines whose checksums differ are progress", %{sid: sid} do
+      pipeline = fn stage, sum ->
+        %{
+          "tool_call" => "bash",
+          "status" => "success",
+          "tool_input" => %{
+            "command" =>
+              "find /testbed/dir1 -maxdepth 3 -name '*.py' -type f -exec md5sum {} + | #{stage} | md5sum"
+          },
+          "result" => "#{sum}  -\n"
+        }
+      end
+
+      sums = ["df3b03a223a32744829fe026fa679cbb", "909665ab1e8bb4ddfa3f64bb5383af55"]
+      sums = sums ++ ["534c0016a34e49982f00b9e35a700eba", "abd1db025ea1e9dbef827b574c500bdb"]
+      # One more sort option each time.
+      stages = ["sort -k 2", "sort -k 2 -r", "sort -k 2 -r -u", "sort -k 2 -r -u -s"]
+
+      for {stage, sum} <- Enum.zip(stages, sums),
+          do: assert(%{verdict: :progress} = ingest(sid, pipeline.(stage, sum)))
+
+      # The same checksum each time: the same answer, a loop at the fourth.
+      other = sid <> "-same"
+      for stage <- Enum.take(stages, 3), do: ingest(other, pipeline.(stage, hd(sums)))
+
+      assert %{verdict: :loop, rule: :near_repeat} =
+               ingest(other, pipeline.(List.last(stages), hd(sums)))
+    end
+
+    test "(g) the identical call with an empty answer again, only failures between", %{sid: sid} do
+      copy = %{
+        "tool_input" => %{"command" => "cp -r src/* dst/"},
+        "status" => "success",
+        "result" => ""
+      }
+
+      miss = fn n ->
+        %{"tool_input" => %{"command" => "cp f#{n} dst/"}, "result" => "no f#{n}"}
+      end
+
+      for step <- [copy, miss.(1), copy, miss.(2), copy, miss.(3)], do: ingest(sid, step)
+      assert %{verdict: :loop, rule: :revisit, evidence: [1, 3, 5, 7]} = ingest(sid, copy)
+
+      # `sleep` between polls that move: an answer came between.
+      other = sid <> "-poll"
+      sleep = %{"tool_input" => %{"command" => "sleep 5"}, "status" => "success", "result" => ""}
+
+      poll = fn p ->
+        %{"tool_input" => %{"job" => 7}, "status" => "success", "result" => "#{p} %"}
+      end
+
+      for step <- [sleep, poll.(10), sleep, poll.(40), sleep, poll.(70), sleep] do
+        refute match?(%{verdict: :loop}, ingest(other, step))
+        refute match?(%{rule: :revisit}, LoopVerdict.session(other))
+      end
+    end
+
+    test "(g) a revisit's evidence names stored steps the Inspect view explains", %{sid: sid} do
+      look = fn what ->
+        %{
+          "tool_call" => "get_#{what}",
+          "tool_input" => %{"id" => "#{what}-7"},
+          "status" => "success",
+          "result" => %{"#{what}" => "the same #{what} details"}
+        }
+      end
+
+      for what <- ["user", "order", "invoice", "user", "shipment", "order", "invoice"],
+          do: ingest(sid, look.(what))
+
+      assert %{rule: :revisit, evidence: [1, 2, 3, 4, 6, 7] = numbers} = LoopVerdict.session(sid)
+      explained = Observatory.Gateway.Evidence.for_session(sid).verdict
+      assert %{rule: :revisit, steps: ^numbers, missing: []} = explained
+      assert Enum.map(explained.calls, & &1.tool) == ["get_user", "get_order", "get_invoice"]
+    end
+
+    test "(f) different calls failing with the same error in a row: loop at 4", %{sid: sid} do
+      call = fn args ->
+        %{
+          "tool_call" => "search_api",
+          "tool_input" => args,
+          "result" => %{"error" => "invalid arguments: expected {\"term\": string}"}
+        }
+      end
+
+      ingest(sid, call.(%{"q" => "refund policy"}))
+      ingest(sid, call.(%{"query" => "refund policy for cancelled flights"}))
+      assert %{verdict: :suspect, rule: :failure_run} = ingest(sid, call.(%{"text" => "refund"}))
+
+      assert %{verdict: :loop, rule: :failure_run, reason: reason} =
+               ingest(sid, call.(%{"search" => %{"words" => ["refund", "policy"]}}))
+
+      assert reason == "4 calls in a row failed with the same error"
+    end
+
+    test "(f) failure_run_loop: :never keeps it amber", %{sid: sid} do
+      put_config(failure_run_loop: :never)
+
+      for n <- 1..3,
+          do: ingest(sid, %{"tool_input" => %{"path" => "f#{n}"}, "result" => "EACCES"})
+
+      assert %{verdict: :suspect, rule: :failure_run} =
+               ingest(sid, %{"tool_input" => %{"path" => "f4"}, "result" => "EACCES"})
+    end
+
+    test "(g) earlier lookups re-run with unchanged results: loop at the third revisit", %{
+      sid: sid
+    } do
+      look = fn what ->
+        %{
+          "tool_call" => "get_#{what}",
+          "tool_input" => %{"id" => "#{what}-7"},
+          "status" => "success",
+          "result" => %{"#{what}" => "the same #{what} details"}
+        }
+      end
+
+      for what <- ["user", "order", "invoice", "user", "shipment"], do: ingest(sid, look.(what))
+      assert %{verdict: :suspect, rule: :revisit} = ingest(sid, look.("order"))
+
+      assert %{verdict: :loop, rule: :revisit, evidence: evidence, reason: reason} =
+               ingest(sid, look.("invoice"))
+
+      # The revisits (4, 6, 7) and the steps they repeat (1, 2, 3).
+      assert evidence == [1, 2, 3, 4, 6, 7]
+      assert reason =~ "3 of the last 6 steps repeated an earlier call"
+    end
+
+    test "(g) revisit_loop: :never and an invalid window", %{sid: sid} do
+      put_config(revisit_loop: :never)
+
+      look = fn n ->
+        %{"tool_input" => %{"path" => "f#{n}"}, "status" => "success", "result" => "#{n}"}
+      end
+
+      for n <- [1, 2, 3, 1, 4, 2, 3], do: ingest(sid, look.(n))
+      assert %{verdict: :suspect, rule: :revisit} = LoopVerdict.session(sid)
+
+      assert {:error, _} = LoopVerdict.check_thresholds(revisit_window: 1)
+      assert {:error, _} = LoopVerdict.check_thresholds(near_share: 49)
+      assert {:error, _} = LoopVerdict.check_thresholds(failure_run_suspect: 5)
+      assert :ok = LoopVerdict.check_thresholds(revisit_loop: :never, near_share: 100)
+    end
+  end
+
   describe "thresholds are read on every step" do
     test "a raised loop threshold takes effect on the next step", %{sid: sid} do
       put_config(repeat_loop: 5)
@@ -137,7 +318,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   describe "normalization (the parse computes the keys)" do
     test "per-call ids go, plain numbers stay" do
       run = fn pid, at, ms ->
-        keys(%{
+        normalized_keys(%{
           "tool_call" => "run_server",
           "tool_input" => %{"cmd" => "npm start", "request_id" => "req-#{pid}"},
           "result" => %{
@@ -156,17 +337,44 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the line and number sketches and flags" do
-      assert {call, outcome, gist, skeleton, sketches, flags} = keys(@fail)
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and the exact result" do
+      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact}} = keys(@fail)
 
-      for hash <- [call, outcome, gist, skeleton],
+      for hash <- [call, outcome, gist, skeleton, tool, shape, exact],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
       # 1024 bits of lines, 256 bits and a count of numbers
       assert byte_size(sketches) == 128 + 32 + 4
       # has a result (1) and failed (2), not blank (4)
       assert flags == 3
-      assert {_, _, _, _, _, 4} = keys(%{"status" => "success"})
+      assert {_, _, _, _, _, 4, _} = keys(%{"status" => "success"})
+    end
+
+    test "near-identical inputs share most of their word pairs, different ones few" do
+      shape = fn input -> keys(%{"tool_input" => input}) |> elem(6) |> elem(1) end
+      bits = fn n -> n |> Integer.digits(2) |> Enum.sum() end
+      # the share of set bits two shapes have in common, in percent
+      share = fn a, b ->
+        div(100 * bits.(Bitwise.band(a, b)), max(bits.(Bitwise.bor(a, b)), 1))
+      end
+
+      query = "SELECT name FROM users WHERE city = 'Paris' ORDER BY name"
+      near = shape.(%{"sql" => query <> " LIMIT 10"})
+      assert share.(shape.(%{"sql" => query <> " LIMIT 1"}), near) >= 75
+      assert share.(shape.(%{"sql" => "DESCRIBE orders"}), near) < 50
+      # The tool is part of the call, not of its shape.
+      assert elem(elem(keys(%{"tool_call" => "a"}), 6), 0) !=
+               elem(elem(keys(%{"tool_call" => "b"}), 6), 0)
+    end
+
+    test "issue 26: the exact result keeps what normalization hides (a checksum, an id)" do
+      exact = fn result -> keys(%{"result" => result}) |> elem(6) |> elem(2) end
+      outcome = fn result -> keys(%{"result" => result}) |> elem(1) end
+      a = "df3b03a223a32744829fe026fa679cbb  -\n"
+      b = "909665ab1e8bb4ddfa3f64bb5383af55  -\n"
+      assert outcome.(a) == outcome.(b)
+      assert exact.(a) != exact.(b)
+      assert exact.(a) == exact.(a)
     end
 
     test "whitespace inside the input's strings does not make a new call" do
@@ -179,7 +387,7 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     test "reload_rules/0 applies new volatile keys and number rules" do
       token = fn t -> keys(%{"tool_input" => %{"job_token" => "tok-#{t}"}}) end
       assert token.(1) != token.(2)
-      poll = fn p -> keys(%{"result" => %{"progress" => p}}) end
+      poll = fn p -> normalized_keys(%{"result" => %{"progress" => p}}) end
 
       put_config(extra_volatile_keys: ["job_token"], normalize_result_numbers: true)
       :ok = LoopVerdict.reload_rules()

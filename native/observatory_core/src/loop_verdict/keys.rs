@@ -3,10 +3,17 @@
 //!
 //! * **call** = hash of `action.tool_call` and the normalized canonical
 //!   `action.tool_input` (missing = `null`), whitespace inside its strings collapsed
-//!   (`python  run.py ` is `python run.py`);
+//!   (`python  run.py ` is `python run.py`); **tool** = hash of the tool name alone,
+//!   and the call's **shape** = the set of the word pairs of that collapsed input (its
+//!   first [`SHAPE_BYTES`] bytes), one bit of 64 each ([`call_shape`]): two inputs
+//!   whose shapes share most of their bits say most of the same words in the same
+//!   order, so the verdict can tell a near-identical call (a flag added, a quote
+//!   changed, another `LIMIT`) from a different one;
 //! * **outcome** = hash of `action.status` and the normalized canonical `action.result`
 //!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
-//!   number sketches and blankness come from the same normalized text.
+//!   number sketches and blankness come from the same normalized text; **exact** = hash
+//!   of the result as given (its first [`EXACT_BYTES`] bytes and its length), what two
+//!   different calls' answers are compared by.
 //!
 //! The canonical text is [`stable_stringify`]'s — the very text the step detector
 //! hashes with SHA-256, so the gateway writes it once per step
@@ -49,6 +56,16 @@ const SEPARATOR: u8 = 0xFF;
 const ABSENT: u8 = 0xFE;
 const CALL_SEED: u64 = 0x243f_6a88_85a3_08d3;
 const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
+const TOOL_SEED: u64 = 0x3707_3440_a409_3822;
+const WORD_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
+const EXACT_SEED: u64 = 0x452_821e_638d_0137;
+/// The word-for-word key reads the first this many bytes of the result (and its length):
+/// enough for the short answers where a changed checksum or id is the whole news.
+pub const EXACT_BYTES: usize = 256;
+/// The call's shape reads the first this many bytes of its collapsed input: a command
+/// and its arguments; a long input (a file's new content) is judged by its beginning,
+/// so a step's cost stays bounded.
+pub const SHAPE_BYTES: usize = 128;
 
 /// How inputs and results are normalized before hashing (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -102,6 +119,7 @@ pub fn keys_from_canonical(
         normalize_json_ids_into(input, &rules.input, text);
         collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
+        let shape_of_call = call_shape(&buf[tool.len() + 1..]);
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
@@ -119,6 +137,12 @@ pub fn keys_from_canonical(
             }
         };
         let outcome = hash64(buf, OUTCOME_SEED);
+        let exact = result.map_or(outcome, |r| {
+            hash64(
+                &r.as_bytes()[..r.len().min(EXACT_BYTES)],
+                EXACT_SEED ^ r.len() as u64,
+            )
+        });
         for kept in [&mut *buf, &mut *text] {
             if kept.capacity() > MAX_KEPT_BUFFER {
                 *kept = Vec::new();
@@ -129,7 +153,10 @@ pub fn keys_from_canonical(
         }
         StepKeys {
             call,
+            tool: hash64(tool.as_bytes(), TOOL_SEED),
+            shape: shape_of_call,
             outcome,
+            exact,
             // Without a result, the status is all there is: every view is the outcome.
             gist: result_shape.map_or(outcome, |s| s.gist),
             skeleton: result_shape.map_or(outcome, |s| s.skeleton),
@@ -141,6 +168,64 @@ pub fn keys_from_canonical(
         }
     })
 }
+
+/// The shape of a call's collapsed input: the set of its word pairs (words are runs of
+/// letters, digits, `_` and non-ASCII bytes; the first word pairs with nothing) in its
+/// first [`SHAPE_BYTES`] bytes, one bit of 64 per pair. Two calls whose shapes share
+/// most of their bits say most of the same words in the same order: a flag added, a
+/// quote changed, another `LIMIT`, one more pipeline stage. Pairs rather than single
+/// words, so that a target named in several places (`page-1.html`, `Page 1`) moves
+/// several bits. A bit set costs a few cycles a word where a SimHash would cost a vote
+/// per bit.
+pub fn call_shape(input: &[u8]) -> u64 {
+    // One pass over the bytes, no slicing or copying: a word's bytes gather eight to a
+    // register, each eight mixed in with a multiply.
+    let mut shape = 0;
+    let mut previous = 0;
+    let (mut hash, mut chunk, mut filled, mut in_word) = (WORD_SEED, 0u64, 0, false);
+    let mut end_word = |hash: u64, chunk: u64| {
+        let word = mix_word(hash, chunk).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let pair = (previous ^ word.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        previous = word;
+        shape |= 1 << (pair >> 58);
+    };
+    for &byte in &input[..input.len().min(SHAPE_BYTES)] {
+        if WORD_BYTE[usize::from(byte)] {
+            chunk |= u64::from(byte) << (8 * filled);
+            filled += 1;
+            if filled == 8 {
+                hash = mix_word(hash, chunk);
+                (chunk, filled) = (0, 0);
+            }
+            in_word = true;
+        } else if in_word {
+            end_word(hash, chunk);
+            (hash, chunk, filled, in_word) = (WORD_SEED, 0, 0, false);
+        }
+    }
+    if in_word {
+        end_word(hash, chunk);
+    }
+    shape
+}
+
+/// Eight bytes of a word into its hash.
+fn mix_word(hash: u64, chunk: u64) -> u64 {
+    let h = (hash ^ chunk).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^ h >> 29
+}
+
+/// The bytes of words: ASCII letters, digits, `_` and non-ASCII bytes.
+const WORD_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
+        b += 1;
+    }
+    table
+};
 
 /// A buffer per thread (per scheduler, in the NIF) for the normalized text, so a step
 /// allocates nothing; one that grew past this for a huge step is given back.
@@ -373,7 +458,9 @@ mod tests {
             298,
             "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
         );
-        assert_eq!(a, b);
+        // Everything but the result word for word, which keeps the ids.
+        assert_eq!(StepKeys { exact: 0, ..a }, StepKeys { exact: 0, ..b });
+        assert_ne!(a.exact, b.exact);
         assert!(a.failure && a.has_result);
     }
 
@@ -432,6 +519,84 @@ mod tests {
         for s in ["success", "pending", "skipped", "cancelled"] {
             assert!(!is_failure(s));
         }
+    }
+
+    #[test]
+    fn the_one_pass_shape_is_the_set_of_word_pairs() {
+        // Words split out, then hashed eight bytes at a time: what call_shape does in
+        // one pass.
+        let reference = |input: &[u8]| {
+            let mut previous = 0u64;
+            input[..input.len().min(SHAPE_BYTES)]
+                .split(|&b| !WORD_BYTE[usize::from(b)])
+                .filter(|w| !w.is_empty())
+                .fold(0u64, |shape, word| {
+                    let chunk = |bytes: &[u8]| {
+                        bytes
+                            .iter()
+                            .enumerate()
+                            .fold(0u64, |c, (k, &b)| c | u64::from(b) << (8 * k))
+                    };
+                    let full = word.len() / 8 * 8;
+                    let hash = word[..full]
+                        .chunks(8)
+                        .fold(WORD_SEED, |h, c| mix_word(h, chunk(c)));
+                    let word =
+                        mix_word(hash, chunk(&word[full..])).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    let pair =
+                        (previous ^ word.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    previous = word;
+                    shape | 1 << (pair >> 58)
+                })
+        };
+        let inputs = [
+            "",
+            "ls",
+            "{\"command\":\"ls -la /tmp\"}",
+            "abcdefgh abcdefghi abcdefghijklmnop_ä x",
+            "--- ... ///",
+            &"word ".repeat(40),
+            "SELECT code FROM template WHERE description = 'Book' LIMIT 10",
+        ];
+        for input in inputs {
+            assert_eq!(
+                call_shape(input.as_bytes()),
+                reference(input.as_bytes()),
+                "{input}"
+            );
+        }
+        assert!(WORD_BYTE[usize::from(b'_')] && WORD_BYTE[0xC3] && WORD_BYTE[usize::from(b'Z')]);
+        assert!(!WORD_BYTE[usize::from(b'-')] && !WORD_BYTE[usize::from(b' ')]);
+    }
+
+    #[test]
+    fn call_shapes_are_word_pair_sets_of_the_input_beginning() {
+        let shape = |text: &str| call_shape(text.as_bytes());
+        // Punctuation is not a word; repeated pairs count once.
+        assert_eq!(shape("ls -la /tmp"), shape("ls la tmp"));
+        assert_eq!(shape("ls la ls la"), shape("ls la ls"));
+        assert_eq!(shape(""), 0);
+        assert_eq!(shape("{\"\":[]}"), 0);
+        // Word order counts.
+        assert_ne!(shape("ls -la /tmp"), shape("/tmp la ls"));
+        // One word more at the end sets at most one bit more.
+        let limit = shape("SELECT code FROM template WHERE name = 'Book'");
+        let more = shape("SELECT code FROM template WHERE name = 'Book' LIMIT");
+        assert_eq!(limit & more, limit);
+        assert!((more ^ limit).count_ones() <= 1);
+        // A target named in three places moves several bits.
+        let page = |k: u32| {
+            shape(&format!(
+                "site/page-{k}.html <h1>Page {k}</h1> Section {k} of"
+            ))
+        };
+        assert!((page(1) ^ page(2)).count_ones() >= 6);
+        // Only the first SHAPE_BYTES bytes are read.
+        let head = "x".repeat(SHAPE_BYTES);
+        assert_eq!(shape(&(head.clone() + " tail")), shape(&head));
+        // Sixteen different words set several bits.
+        let words: String = (0..16).map(|k| format!("word{k} ")).collect();
+        assert!(shape(&words).count_ones() >= 10);
     }
 
     #[test]

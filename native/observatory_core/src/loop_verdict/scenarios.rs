@@ -209,6 +209,17 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "walking up with cd .., each empty, then listing",
         "cd .. at the root, pwd answering / each time",
         "the same failing command, stderr and stdout interleaved differently each run",
+        "a near-identical edit re-applied, the linter rejecting it the same way each time",
+        "an edit-test cycle whose failure changes each time",
+        "different arguments, the same error",
+        "different approaches, the same outcome",
+        "a search that narrows",
+        "a round of seven views repeated with the same results",
+        "a round of status checks whose answers move each time",
+        "earlier lookups re-run between other steps, the results unchanged",
+        "the same tool used productively on different targets",
+        "the same file ranges opened again, no edit in between",
+        "re-reading a file after each edit, its content changed",
     ];
     assert_eq!(names, tested);
 }
@@ -344,7 +355,8 @@ fn must_flag_a_health_check_flapping_between_two_answers() {
 #[test]
 fn suspect_three_different_fixes_the_same_build_failure() {
     let run = check("three different fixes, the same build failure", "suspect");
-    assert_eq!(run.verdicts.last().unwrap().rule, Rule::Entropy);
+    // The build re-run after each edit gives the same failure: revisits, amber.
+    assert_eq!(run.verdicts.last().unwrap().rule, Rule::Revisit);
 }
 
 // Issue 11: each way real runs fooled the verdict, the loop and its near-miss.
@@ -439,5 +451,106 @@ fn must_flag_stderr_and_stdout_interleaved_differently() {
     check(
         "the same failing command, stderr and stdout interleaved differently each run",
         "must-flag",
+    );
+}
+
+// Issue 26: stuck, not only repeating. A loop and its near-miss for each class of stuck
+// session a careful reader found that the rules above missed.
+
+/// Checks the scenario and the rule that decided its first loop.
+fn check_rule(name: &str, label: &str, rule: Rule) {
+    let run = check(name, label);
+    let first = run.verdicts.iter().find(|v| v.level == Level::Loop);
+    assert_eq!(first.map(|v| v.rule), Some(rule), "{name}: the rule");
+}
+
+#[test]
+fn must_flag_a_near_identical_edit_re_applied_the_same_linter_error() {
+    check_rule(
+        "a near-identical edit re-applied, the linter rejecting it the same way each time",
+        "must-flag",
+        Rule::NearRepeat,
+    );
+}
+
+#[test]
+fn must_not_flag_an_edit_test_cycle_whose_failure_changes() {
+    check(
+        "an edit-test cycle whose failure changes each time",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_different_arguments_the_same_error() {
+    check_rule(
+        "different arguments, the same error",
+        "must-flag",
+        Rule::FailureRun,
+    );
+}
+
+#[test]
+fn must_flag_different_approaches_the_same_outcome() {
+    check_rule(
+        "different approaches, the same outcome",
+        "must-flag",
+        Rule::FailureRun,
+    );
+}
+
+#[test]
+fn must_not_flag_a_search_that_narrows() {
+    check("a search that narrows", "must-not-flag");
+}
+
+#[test]
+fn must_flag_a_round_of_seven_views_repeated() {
+    check_rule(
+        "a round of seven views repeated with the same results",
+        "must-flag",
+        Rule::Revisit,
+    );
+}
+
+#[test]
+fn must_not_flag_a_round_of_status_checks_that_move() {
+    check(
+        "a round of status checks whose answers move each time",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_earlier_lookups_re_run_with_unchanged_results() {
+    check_rule(
+        "earlier lookups re-run between other steps, the results unchanged",
+        "must-flag",
+        Rule::Revisit,
+    );
+}
+
+#[test]
+fn must_not_flag_the_same_tool_on_different_targets() {
+    check(
+        "the same tool used productively on different targets",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_the_same_file_ranges_opened_again() {
+    check_rule(
+        "the same file ranges opened again, no edit in between",
+        "must-flag",
+        Rule::Revisit,
+    );
+}
+
+#[test]
+fn must_not_flag_re_reading_a_file_after_each_edit() {
+    check(
+        "re-reading a file after each edit, its content changed",
+        "must-not-flag",
     );
 }

@@ -30,6 +30,24 @@ fn run_with(steps: &[StepKeys], config: &Config) -> Vec<Verdict> {
         .collect()
 }
 
+/// The rules of issues 8 and 11 alone: no near-identical calls, no failure runs, no
+/// revisits. Their tests isolate one rule each; `e_`, `f_` and `g_` tests cover the
+/// others, and `defaults_` tests how they play together.
+fn classic() -> Config {
+    Config {
+        near_share: 100,
+        failure_run_suspect: u32::MAX,
+        failure_run_loop: None,
+        revisit_suspect: u32::MAX,
+        revisit_loop: None,
+        ..Config::default()
+    }
+}
+
+fn run_classic(steps: &[StepKeys]) -> Vec<Verdict> {
+    run_with(steps, &classic())
+}
+
 fn levels(verdicts: &[Verdict]) -> Vec<Level> {
     verdicts.iter().map(|v| v.level).collect()
 }
@@ -85,7 +103,7 @@ fn a_thresholds_are_configurable() {
     let config = Config {
         repeat_suspect: 3,
         repeat_loop: 5,
-        ..Config::default()
+        ..classic()
     };
     let v = run_with(&[fail(1, 1); 5], &config);
     assert_eq!(levels(&v), [Progress, Progress, Suspect, Suspect, Loop]);
@@ -94,7 +112,7 @@ fn a_thresholds_are_configurable() {
 #[test]
 fn b_alternation_with_the_same_outcomes_is_a_cycle() {
     // edit → ok, build → the same failure, again and again.
-    let v = run(&[
+    let v = run_classic(&[
         ok(1, 1),
         fail(2, 2),
         ok(1, 1),
@@ -121,7 +139,7 @@ fn b_alternation_with_the_same_outcomes_is_a_cycle() {
 fn b_a_three_call_cycle_loops_on_its_third_round() {
     let round = [ok(1, 1), ok(2, 2), fail(3, 3)];
     let steps: Vec<_> = round.iter().cycle().take(9).copied().collect();
-    let v = run(&steps);
+    let v = run_classic(&steps);
     assert_eq!(levels(&v)[..5], [Progress; 5]);
     assert_eq!(levels(&v)[5..], [Suspect, Suspect, Suspect, Loop]);
     assert_eq!(
@@ -137,11 +155,11 @@ fn b_a_three_call_cycle_loops_on_its_third_round() {
 fn b_cycles_up_to_max_period_only() {
     let round: Vec<_> = (1..=6).map(|c| ok(c, c)).collect();
     let steps: Vec<_> = round.iter().cycle().take(18).copied().collect();
-    assert!(levels(&run(&steps)).iter().all(|&l| l == Progress));
+    assert!(levels(&run_classic(&steps)).iter().all(|&l| l == Progress));
     let config = Config {
         max_period: 6,
         history: 18,
-        ..Config::default()
+        ..classic()
     };
     assert_eq!(*levels(&run_with(&steps, &config)).last().unwrap(), Loop);
 }
@@ -149,7 +167,7 @@ fn b_cycles_up_to_max_period_only() {
 #[test]
 fn b_a_cycle_whose_outcomes_change_is_progress() {
     // sleep → ok, poll → 10 %, 40 %, 80 %: the poll moves.
-    let v = run(&[
+    let v = run_classic(&[
         ok(1, 1),
         ok(2, 10),
         ok(1, 1),
@@ -166,7 +184,7 @@ fn b_a_cycle_whose_outcomes_change_is_progress() {
         }
     );
     // The build gets further each round: progress even on the edit steps.
-    let v = run(&[ok(1, 1), fail(2, 21), ok(1, 1), fail(2, 22), ok(1, 1)]);
+    let v = run_classic(&[ok(1, 1), fail(2, 21), ok(1, 1), fail(2, 22), ok(1, 1)]);
     assert_eq!(levels(&v), [Progress; 5]);
 }
 
@@ -253,7 +271,7 @@ fn b_the_smallest_period_wins() {
     let v = run(&[ok(1, 1); 4]);
     assert_eq!(v[3].rule, Rule::Repeat);
     // A A B A A B: period 3.
-    let v = run(&[ok(1, 1), ok(1, 1), ok(2, 2), ok(1, 1), ok(1, 1), ok(2, 2)]);
+    let v = run_classic(&[ok(1, 1), ok(1, 1), ok(2, 2), ok(1, 1), ok(1, 1), ok(2, 2)]);
     assert_eq!(
         v[5].reason,
         Reason::Cycle {
@@ -267,7 +285,7 @@ fn b_the_smallest_period_wins() {
 fn failure_loop_at(n: u32) -> Config {
     Config {
         failure_loop: Some(n),
-        ..Config::default()
+        ..classic()
     }
 }
 
@@ -275,7 +293,7 @@ fn failure_loop_at(n: u32) -> Config {
 fn c_the_same_failure_under_different_calls() {
     // Four different calls, the same "permission denied": suspect by default.
     let steps = [fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)];
-    let v = run(&steps);
+    let v = run_classic(&steps);
     assert_eq!(levels(&v), [Progress, Progress, Suspect, Suspect]);
     assert_eq!(v[3].rule, Rule::SameFailure);
     assert_eq!(v[3].reason, Reason::SameFailure { calls: 4 });
@@ -288,7 +306,7 @@ fn c_the_same_failure_under_different_calls() {
 #[test]
 fn c_counts_distinct_calls_within_the_history_and_ignores_successes() {
     // The same failing call twice counts once; a success in between does not reset it.
-    let v = run(&[
+    let v = run_classic(&[
         fail(1, 7),
         fail(1, 7),
         ok(9, 9),
@@ -304,7 +322,7 @@ fn c_counts_distinct_calls_within_the_history_and_ignores_successes() {
     // Out of the history, out of the count.
     let config = Config {
         history: 3,
-        ..Config::default()
+        ..classic()
     };
     let v = run_with(
         &[fail(1, 7), fail(2, 7), ok(9, 9), fail(3, 7), fail(4, 7)],
@@ -352,7 +370,7 @@ fn d_low_entropy_explained_by_different_calls_or_results_is_progress() {
 fn d_low_entropy_with_repeated_pairs_is_suspect_never_loop() {
     // A B A C A: no run, no cycle, no failure, but A → 1 three times.
     let mut state = VerdictState::new();
-    let config = Config::default();
+    let config = classic();
     let steps = [ok(1, 1), ok(2, 2), ok(1, 1), ok(3, 3), ok(1, 1)];
     let v: Vec<_> = steps
         .iter()
@@ -393,7 +411,7 @@ fn history_is_bounded_and_can_shrink_at_run_time() {
     for c in 0..100 {
         state.observe(ok(c, c), None, &config);
     }
-    assert_eq!(state.ring.len(), 16);
+    assert_eq!(state.ring.len(), config.history);
     assert_eq!(state.steps(), 100);
     let small = Config {
         history: 4,
@@ -574,10 +592,42 @@ proptest! {
             prop_assert!(ev.len() <= MAX_EVIDENCE);
             prop_assert!(ev.windows(2).all(|w| w[0] < w[1]));
             prop_assert!(ev.iter().all(|&s| s >= 1 && s as usize <= i + 1));
-            prop_assert!(ev.iter().all(|&s| (i + 1) - (s as usize) < history));
+            // Within the history, or the earlier step a revisit in it repeated.
+            prop_assert!(ev.iter().all(|&s| (i + 1) - (s as usize) < 2 * history));
             prop_assert_eq!(v.level == Progress, v.level < Suspect);
             if v.level > Progress { prop_assert!(!ev.is_empty()); }
             previous = Some(v.level);
+        }
+    }
+
+    /// The runs kept as the steps come agree with counting them in the history.
+    #[test]
+    fn runs_kept_step_by_step_agree_with_the_history(
+        steps in prop::collection::vec((0u64..3, 0u64..3, any::<bool>(), any::<bool>(), 0u64..4), 1..80),
+        shrink_at in 0usize..80,
+    ) {
+        let mut state = VerdictState::new();
+        for (i, &(c, o, failure, blank, shape)) in steps.iter().enumerate() {
+            let history = if i >= shrink_at { 6 } else { 32 };
+            let config = Config { history, ..Config::default() };
+            let mut keys = shaped(c, shape, o, failure);
+            keys.blank = blank;
+            state.observe(keys, None, &config);
+            let ring = &state.ring;
+            let newest = ring.back().unwrap();
+            let same = ring.iter().rev().take_while(|e| e.call == newest.call).count();
+            let stale = ring.iter().rev().take_while(|e| e.stale).count().min(same - 1);
+            prop_assert_eq!((state.same_run as usize).min(ring.len()), same);
+            prop_assert_eq!((state.stale_run as usize).min(same - 1), stale);
+            if stale == state.stale_run as usize {
+                prop_assert_eq!(state.stale_blank, ring.iter().rev().take(stale + 1).all(|e| e.blank));
+            }
+            let failures = if newest.failure && !newest.blank {
+                ring.iter().rev().take_while(|e| e.failure && !e.blank && e.fuzzy == newest.fuzzy).count()
+            } else { 0 };
+            prop_assert_eq!((state.failure_run as usize).min(ring.len()), failures);
+            prop_assert_eq!(state.outcomes.iter().copied().collect::<Vec<_>>(),
+                            ring.iter().map(|e| fold(e.outcome)).collect::<Vec<_>>());
         }
     }
 
@@ -590,8 +640,10 @@ proptest! {
 }
 
 #[test]
-fn a_history_entry_is_forty_bytes() {
-    // Four hashes, the step number and four flags: what a session pays per step kept.
+fn a_history_entry_is_forty_bytes_and_its_outcome_four_more() {
+    // Three hashes, two folded to 32 bits (what cycles compare, the exact result), the
+    // tool's 16-bit hash, how far back a revisit reaches and four flags, and the outcome
+    // again (32 bits) in the ring rule (g) scans: what a session pays per step kept.
     assert_eq!(std::mem::size_of::<Entry>(), 40);
 }
 
@@ -613,4 +665,413 @@ fn a_a_repeat_below_the_suspect_threshold_is_progress_but_says_why() {
             blank: false
         }
     );
+}
+
+// Issue 26: stuck, not only repeating. Rules (e) near-identical calls in a row, (f) the
+// same error in a row, (g) revisits.
+
+/// Call `c` of tool 1 whose input shape (its set of words) is `shape`: shapes sharing
+/// most of their bits are nearly identical inputs.
+fn shaped(c: u64, shape: u64, o: u64, failure: bool) -> StepKeys {
+    StepKeys {
+        tool: 1,
+        shape,
+        ..step(c, o, failure)
+    }
+}
+
+/// A blank answer (`cd ..`, an empty `grep`, `{"ok": true}`).
+fn blank(mut keys: StepKeys) -> StepKeys {
+    keys.blank = true;
+    keys
+}
+
+/// Sixteen words in common and one of its own: any two of these share 16 of 18 words.
+fn bits(n: u32) -> u64 {
+    0xFFFF | 1 << (16 + n)
+}
+
+#[test]
+fn e_nearly_identical_calls_with_the_same_answer_are_suspect_at_3_and_loop_at_4() {
+    // The same edit re-applied with a character changed, the same test failure each time.
+    let steps: Vec<_> = (1..=5)
+        .map(|k| shaped(k, bits(k as u32), 7, true))
+        .collect();
+    let v = run(&steps);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop, Loop]);
+    assert_eq!(v[3].rule, Rule::NearRepeat);
+    assert_eq!(
+        v[3].reason,
+        Reason::NearRepeat {
+            times: 4,
+            blank: false
+        }
+    );
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    assert_eq!(
+        v[3].reason.to_string(),
+        "4 nearly identical calls in a row (the same tool, most of the input the same), each with the same result"
+    );
+    // The same with a success that does not move: the same answer.
+    let steps: Vec<_> = (1..=4)
+        .map(|k| shaped(k, bits(k as u32), 7, false))
+        .collect();
+    assert_eq!(run(&steps)[3].level, Loop);
+}
+
+#[test]
+fn e_near_calls_whose_answer_changes_are_progress() {
+    // An edit-test cycle whose failure changes each time: the agent is getting somewhere.
+    let steps: Vec<_> = (1..=6)
+        .map(|k| shaped(k, bits(k as u32), 100 + k, true))
+        .collect();
+    assert_eq!(levels(&run(&steps)), [Progress; 6]);
+}
+
+#[test]
+fn e_near_calls_whose_answers_differ_word_for_word_are_progress() {
+    // `sort | md5sum`, then `sort -k 2 | md5sum`, …: the checksum normalizes to the same
+    // `<ID>`, but it is the answer itself, and it changed with the call.
+    let checksum = |k: u64| StepKeys {
+        exact: 1000 + k,
+        ..shaped(k, bits(k as u32), 7, false)
+    };
+    let v = run(&(1..=5).map(checksum).collect::<Vec<_>>());
+    assert_eq!(levels(&v), [Progress; 5]);
+    // The same call re-sent: an id that changes is noise (rule (a) by the outcome).
+    let resent: Vec<_> = (1..=3)
+        .map(|k| StepKeys {
+            exact: 1000 + k,
+            ..ok(1, 7)
+        })
+        .collect();
+    assert_eq!(run(&resent)[2].level, Loop);
+    // Empty answers are alike whatever their bytes (`""`, `"\n"`).
+    let empty: Vec<_> = (1..=6).map(|k| blank(checksum(k))).collect();
+    assert_eq!(run(&empty)[5].level, Loop);
+}
+
+#[test]
+fn e_far_inputs_or_other_tools_are_not_near() {
+    // Shapes with no word in common: different inputs (another file, another query).
+    let far: Vec<_> = (0..5)
+        .map(|k| shaped(k + 1, 0xFF << (8 * k), 7, false))
+        .collect();
+    assert!(run(&far).iter().all(|v| v.rule != Rule::NearRepeat));
+    // The same shape under another tool: not the same call either.
+    let tools: Vec<_> = (1..=5)
+        .map(|k| StepKeys {
+            tool: k,
+            shape: 0,
+            ..ok(k, 7)
+        })
+        .collect();
+    assert!(run(&tools).iter().all(|v| v.rule != Rule::NearRepeat));
+    // near_share 100: only identical calls compare.
+    let steps: Vec<_> = (1..=5)
+        .map(|k| shaped(k, bits(k as u32), 7, true))
+        .collect();
+    let exact_only = Config {
+        near_share: 100,
+        failure_run_loop: None,
+        ..Config::default()
+    };
+    assert!(run_with(&steps, &exact_only)
+        .iter()
+        .all(|v| v.rule != Rule::NearRepeat && v.level < Loop));
+}
+
+#[test]
+fn e_blank_answers_need_six_and_identical_calls_are_rule_a() {
+    // Six variants of a query each answered with nothing: a loop only at the sixth.
+    let steps: Vec<_> = (1..=6)
+        .map(|k| blank(shaped(k, bits(k as u32), 5, false)))
+        .collect();
+    let v = run(&steps);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Suspect, Suspect, Suspect, Loop]
+    );
+    assert_eq!(
+        v[5].reason,
+        Reason::NearRepeat {
+            times: 6,
+            blank: true
+        }
+    );
+    // An empty answer is the same empty answer whatever the exit status.
+    let mixed: Vec<_> = (1..=6)
+        .map(|k| blank(shaped(k, bits(k as u32), 5 + k % 2, k % 2 == 0)))
+        .collect();
+    assert_eq!(run(&mixed)[5].level, Loop);
+    // The identical call again and again is the repeat rule's, not this one's.
+    let v = run(&[fail(1, 1); 4]);
+    assert!(v.iter().all(|v| v.rule != Rule::NearRepeat));
+}
+
+#[test]
+fn f_calls_in_a_row_failing_with_the_same_error_loop_at_4() {
+    // Differently worded calls, one identical rejection.
+    let steps = [fail(1, 7), fail(2, 7), fail(3, 7), fail(4, 7)];
+    let v = run(&steps);
+    assert_eq!(levels(&v), [Progress, Progress, Suspect, Loop]);
+    assert_eq!(v[3].rule, Rule::FailureRun);
+    assert_eq!(v[3].reason, Reason::FailureRun { times: 4 });
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    assert_eq!(
+        v[3].reason.to_string(),
+        "4 calls in a row failed with the same error"
+    );
+    // failure_run_loop never: amber only.
+    let amber = Config {
+        failure_run_loop: None,
+        ..Config::default()
+    };
+    assert_eq!(run_with(&steps, &amber)[3].level, Suspect);
+}
+
+#[test]
+fn f_a_success_another_error_or_an_empty_answer_breaks_the_run() {
+    let v = run(&[fail(1, 7), fail(2, 7), ok(3, 3), fail(4, 7), fail(5, 7)]);
+    assert!(v
+        .iter()
+        .all(|v| v.rule != Rule::FailureRun || v.level < Loop));
+    let v = run(&[fail(1, 7), fail(2, 7), fail(3, 8), fail(4, 7), fail(5, 7)]);
+    assert!(v.iter().all(|v| v.rule != Rule::FailureRun));
+    // grep, rg, find, ack for a missing symbol: four empty answers are answers.
+    let empty = |c| blank(fail(c, 7));
+    let v = run(&[empty(1), empty(2), empty(3), empty(4)]);
+    assert!(v.iter().all(|v| v.level == Progress));
+}
+
+#[test]
+fn f_failures_whose_number_moves_are_not_the_same_error() {
+    // "3 tests failed", "2 tests failed", "1 test failed": one gist (numbers masked),
+    // another answer each time — an edit-test cycle making progress.
+    let moving = |c, o| StepKeys {
+        gist: 99,
+        ..fail(c, o)
+    };
+    let v = run(&[moving(1, 3), moving(2, 2), moving(3, 1), moving(4, 5)]);
+    assert!(v.iter().all(|v| v.rule != Rule::FailureRun), "{v:?}");
+    // The same error word for word: a loop at the fourth.
+    let v = run(&[moving(1, 7), moving(2, 7), moving(3, 7), moving(4, 7)]);
+    assert_eq!(v[3].level, Loop);
+    assert_eq!(v[3].rule, Rule::FailureRun);
+}
+
+#[test]
+fn g_earlier_lookups_re_run_with_unchanged_results_are_revisits() {
+    // A, B, C, then A again, D, B again, C again: three revisits in six steps.
+    let v = run(&[
+        ok(1, 1),
+        ok(2, 2),
+        ok(3, 3),
+        ok(1, 1),
+        ok(4, 4),
+        ok(2, 2),
+        ok(3, 3),
+    ]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Progress, Progress, Suspect, Loop]
+    );
+    assert_eq!(v[6].rule, Rule::Revisit);
+    assert_eq!(
+        v[6].reason,
+        Reason::Revisit {
+            revisits: 3,
+            window: 6
+        }
+    );
+    // The revisits and the steps they repeat.
+    assert_eq!(v[6].evidence.as_slice(), [1, 2, 3, 4, 6, 7]);
+    assert_eq!(
+        v[6].reason.to_string(),
+        "3 of the last 6 steps repeated an earlier call (or a nearly identical one) and got the same result as before"
+    );
+}
+
+#[test]
+fn g_a_long_cycle_is_caught_in_its_second_round() {
+    // View eight files, then the same eight again, the same contents: past max_period.
+    let round: Vec<_> = (1..=8).map(|c| ok(c, 100 + c)).collect();
+    let steps: Vec<_> = round.iter().cycle().take(16).copied().collect();
+    let v = run(&steps);
+    assert!(levels(&v)[..9].iter().all(|&l| l == Progress));
+    assert_eq!((v[10].level, v[10].rule), (Loop, Rule::Revisit));
+    assert_eq!(v[10].evidence.as_slice(), [1, 2, 3, 9, 10, 11]);
+}
+
+#[test]
+fn g_a_re_read_after_a_change_or_an_empty_answer_is_no_revisit() {
+    // Re-reading a file that an edit changed: a new answer.
+    let v = run(&[
+        ok(1, 1),
+        ok(2, 2),
+        ok(1, 10),
+        ok(3, 3),
+        ok(1, 11),
+        ok(2, 20),
+    ]);
+    assert!(v.iter().all(|v| v.level == Progress));
+    // `cd ..` between listings: an empty answer says neither.
+    let cd = blank(ok(9, 9));
+    let v = run(&[cd, ok(1, 1), cd, ok(2, 2), cd, ok(3, 3), cd]);
+    assert!(v.iter().all(|v| v.rule != Rule::Revisit));
+    // A nearly identical lookup whose answer differs word for word (another checksum).
+    let v = run(&[
+        shaped(1, bits(3), 1, false),
+        ok(20, 20),
+        StepKeys {
+            exact: 99,
+            ..shaped(2, bits(4), 1, false)
+        },
+    ]);
+    assert_eq!(v[2].level, Progress);
+    // A nearly identical call (another line range of the same file) with the same
+    // answer is a revisit too.
+    let v = run(&[
+        shaped(1, bits(3), 1, false),
+        ok(20, 20),
+        shaped(2, bits(4), 1, false),
+        ok(21, 21),
+        shaped(3, bits(5), 1, false),
+        ok(22, 22),
+        shaped(4, bits(6), 1, false),
+    ]);
+    assert_eq!((v[6].level, v[6].rule), (Loop, Rule::Revisit));
+}
+
+#[test]
+fn g_an_empty_answer_counts_when_the_identical_call_got_it_with_only_failures_since() {
+    // `cp -r src/* dst/` (nothing printed), a failing variant, the same cp again, …:
+    // nothing but failures and empty answers between the identical calls.
+    let copy = blank(ok(1, 1));
+    let v = run(&[copy, fail(2, 2), copy, fail(3, 3), copy, fail(4, 4), copy]);
+    assert_eq!(
+        levels(&v),
+        [Progress, Progress, Progress, Progress, Suspect, Progress, Loop]
+    );
+    assert_eq!(v[6].rule, Rule::Revisit);
+    assert_eq!(v[6].evidence.as_slice(), [1, 3, 5, 7]);
+    // `sleep 5` between polls that move: an answer came between, no revisit.
+    let sleep = blank(ok(9, 9));
+    let v = run(&[sleep, ok(1, 10), sleep, ok(1, 20), sleep, ok(1, 30), sleep]);
+    assert!(v.iter().all(|v| v.rule != Rule::Revisit));
+    // Only the identical call: a nearly identical one with an empty answer is not enough.
+    let v = run(&[
+        blank(shaped(1, bits(1), 1, false)),
+        fail(7, 7),
+        blank(shaped(2, bits(2), 1, false)),
+        fail(8, 8),
+        blank(shaped(3, bits(3), 1, false)),
+        fail(9, 9),
+        blank(shaped(4, bits(4), 1, false)),
+    ]);
+    assert!(v.iter().all(|v| v.rule != Rule::Revisit));
+}
+
+#[test]
+fn g_revisits_fall_out_of_the_window_and_can_be_turned_off() {
+    // Three revisits, but spread over more than six steps.
+    let v = run(&[
+        ok(1, 1),
+        ok(2, 2),
+        ok(1, 1),
+        ok(3, 3),
+        ok(4, 4),
+        ok(5, 5),
+        ok(2, 2),
+        ok(6, 6),
+        ok(7, 7),
+        ok(1, 1),
+    ]);
+    assert!(v.iter().all(|v| v.level < Loop));
+    let amber = Config {
+        revisit_loop: None,
+        ..Config::default()
+    };
+    let v = run_with(
+        &[ok(1, 1), ok(2, 2), ok(3, 3), ok(1, 1), ok(2, 2), ok(3, 3)],
+        &amber,
+    );
+    assert!(v.iter().all(|v| v.level < Loop));
+}
+
+#[test]
+fn defaults_an_alternation_is_a_loop_by_its_revisits_before_the_cycle_completes() {
+    // edit → ok, build → the same failure: by the third edit, three revisits.
+    let v = run(&[ok(1, 1), fail(2, 2), ok(1, 1), fail(2, 2), ok(1, 1)]);
+    assert_eq!(levels(&v), [Progress, Progress, Progress, Suspect, Loop]);
+    assert_eq!(v[4].rule, Rule::Revisit);
+}
+
+#[test]
+fn new_configs_are_checked() {
+    let ok = Config::default();
+    let bad = [
+        Config {
+            near_share: 101,
+            ..ok
+        },
+        Config {
+            near_share: 49,
+            ..ok
+        },
+        Config {
+            near_repeat_suspect: 5,
+            ..ok
+        },
+        Config {
+            near_repeat_suspect: 1,
+            ..ok
+        },
+        Config {
+            blank_near_repeat_loop: 1,
+            ..ok
+        },
+        Config {
+            failure_run_suspect: 5,
+            ..ok
+        },
+        Config {
+            failure_run_suspect: 1,
+            failure_run_loop: None,
+            ..ok
+        },
+        Config {
+            revisit_window: 1,
+            ..ok
+        },
+        Config {
+            revisit_window: MAX_HISTORY + 1,
+            ..ok
+        },
+        Config {
+            revisit_suspect: 4,
+            ..ok
+        },
+    ];
+    for config in bad {
+        assert_eq!(
+            config.validate(),
+            Err(Error::InvalidVerdictConfig),
+            "{config:?}"
+        );
+    }
+    assert_eq!(
+        Config {
+            near_share: 100,
+            failure_run_loop: None,
+            revisit_loop: None,
+            revisit_window: MAX_HISTORY,
+            ..ok
+        }
+        .validate(),
+        Ok(())
+    );
+    assert_eq!(Rule::NearRepeat.as_str(), "near_repeat");
+    assert_eq!(Rule::FailureRun.as_str(), "failure_run");
+    assert_eq!(Rule::Revisit.as_str(), "revisit");
 }

@@ -1,0 +1,232 @@
+defmodule Observatory.Gateway.SessionOwners do
+  @moduledoc """
+  Which agent owns each session, kept apart from the detectors' windows so that no
+  eviction elsewhere can hand a session to another agent.
+
+  The first agent whose step opens a session owns it; the gateway refuses every
+  other agent's steps in it (`403`) for as long as the owner is remembered. Before,
+  ownership was the entropy window's agent: an agent that wrote as many sessions of
+  its own as the tracker holds got the victim's window evicted, and then its id.
+
+  Ownership is bounded **per agent**, so only an agent's own activity ever makes the
+  gateway forget one of its sessions:
+
+    * an agent owns at most `:max_sessions_per_agent` sessions (default 10,000); a
+      new one past the quota makes it give up its own least recently used session,
+      whose windows are dropped too (`claim/2` returns it), so one agent can neither
+      grow memory nor crowd other agents' windows out of the stores;
+    * a session with no step for `:session_owner_ttl_ms` (default 24 h, well past the
+      detectors' idle TTL) is forgotten by the periodic sweep.
+
+  ## API
+
+  `claim/2` on every accepted step, `owner/1` for reads; both run in the caller
+  (ETS), this process only owns the tables and sweeps them. In a cluster each
+  session is claimed on its owner node (`Observatory.Cluster.owner/1`), where its
+  step is scored: ask that node (`Observatory.Cluster.call_owner/4`), as
+  `ObservatoryWeb.Auth.session_owner/1` does. Replicating the table to survive the
+  loss of that node needs only this module to change.
+
+  The tables live as long as this process: a restart forgets ownership, like the
+  windows it guards.
+  """
+
+  use GenServer
+  require Logger
+
+  # {session_id, agent_id, last_seen_ms, lru_key}
+  @owners __MODULE__.Owners
+  # ordered_set: {{agent_id, seq}, session_id} — each agent's sessions, least recent first
+  @lru __MODULE__.LRU
+  # {agent_id, sessions owned}
+  @counts __MODULE__.Counts
+
+  @default_quota 10_000
+  @default_ttl_ms :timer.hours(24)
+
+  def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+
+  @doc """
+  Claims `session_id` for `agent_id`, or touches it when the agent owns it already.
+
+  `{:ok, released}` with the agent's own sessions it gave up to stay within its
+  quota (their windows should be dropped), or `{:error, {:owned_by, other}}`.
+  """
+  @spec claim(String.t(), String.t()) :: {:ok, [String.t()]} | {:error, {:owned_by, String.t()}}
+  def claim(session_id, agent_id) when is_binary(session_id) and is_binary(agent_id) do
+    now = now_ms()
+
+    case :ets.lookup(@owners, session_id) do
+      # Seen within the last second: recent enough for the LRU order and the TTL.
+      [{_, ^agent_id, seen, _}] when now - seen < 1_000 ->
+        {:ok, []}
+
+      [{_, ^agent_id, _, lru_key} = row] ->
+        touch(row, session_id, agent_id, lru_key, now)
+        {:ok, []}
+
+      [{_, other, _, _}] ->
+        {:error, {:owned_by, other}}
+
+      [] ->
+        open(session_id, agent_id, now)
+    end
+  end
+
+  @doc "The agent that owns `session_id`, or nil."
+  @spec owner(String.t()) :: String.t() | nil
+  def owner(session_id) when is_binary(session_id) do
+    case :ets.lookup(@owners, session_id) do
+      [{_, agent_id, _, _}] -> agent_id
+      [] -> nil
+    end
+  end
+
+  @doc "How many sessions `agent_id` owns."
+  @spec count(String.t()) :: non_neg_integer()
+  def count(agent_id) do
+    case :ets.lookup(@counts, agent_id) do
+      [{_, n}] -> n
+      [] -> 0
+    end
+  end
+
+  @doc "Sessions remembered, all agents together."
+  @spec size() :: non_neg_integer()
+  def size, do: :ets.info(@owners, :size)
+
+  @doc "The quota and the TTL in force."
+  @spec settings() :: %{max_sessions_per_agent: pos_integer(), ttl_ms: pos_integer()}
+  def settings do
+    %{
+      max_sessions_per_agent:
+        Application.get_env(:observatory, :max_sessions_per_agent, @default_quota),
+      ttl_ms: Application.get_env(:observatory, :session_owner_ttl_ms, @default_ttl_ms)
+    }
+  end
+
+  @doc "Forgets sessions idle for the TTL now (the periodic sweep does it too)."
+  @spec sweep() :: non_neg_integer()
+  def sweep, do: GenServer.call(__MODULE__, :sweep)
+
+  ## Claiming
+
+  defp touch(row, session_id, agent_id, old_key, now) do
+    new_key = {agent_id, System.unique_integer([:monotonic, :positive])}
+    new_row = {session_id, agent_id, now, new_key}
+
+    # Only the writer that replaces the row it read moves the LRU entry.
+    if :ets.select_replace(@owners, [{row, [], [{:const, new_row}]}]) == 1 do
+      :ets.insert(@lru, {new_key, session_id})
+      :ets.delete(@lru, old_key)
+    end
+  end
+
+  defp open(session_id, agent_id, now) do
+    key = {agent_id, System.unique_integer([:monotonic, :positive])}
+
+    if :ets.insert_new(@owners, {session_id, agent_id, now, key}) do
+      :ets.insert(@lru, {key, session_id})
+      owned = :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
+      quota = settings().max_sessions_per_agent
+      {:ok, release_oldest(agent_id, owned - quota, [])}
+    else
+      # Another step opened it first: judge again against its owner.
+      claim(session_id, agent_id)
+    end
+  end
+
+  # Gives up the agent's `n` least recently used sessions.
+  defp release_oldest(_agent_id, n, released) when n <= 0, do: released
+
+  defp release_oldest(agent_id, n, released) do
+    case oldest(agent_id) do
+      nil ->
+        released
+
+      {key, session_id} ->
+        if forget(session_id, agent_id, key),
+          do: release_oldest(agent_id, n - 1, [session_id | released]),
+          else: release_oldest(agent_id, n, released)
+    end
+  end
+
+  # The agent's least recently used session: its smallest LRU key (sequence numbers
+  # are positive, so `{agent_id, 0}` sorts just before all of them).
+  defp oldest(agent_id) do
+    with {^agent_id, _} = key <- :ets.next(@lru, {agent_id, 0}),
+         [{^key, session_id}] <- :ets.lookup(@lru, key) do
+      {key, session_id}
+    else
+      {_other_agent, _} -> nil
+      :"$end_of_table" -> nil
+      # Taken by a concurrent writer between the two reads: look again.
+      [] -> oldest(agent_id)
+    end
+  end
+
+  # Drops the session if it is still the agent's, under this LRU key.
+  defp forget(session_id, agent_id, key) do
+    :ets.delete(@lru, key)
+
+    case :ets.select_delete(@owners, [{{session_id, agent_id, :_, key}, [], [true]}]) do
+      1 ->
+        :ets.update_counter(@counts, agent_id, -1, {agent_id, 0})
+        true
+
+      0 ->
+        false
+    end
+  end
+
+  ## The owner of the tables
+
+  @impl true
+  def init(_opts) do
+    :ets.new(@owners, [
+      :named_table,
+      :public,
+      :set,
+      read_concurrency: true,
+      write_concurrency: true
+    ])
+
+    :ets.new(@lru, [:named_table, :public, :ordered_set, write_concurrency: true])
+    :ets.new(@counts, [:named_table, :public, :set, write_concurrency: true])
+    schedule_sweep()
+    {:ok, nil}
+  end
+
+  @impl true
+  def handle_call(:sweep, _from, state), do: {:reply, sweep_idle(), state}
+
+  @impl true
+  def handle_info(:sweep, state) do
+    sweep_idle()
+    schedule_sweep()
+    {:noreply, state}
+  end
+
+  def handle_info(message, state) do
+    Logger.debug("SessionOwners ignored #{inspect(message)}")
+    {:noreply, state}
+  end
+
+  defp sweep_idle do
+    cutoff = now_ms() - settings().ttl_ms
+
+    idle =
+      :ets.select(@owners, [
+        {{:"$1", :"$2", :"$3", :"$4"}, [{:<, :"$3", cutoff}], [{{:"$1", :"$2", :"$4"}}]}
+      ])
+
+    Enum.count(idle, fn {session_id, agent_id, key} -> forget(session_id, agent_id, key) end)
+  end
+
+  defp schedule_sweep do
+    interval = min(settings().ttl_ms, :timer.minutes(10))
+    Process.send_after(self(), :sweep, interval)
+  end
+
+  defp now_ms, do: System.monotonic_time(:millisecond)
+end

@@ -1,0 +1,156 @@
+defmodule Observatory.Gateway.SessionOwnersTest do
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Gateway.{Idempotency, LoopVerdict, SchemaInterceptor, SessionOwners}
+
+  setup do
+    restore_env_on_exit([:max_sessions_per_agent, :session_owner_ttl_ms, :idempotency])
+    n = System.unique_integer([:positive])
+    %{victim: "victim-#{n}", attacker: "attacker-#{n}"}
+  end
+
+  defp step(session_id, agent_id) do
+    Observatory.JSON.encode!(%{
+      "meta" => %{
+        "step_id" => "s-#{System.unique_integer([:positive])}",
+        "session_id" => session_id,
+        "agent_id" => agent_id,
+        "timestamp" => "2026-02-22T10:30:00Z"
+      },
+      "cognition" => %{"intent" => "read"},
+      "action" => %{"tool_call" => "read_file", "status" => "success", "result" => "ok"}
+    })
+  end
+
+  defp ingest(session_id, agent_id, opts),
+    do: SchemaInterceptor.ingest(step(session_id, agent_id), [agent: agent_id] ++ opts)
+
+  describe "finding 5: session takeover by eviction" do
+    test "an agent that writes as many sessions as the tracker holds does not get the victim's",
+         %{victim: victim, attacker: attacker} do
+      tracker = :"tracker_#{attacker}"
+      start_supervised!({EntropyTracker, name: tracker, max_sessions: 64})
+      opts = [tracker: tracker]
+      sid = unique_session("sess-victim")
+      assert {:ok, _} = ingest(sid, victim, opts)
+
+      for n <- 1..200, do: {:ok, _} = ingest("#{attacker}-own-#{n}", attacker, opts)
+      # The attack worked on the tracker: the victim's window is gone...
+      assert EntropyTracker.session(sid, tracker: tracker) == nil
+
+      # ...and yet its session is still the victim's.
+      assert {:error, {:forbidden, %{path: "meta.session_id"}}} = ingest(sid, attacker, opts)
+      assert {:ok, _} = ingest(sid, victim, opts)
+      assert SessionOwners.owner(sid) == victim
+      assert ObservatoryWeb.Auth.session_access(attacker, sid) == {:error, :forbidden}
+    end
+  end
+
+  describe "finding 5: quotas per agent for sessions" do
+    test "past its quota an agent gives up its own least recently used sessions, windows too",
+         %{victim: victim, attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 5)
+      victims = for n <- 1..3, do: unique_session("sess-v#{n}")
+      for sid <- victims, do: {:ok, _} = ingest(sid, victim, [])
+
+      own = for n <- 1..8, do: "#{attacker}-q-#{n}"
+      for sid <- own, do: {:ok, _} = ingest(sid, attacker, [])
+
+      assert SessionOwners.count(attacker) == 5
+      {released, kept} = Enum.split(own, 3)
+
+      for sid <- released do
+        assert SessionOwners.owner(sid) == nil
+        assert EntropyTracker.session(sid) == nil
+        assert LoopVerdict.session(sid) == nil
+      end
+
+      for sid <- kept, do: assert(SessionOwners.owner(sid) == attacker)
+      # Nothing of another agent is given up.
+      for sid <- victims, do: assert(SessionOwners.owner(sid) == victim)
+      assert SessionOwners.count(victim) == 3
+    end
+
+    test "a session in use is not the least recently used one", %{attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 2)
+      assert {:ok, []} = SessionOwners.claim("#{attacker}-a", attacker)
+      assert {:ok, []} = SessionOwners.claim("#{attacker}-b", attacker)
+      # Touching `a` (more than a second later, as the LRU order is kept to the second)
+      # makes `b` the oldest.
+      :ets.update_element(
+        SessionOwners.Owners,
+        "#{attacker}-a",
+        {3, System.monotonic_time(:millisecond) - 10_000}
+      )
+
+      assert {:ok, []} = SessionOwners.claim("#{attacker}-a", attacker)
+      b = "#{attacker}-b"
+      assert {:ok, [^b]} = SessionOwners.claim("#{attacker}-c", attacker)
+    end
+  end
+
+  describe "findings 5 and 7: both per-agent quotas hold on one ingest path" do
+    test "an agent flooding sessions and steps takes no session and flushes no remembered step",
+         %{victim: victim, attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 5)
+      # Without the per-agent quota the flood would fill the store (100) and flush the
+      # victim's steps.
+      Application.put_env(:observatory, :idempotency, max_steps: 100, max_steps_per_agent: 20)
+      sid = unique_session("sess-both")
+      victim_steps = for _ <- 1..10, do: step(sid, victim)
+
+      for body <- victim_steps,
+          do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(body, agent: victim)
+
+      # 300 distinct steps over 60 sessions of its own.
+      for n <- 1..300, do: {:ok, _} = ingest("#{attacker}-flood-#{rem(n, 60)}", attacker, [])
+
+      assert SessionOwners.count(attacker) == 5
+      assert Idempotency.count({:agent, attacker}) == 20
+      assert SessionOwners.owner(sid) == victim
+      assert {:error, {:forbidden, _}} = ingest(sid, attacker, [])
+
+      # Every retry of the victim's is still answered from memory, counted once.
+      for body <- victim_steps,
+          do: assert({:ok, %{replayed: true}} = SchemaInterceptor.ingest(body, agent: victim))
+    end
+  end
+
+  describe "ownership's own lifetime" do
+    test "it outlives a window evicted or expired, and is forgotten after its TTL",
+         %{victim: victim} do
+      sid = unique_session("sess-ttl")
+      assert {:ok, []} = SessionOwners.claim(sid, victim)
+      assert SessionOwners.claim(sid, "someone-else") == {:error, {:owned_by, victim}}
+
+      Application.put_env(:observatory, :session_owner_ttl_ms, 60_000)
+      SessionOwners.sweep()
+      assert SessionOwners.owner(sid) == victim
+
+      Application.put_env(:observatory, :session_owner_ttl_ms, 0)
+
+      :ets.update_element(
+        SessionOwners.Owners,
+        sid,
+        {3, System.monotonic_time(:millisecond) - 10_000}
+      )
+
+      assert SessionOwners.sweep() >= 1
+      assert SessionOwners.owner(sid) == nil
+      assert SessionOwners.count(victim) == 0
+    end
+
+    test "concurrent first steps of one session: exactly one agent owns it" do
+      sid = unique_session("sess-race")
+
+      results =
+        1..16
+        |> Task.async_stream(&SessionOwners.claim(sid, "racer-#{&1}"), max_concurrency: 16)
+        |> Enum.map(fn {:ok, result} -> result end)
+
+      assert Enum.count(results, &match?({:ok, _}, &1)) == 1
+      owner = SessionOwners.owner(sid)
+      assert Enum.all?(results, &(&1 == {:ok, []} or &1 == {:error, {:owned_by, owner}}))
+    end
+  end
+end
