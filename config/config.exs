@@ -141,6 +141,11 @@ config :observatory,
 # no second server unless it configures one.
 config :observatory, ObservatoryWeb.Endpoint, server: true, ip: {127, 0, 0, 1}, port: 4000
 
+# As its own server, a failed start prints one line that says what to do and ends the
+# VM (Observatory.StartupError; OBSERVATORY_STARTUP_TRACE=1 for OTP's full report). A
+# host app, which does not load this file, gets the error back instead.
+config :observatory, halt_on_start_error: true
+
 config :logger, :console, format: "$time [$level] $message\n"
 
 import_config "#{config_env()}.exs"

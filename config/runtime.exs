@@ -20,20 +20,31 @@ end
 if tokens = System.get_env("OBSERVATORY_OPERATOR_TOKENS") do
   operator_tokens =
     for pair <- String.split(tokens, ",", trim: true), into: %{} do
-      [name, token] = String.split(pair, ":", parts: 2)
-      {token, name}
+      case String.split(pair, ":", parts: 2) do
+        [name, token] when name != "" and token != "" ->
+          {token, name}
+
+        _ ->
+          raise "OBSERVATORY_OPERATOR_TOKENS is name:token pairs separated by commas " <>
+                  "(alice:t1,bob:t2); one pair has no name or no token"
+      end
     end
 
   config :observatory, operator_tokens: operator_tokens
 end
 
 if port = System.get_env("OBSERVATORY_PORT") do
-  config :observatory, ObservatoryWeb.Endpoint, port: String.to_integer(port)
+  case Integer.parse(port) do
+    {n, ""} when n in 0..65_535 -> config :observatory, ObservatoryWeb.Endpoint, port: n
+    _ -> raise "OBSERVATORY_PORT must be a port number (0..65535), got: #{inspect(port)}"
+  end
 end
 
 if ip = System.get_env("OBSERVATORY_IP") do
-  {:ok, address} = :inet.parse_address(String.to_charlist(ip))
-  config :observatory, ObservatoryWeb.Endpoint, ip: address
+  case :inet.parse_address(String.to_charlist(ip)) do
+    {:ok, address} -> config :observatory, ObservatoryWeb.Endpoint, ip: address
+    _ -> raise "OBSERVATORY_IP must be an IP address such as 127.0.0.1, got: #{inspect(ip)}"
+  end
 end
 
 #   OBSERVATORY_DATA_DIR=/var/lib/observatory

@@ -9,7 +9,9 @@ config :observatory,
   demo: false,
   # Tests send wrong credentials on purpose, all from 127.0.0.1; the throttle's own
   # tests set their limits.
-  auth_throttle: [max_failures: 10_000]
+  auth_throttle: [max_failures: 10_000],
+  # Tests read a failed start's reason (Observatory.StartupError halts only when true).
+  halt_on_start_error: false
 
 # Port 0: the OS picks a free port; tests ask ObservatoryWeb.Endpoint.port/0.
 config :observatory, ObservatoryWeb.Endpoint, port: 0

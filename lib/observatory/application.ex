@@ -3,22 +3,27 @@ defmodule Observatory.Application do
   use Application
   require Logger
 
+  # A failed start is one line that says what to do (Observatory.StartupError): printed,
+  # ending the VM, when Observatory runs as its own server; logged and returned in a host.
   @impl true
   def start(_type, _args) do
-    with :ok <- prepare_data_dir() do
-      start_tree()
+    case with(:ok <- prepare_data_dir(), do: start_tree()) do
+      {:ok, pid} -> {:ok, pid}
+      {:error, reason} -> Observatory.StartupError.report(reason)
     end
+  rescue
+    exception ->
+      if Observatory.StartupError.halt?(),
+        do: Observatory.StartupError.report(exception),
+        else: reraise(exception, __STACKTRACE__)
   end
 
-  # Before anything touches the data directory: refuse one other users can read.
+  # Before anything touches the data directory: refuse one other users can read (said
+  # by Observatory.StartupError).
   defp prepare_data_dir do
     case Observatory.DataDir.prepare() do
-      :ok ->
-        :ok
-
-      {:error, message} ->
-        Logger.error(message)
-        {:error, {:data_dir_refused, message}}
+      :ok -> :ok
+      {:error, message} -> {:error, {:data_dir_refused, message}}
     end
   end
 
@@ -35,6 +40,7 @@ defmodule Observatory.Application do
     Observatory.Proxy.Guidance.check_config!()
     Observatory.Notifications.check_config!()
     crash_dump_in_data_dir()
+    warn_without_operator_tokens()
 
     # A VM with storage off (a task beside a running server) runs nothing of
     # Observatory: Observatory.Storage.decide/0.
@@ -137,9 +143,9 @@ defmodule Observatory.Application do
           )
 
         ObservatoryWeb.Endpoint.server?() ->
-          Logger.info(
-            "no :secret_key_base configured (OBSERVATORY_SECRET_KEY_BASE): generated one; " <>
-              "dashboard sign-ins end when the application restarts"
+          Logger.warning(
+            "no OBSERVATORY_SECRET_KEY_BASE set: generated one, so dashboard sign-ins end " <>
+              "when the gateway restarts; set one, e.g. OBSERVATORY_SECRET_KEY_BASE=$(openssl rand -base64 48)"
           )
 
         true ->
@@ -155,6 +161,19 @@ defmodule Observatory.Application do
     case Application.get_env(:observatory, :secret_key_base) do
       nil -> false
       key -> key != :persistent_term.get({__MODULE__, :generated_secret_key_base}, nil)
+    end
+  end
+
+  # Without an operator token nobody can sign in to the dashboard or use the operator
+  # API: said once, with the fix, when Observatory's own server runs.
+  defp warn_without_operator_tokens do
+    if ObservatoryWeb.Endpoint.server?() and
+         Application.get_env(:observatory, :operator_tokens, %{}) == %{} do
+      Logger.warning(
+        "no operator token configured: nobody can sign in to the dashboard or use the " <>
+          "operator API; set OBSERVATORY_OPERATOR_TOKENS=<name>:<token>, e.g. " <>
+          "OBSERVATORY_OPERATOR_TOKENS=alice:$(openssl rand -hex 24)"
+      )
     end
   end
 end

@@ -6,10 +6,10 @@ defmodule Observatory.DataDirLock do
 
   A second gateway on the same directory — another OS process, a node with another
   name, a second application in the same VM — does not get the lock and refuses to
-  start with `{:data_dir_locked, dir, holders}` and an error in the log that names the
-  directory and what holds the lock: the OS processes the kernel lists for the file
-  (`holders/1`), and whether each is a gateway (an exclusive lock) or some other
-  program holding a shared one. Two writers on one Mnesia directory otherwise both
+  start with `{:data_dir_locked, dir, holders}`, which `Observatory.StartupError` says
+  as one line naming the directory and what holds the lock: the OS processes the
+  kernel lists for the file (`holders/1`), and whether each is a gateway (an
+  exclusive lock) or some other program holding a shared one. Two writers on one Mnesia directory otherwise both
   acknowledge writes, and after a restart half of them are gone. The directory is its
   owner's alone (`Observatory.DataDir`), so another local user cannot open the file
   to lock it.
@@ -24,7 +24,6 @@ defmodule Observatory.DataDirLock do
 
   use GenServer
   import Bitwise
-  require Logger
 
   alias Observatory.Native
 
@@ -100,15 +99,9 @@ defmodule Observatory.DataDirLock do
         Process.sleep(100)
         acquire(dir, tries - 1)
 
+      # Said to the person starting it by Observatory.StartupError.
       {:error, :locked} ->
-        holders = holders(path(dir))
-
-        Logger.error(
-          "the data directory #{dir} is locked: #{describe(holders, dir)}. " <>
-            "Stop it, or give this gateway another :data_dir"
-        )
-
-        {:stop, {:data_dir_locked, dir, holders}}
+        {:stop, {:data_dir_locked, dir, holders(path(dir))}}
 
       {:error, message} ->
         {:stop, {:data_dir_lock_failed, path(dir), message}}
@@ -161,7 +154,12 @@ defmodule Observatory.DataDirLock do
     end
   end
 
-  defp describe([], dir) do
+  @doc """
+  What holds the lock of `dir`, in words, from `holders/1`'s list: for the one line a
+  refused start prints (`Observatory.StartupError`).
+  """
+  @spec describe([holder()], String.t()) :: String.t()
+  def describe([], dir) do
     case File.read(path(dir)) do
       {:ok, text} when text != "" ->
         "another process holds #{path(dir)} (the last gateway to hold it wrote OS " <>
@@ -172,7 +170,7 @@ defmodule Observatory.DataDirLock do
     end
   end
 
-  defp describe(holders, dir) do
+  def describe(holders, dir) do
     Enum.map_join(holders, "; ", fn
       %{kind: :exclusive} = h ->
         "OS process #{h.pid}#{named(h)} holds #{path(dir)} exclusively: another gateway " <>

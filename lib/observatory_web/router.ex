@@ -41,18 +41,17 @@ defmodule ObservatoryWeb.Router do
   | GET, POST | /api/v1/agents/:id/keys | operator | `ObservatoryWeb.API.Agents` |
   | POST | /api/v1/agents/:id/keys/rotate | operator | `ObservatoryWeb.API.Agents` |
   | DELETE | /api/v1/agents/:id/keys/:key_id | operator | `ObservatoryWeb.API.Agents` |
-  | GET | /healthz | none | `Observatory.Health`: 200, or 503 when a dependency is down or a cluster node cannot reach a majority |
-  | GET | /metrics | none | Prometheus text |
+  | GET | /healthz | none | `ObservatoryWeb.API.Health`: 200, or 503 when a dependency is down or a cluster node cannot reach a majority |
+  | GET | /metrics | none | `ObservatoryWeb.API.Health`: Prometheus text |
   """
 
   require Logger
-
-  @agent_actions ["kill_switch", "activate", "deactivate", "keys", "guidance", "budget"]
 
   alias ObservatoryWeb.API.{
     Agents,
     ChatCompletions,
     DecisionLogs,
+    Health,
     Messages,
     Notifications,
     PassThrough,
@@ -175,100 +174,80 @@ defmodule ObservatoryWeb.Router do
     IO.iodata_to_binary([cut, " … (#{byte_size(text)} bytes, cut)"])
   end
 
-  defp route(conn, "POST", ["api", "v1", "decision_logs"]), do: DecisionLogs.create(conn)
-  defp route(conn, "GET", ["api", "v1", "sessions"]), do: SessionList.index(conn)
-  defp route(conn, "GET", ["api", "v1", "sessions", id]), do: Sessions.show(conn, id)
+  # Each route once: the request dispatch below is generated from this table, and
+  # `routes/0` returns it (the OpenAPI description's test checks it against the table).
+  # `{method, path, {module, function}}`: `:name` segments are passed to the function
+  # after the conn, in order.
+  @routes [
+    {"POST", "/api/v1/decision_logs", {DecisionLogs, :create}},
+    {"GET", "/api/v1/sessions", {SessionList, :index}},
+    {"GET", "/api/v1/sessions/:id", {Sessions, :show}},
+    {"GET", "/api/v1/sessions/:id/steps/:step", {Sessions, :step}},
+    {"POST", "/api/v1/sessions/:id/pause", {Sessions, :pause}},
+    {"POST", "/api/v1/sessions/:id/resume", {Sessions, :resume}},
+    {"POST", "/api/v1/sessions/:id/step_detector/reset", {Sessions, :reset_step_detector}},
+    {"GET", "/api/v1/hitl/audit", {Sessions, :audit}},
+    {"POST", "/api/v1/tool_calls/check", {ToolCalls, :check}},
+    {"GET", "/", {Page, :cluster}},
+    {"GET", "/agents", {Page, :agents}},
+    {"GET", "/agents/:id", {Page, :agent}},
+    {"GET", "/login", {Login, :new}},
+    {"POST", "/login", {Login, :create}},
+    {"POST", "/logout", {Login, :delete}},
+    {"GET", "/dashboard/events", {EventStream, :stream}},
+    {"POST", "/dashboard/events", {EventStream, :dispatch}},
+    {"GET", "/assets/:name", {Assets, :serve}},
+    {"POST", "/v1/chat/completions", {ChatCompletions, :create}},
+    {"POST", "/v1/messages", {Messages, :create}},
+    {"POST", "/v1/responses", {Responses, :create}},
+    {"POST", "/v1/messages/count_tokens", {PassThrough, :count_tokens}},
+    {"GET", "/v1/models", {PassThrough, :models}},
+    {"GET", "/v1/models/:id", {PassThrough, :models}},
+    {"GET", "/api/v1/agents", {Agents, :index}},
+    {"GET", "/api/v1/agents/:id", {Agents, :show}},
+    {"PUT", "/api/v1/agents/:id/kill_switch", {Agents, :configure}},
+    {"PUT", "/api/v1/agents/:id/guidance", {Agents, :guidance}},
+    {"GET", "/api/v1/agents/:id/budget", {Agents, :budget}},
+    {"PUT", "/api/v1/agents/:id/budget", {Agents, :configure_budget}},
+    {"POST", "/api/v1/agents/:id/budget/reset", {Agents, :reset_budget}},
+    {"GET", "/api/v1/notifications/sinks", {Notifications, :index}},
+    {"PUT", "/api/v1/notifications/sinks/:name", {Notifications, :put}},
+    {"DELETE", "/api/v1/notifications/sinks/:name", {Notifications, :delete}},
+    {"POST", "/api/v1/notifications/sinks/:name/test", {Notifications, :test}},
+    {"POST", "/api/v1/agents/:id/activate", {Agents, :activate}},
+    {"POST", "/api/v1/agents/:id/deactivate", {Agents, :deactivate}},
+    {"DELETE", "/api/v1/agents/:id", {Agents, :delete}},
+    {"GET", "/api/v1/agents/:id/keys", {Agents, :keys}},
+    {"POST", "/api/v1/agents/:id/keys", {Agents, :issue_key}},
+    {"POST", "/api/v1/agents/:id/keys/rotate", {Agents, :rotate_key}},
+    {"DELETE", "/api/v1/agents/:id/keys/:key_id", {Agents, :revoke_key}},
+    {"GET", "/healthz", {Health, :show}},
+    {"GET", "/metrics", {Health, :metrics}}
+  ]
 
-  defp route(conn, "GET", ["api", "v1", "sessions", id, "steps", step]),
-    do: Sessions.step(conn, id, step)
+  @doc """
+  Every route served: `{method, path}` with `:name` for a path parameter, in the
+  order they are matched.
+  """
+  @spec routes() :: [{String.t(), String.t()}]
+  def routes, do: for({method, path, _handler} <- @routes, do: {method, path})
 
-  defp route(conn, "POST", ["api", "v1", "sessions", id, "pause"]), do: Sessions.pause(conn, id)
-  defp route(conn, "POST", ["api", "v1", "sessions", id, "resume"]), do: Sessions.resume(conn, id)
-  defp route(conn, "GET", ["api", "v1", "hitl", "audit"]), do: Sessions.audit(conn)
-
-  defp route(conn, "POST", ["api", "v1", "sessions", id, "step_detector", "reset"]),
-    do: Sessions.reset_step_detector(conn, id)
-
-  defp route(conn, "POST", ["api", "v1", "tool_calls", "check"]), do: ToolCalls.check(conn)
-  defp route(conn, "GET", []), do: Page.show(conn)
-  defp route(conn, "GET", ["agents"]), do: Page.show(conn, "agents")
-  defp route(conn, "GET", ["agents", id]), do: Page.show(conn, "agent", %{"agent_id" => id})
-  defp route(conn, "GET", ["login"]), do: Login.new(conn)
-  defp route(conn, "POST", ["login"]), do: Login.create(conn)
-  defp route(conn, "POST", ["logout"]), do: Login.delete(conn)
-  defp route(conn, "GET", ["dashboard", "events"]), do: EventStream.stream(conn)
-  defp route(conn, "POST", ["dashboard", "events"]), do: EventStream.dispatch(conn)
-  defp route(conn, "GET", ["assets", name]), do: Assets.serve(conn, name)
-
-  defp route(conn, "POST", ["v1", "chat", "completions"]), do: ChatCompletions.create(conn)
-  defp route(conn, "POST", ["v1", "messages"]), do: Messages.create(conn)
-  defp route(conn, "POST", ["v1", "responses"]), do: Responses.create(conn)
-  defp route(conn, "POST", ["v1", "messages", "count_tokens"]), do: PassThrough.count_tokens(conn)
-  defp route(conn, "GET", ["v1", "models"]), do: PassThrough.models(conn)
-  defp route(conn, "GET", ["v1", "models", id]), do: PassThrough.models(conn, id)
-  defp route(conn, "GET", ["api", "v1", "agents"]), do: Agents.index(conn)
-  defp route(conn, "GET", ["api", "v1", "agents", id]), do: Agents.show(conn, id)
-
-  defp route(conn, "PUT", ["api", "v1", "agents", id, "kill_switch"]),
-    do: Agents.configure(conn, id)
-
-  defp route(conn, "PUT", ["api", "v1", "agents", id, "guidance"]), do: Agents.guidance(conn, id)
-  defp route(conn, "GET", ["api", "v1", "agents", id, "budget"]), do: Agents.budget(conn, id)
-
-  defp route(conn, "PUT", ["api", "v1", "agents", id, "budget"]),
-    do: Agents.configure_budget(conn, id)
-
-  defp route(conn, "POST", ["api", "v1", "agents", id, "budget", "reset"]),
-    do: Agents.reset_budget(conn, id)
-
-  defp route(conn, "GET", ["api", "v1", "notifications", "sinks"]), do: Notifications.index(conn)
-
-  defp route(conn, "PUT", ["api", "v1", "notifications", "sinks", name]),
-    do: Notifications.put(conn, name)
-
-  defp route(conn, "DELETE", ["api", "v1", "notifications", "sinks", name]),
-    do: Notifications.delete(conn, name)
-
-  defp route(conn, "POST", ["api", "v1", "notifications", "sinks", name, "test"]),
-    do: Notifications.test(conn, name)
-
-  defp route(conn, "POST", ["api", "v1", "agents", id, "activate"]), do: Agents.activate(conn, id)
-
-  defp route(conn, "POST", ["api", "v1", "agents", id, "deactivate"]),
-    do: Agents.deactivate(conn, id)
-
-  defp route(conn, "DELETE", ["api", "v1", "agents", id]), do: Agents.delete(conn, id)
-  defp route(conn, "GET", ["api", "v1", "agents", id, "keys"]), do: Agents.keys(conn, id)
-  defp route(conn, "POST", ["api", "v1", "agents", id, "keys"]), do: Agents.issue_key(conn, id)
-
-  defp route(conn, "POST", ["api", "v1", "agents", id, "keys", "rotate"]),
-    do: Agents.rotate_key(conn, id)
-
-  defp route(conn, "DELETE", ["api", "v1", "agents", id, "keys", key_id]),
-    do: Agents.revoke_key(conn, id, key_id)
-
-  # In a cluster the body says how this node sees it: who it runs with, whom it
-  # cannot reach, and (without a majority) what it refuses.
-  defp route(conn, "GET", ["healthz"]) do
-    cluster = Observatory.Health.cluster()
-
-    case Observatory.Health.check() do
-      {:ok, checks} ->
-        sessions = Observatory.Gateway.EntropyTracker.session_count()
-
-        Conn.json(
-          conn,
-          200,
-          Map.merge(%{status: "ok", checks: checks, sessions: sessions}, cluster)
-        )
-
-      {:error, checks} ->
-        Conn.json(conn, 503, Map.merge(%{status: "degraded", checks: checks}, cluster))
+  # A path as a match pattern: literal segments, and a variable per `:name`.
+  segments = fn path ->
+    for segment <- String.split(path, "/", trim: true) do
+      case segment do
+        ":" <> name -> Macro.var(String.to_atom(name), __MODULE__)
+        literal -> literal
+      end
     end
   end
 
-  defp route(conn, "GET", ["metrics"]) do
-    Conn.text(conn, 200, Observatory.Metrics.render(), "text/plain; version=0.0.4")
+  for {method, path, {module, function}} <- @routes do
+    pattern = segments.(path)
+    params = Enum.reject(pattern, &is_binary/1)
+
+    defp route(conn, unquote(method), unquote(pattern)),
+      do: unquote(module).unquote(function)(conn, unquote_splicing(params))
   end
 
   defp route(conn, method, path) do
@@ -277,31 +256,17 @@ defmodule ObservatoryWeb.Router do
       else: Conn.error(conn, 404, "not_found", "no such route")
   end
 
-  defp known_path?(["api", "v1", "decision_logs"]), do: true
-  defp known_path?(["api", "v1", "sessions" | _]), do: true
-  defp known_path?(["api", "v1", "tool_calls", "check"]), do: true
-  defp known_path?([]), do: true
-  defp known_path?(["agents"]), do: true
-  defp known_path?(["agents", _]), do: true
-  defp known_path?([page]) when page in ["login", "logout"], do: true
-  defp known_path?(["dashboard", "events"]), do: true
-  defp known_path?(["v1", "chat", "completions"]), do: true
-  defp known_path?(["v1", "responses"]), do: true
-  defp known_path?(["v1", "messages"]), do: true
-  defp known_path?(["v1", "messages", "count_tokens"]), do: true
-  defp known_path?(["v1", "models"]), do: true
-  defp known_path?(["v1", "models", _id]), do: true
-  defp known_path?(["api", "v1", "hitl", "audit"]), do: true
+  # A path some route serves, with another method: 405 rather than 404.
+  any = Macro.var(:_, nil)
 
-  defp known_path?(["api", "v1", "agents" | rest]),
-    do:
-      match?([], rest) or match?([_], rest) or match?([_, a] when a in @agent_actions, rest) or
-        match?([_, "keys", _], rest) or match?([_, "budget", "reset"], rest)
+  for pattern <-
+        @routes
+        |> Enum.map(fn {_, path, _} ->
+          Enum.map(segments.(path), &if(is_binary(&1), do: &1, else: any))
+        end)
+        |> Enum.uniq() do
+    defp known_path?(unquote(pattern)), do: true
+  end
 
-  defp known_path?(["api", "v1", "notifications", "sinks" | rest]),
-    do: match?([], rest) or match?([_], rest) or match?([_, "test"], rest)
-
-  defp known_path?(["healthz"]), do: true
-  defp known_path?(["metrics"]), do: true
   defp known_path?(_), do: false
 end

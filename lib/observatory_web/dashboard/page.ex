@@ -26,7 +26,16 @@ defmodule ObservatoryWeb.Dashboard.Page do
   @nav [{"cluster", "/", "Session Cluster Manager"}, {"agents", "/agents", "Agents"}]
   @titles %{"cluster" => "Session Cluster Manager"}
 
-  @doc "GET / (`cluster`), GET /agents (`agents`), GET /agents/:id (`agent`, `%{\"agent_id\" => id}`)."
+  @doc "GET /: the Session Cluster Manager."
+  def cluster(conn), do: show(conn, "cluster")
+
+  @doc "GET /agents: the agents list."
+  def agents(conn), do: show(conn, "agents")
+
+  @doc "GET /agents/:id: one agent's page."
+  def agent(conn, id), do: show(conn, "agent", %{"agent_id" => id})
+
+  @doc "A page: `cluster`, `agents`, or `agent` with `%{\"agent_id\" => id}`."
   @spec show(Conn.t(), String.t(), map()) :: :ok
   def show(conn, view \\ "cluster", params \\ %{}) do
     case Session.fetch(conn) do
