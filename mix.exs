@@ -63,7 +63,7 @@ defmodule Observatory.MixProject do
       deps: deps(),
       aliases: aliases(),
       # `MIX_ENV=prod mix release`; node name and cookie from RELEASE_NODE,
-      # RELEASE_COOKIE and RELEASE_DISTRIBUTION=name (README "Cluster").
+      # RELEASE_COOKIE and RELEASE_DISTRIBUTION=name (docs/cluster.md).
       # MochiWeb, optional for a host app, is the release's HTTP server.
       releases: [observatory: [include_executables_for: [:unix], applications: [mochiweb: :load]]],
       docs: [main: "readme"]

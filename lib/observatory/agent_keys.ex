@@ -28,7 +28,7 @@ defmodule Observatory.AgentKeys do
       config :observatory, :seed_agent_keys, %{"agent-1" => "dev-agent-key"}
 
   At every start each pair's agent is registered if needed and its key's hash
-  stored (the config ships one in `:dev` so the README's quick start works). A seeded
+  stored (the config ships one in `:dev` so the README's first step works). A seeded
   key revoked through the API comes back at the next start: remove it from the
   config to revoke it for good. Production configures none.
   """
@@ -92,7 +92,7 @@ defmodule Observatory.AgentKeys do
               ":agent_keys (OBSERVATORY_AGENT_KEYS) holds shared agent keys, which let any " <>
                 "agent act as any other. Issue each agent its own key (POST /api/v1/agents/:id/keys) " <>
                 "and remove :agent_keys, or set insecure_shared_agent_keys: true " <>
-                "(OBSERVATORY_INSECURE_SHARED_AGENT_KEYS=1) to keep them. See the README's Security section."
+                "(OBSERVATORY_INSECURE_SHARED_AGENT_KEYS=1) to keep them. See docs/security.md."
     end
   end
 

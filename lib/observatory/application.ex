@@ -29,6 +29,8 @@ defmodule Observatory.Application do
 
   defp start_tree do
     Observatory.Metrics.setup()
+    # Where the Rust stores are published (not :persistent_term: see the module).
+    Observatory.NativeStores.setup()
     # Before any durable write can run (Observatory.Storage.transaction/2).
     Observatory.Cluster.Gate.setup()
     Observatory.Gateway.AlertSource.validate!()

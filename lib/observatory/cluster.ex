@@ -121,7 +121,28 @@ defmodule Observatory.Cluster do
   def rendezvous(_session_id, []), do: node()
 
   def rendezvous(session_id, members) do
-    Enum.max_by(members, &{:erlang.phash2({session_id, &1}), &1})
+    Enum.max_by(members, &rank(session_id, &1))
+  end
+
+  @doc """
+  `members` in `session_id`'s rendezvous order: its owner first (`rendezvous/2`), then
+  the node it fails over to when the owner is gone, and so on.
+  """
+  @spec rendezvous_order(String.t(), [node()]) :: [node()]
+  def rendezvous_order(session_id, members),
+    do: Enum.sort_by(members, &rank(session_id, &1), :desc)
+
+  defp rank(session_id, member), do: {:erlang.phash2({session_id, member}), member}
+
+  @doc false
+  # The nodes whose `Observatory.Cluster.Member` is in the `:pg` group now, sorted:
+  # what `members/0` reads once `Observatory.Cluster.Monitor` has published it.
+  def pg_members do
+    @scope
+    |> :pg.get_members(@group)
+    |> Enum.map(&node/1)
+    |> Enum.uniq()
+    |> Enum.sort()
   end
 
   @doc """

@@ -161,6 +161,9 @@ defmodule Observatory.Native do
   def umask_owner_only, do: :erlang.nif_error(:nif_not_loaded)
 
   def live_stores, do: :erlang.nif_error(:nif_not_loaded)
+  def store_hold(_store, _ms), do: :erlang.nif_error(:nif_not_loaded)
+  def stores_held, do: :erlang.nif_error(:nif_not_loaded)
+  def native_resource?(_term), do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
   def dirty_cpu_hold(_ms), do: :erlang.nif_error(:nif_not_loaded)
 end

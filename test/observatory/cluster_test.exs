@@ -249,6 +249,103 @@ defmodule Observatory.ClusterDistributedTest do
     end
   end
 
+  describe "after failover the session stays its agent's" do
+    # The session's owner b is lost; `next`, the node it fails over to, scores it
+    # from then on and must already know whose session it is.
+    test "the owner node stopped: another agent gets 403 on every node, the agent writes on (200), also once the owner is back",
+         %{nodes: [a, b, c], peers: [_, peer_b, _], all: all, shorts: shorts, root: root} do
+      {owner, key, intruder, intruder_key} = two_agents(a)
+      session = owned_by(b, [a, b, c], "sess-failover")
+      [next, other] = Cluster.rendezvous_order(session, [a, c])
+      [s1, s2, s3] = for e <- steps(session, 3), do: as_agent(e, owner)
+      stolen = s1 |> as_agent(intruder) |> put_in(["meta", "step_id"], "stolen")
+
+      # Scored and claimed on b, which sends the claim to `next` at once.
+      assert %{status: 200} = post_step(a, s1, key)
+      await(fn -> owner_on(next, session) == owner end)
+      # Nowhere else: a claim goes to the session's first two nodes only.
+      assert owner_on(other, session) == nil
+
+      :ok = :peer.stop(peer_b)
+      :ok = ClusterPeers.await_members([a, c], [a, c])
+
+      for n <- [a, c] do
+        assert %{status: 403, body: body} = post_step(n, stolen, intruder_key)
+        assert body =~ "another agent"
+        # Asking whose session it is (a tool-call check) gets the same answer.
+        call = ~s({"session_id": "#{session}", "tool": "read_file", "arguments": {}})
+
+        assert %{status: 403} =
+                 http(:post, port(n), "/api/v1/tool_calls/check", call, intruder_key)
+      end
+
+      assert %{status: 200} = post_step(c, s2, key)
+      assert :erpc.call(next, Observatory.Gateway.EntropyTracker, :session, [session])
+      # `next` owns it now, and sent the claim on to the node it fails over to next.
+      await(fn -> owner_on(other, session) == owner end)
+
+      # b starts again with an empty table and owns the session again: the others
+      # send it the claim when it joins.
+      {_peer_b, ^b} = ClusterPeers.start(Enum.at(shorts, 1), all, root)
+      :ok = ClusterPeers.await_members([a, b, c], [a, b, c])
+      await(fn -> owner_on(b, session) == owner end)
+      assert %{status: 403} = post_step(a, stolen, intruder_key)
+      assert %{status: 200} = post_step(a, s3, key)
+    end
+
+    test "the owner node killed: its claims hold; a session never claimed still goes to the first agent that writes it",
+         %{nodes: [a, b, c], peers: [_, peer_b, _]} do
+      {owner, key, intruder, intruder_key} = two_agents(a)
+      claimed = owned_by(b, [a, b, c], "sess-killed")
+      unclaimed = owned_by(b, [a, b, c], "sess-unclaimed-#{System.unique_integer([:positive])}")
+      [next | _] = Cluster.rendezvous_order(claimed, [a, c])
+
+      assert %{status: 200} = post_step(a, as_agent(hd(steps(claimed, 1)), owner), key)
+      await(fn -> owner_on(next, claimed) == owner end)
+
+      pid_b = :erpc.call(b, :os, :getpid, [])
+      Process.unlink(peer_b)
+      {_, 0} = System.cmd("kill", ["-KILL", to_string(pid_b)])
+      :ok = ClusterPeers.await_members([a, c], [a, c])
+
+      [c1, c2] = steps(claimed, 2)
+      assert %{status: 403} = post_step(c, as_agent(c1, intruder), intruder_key)
+      assert %{status: 200} = post_step(c, as_agent(c2, owner), key)
+
+      # No claim anywhere: the first agent to write the session owns it, as before.
+      [u1, u2] = steps(unclaimed, 2)
+      assert %{status: 200} = post_step(a, as_agent(u1, intruder), intruder_key)
+      assert %{status: 403} = post_step(c, as_agent(u2, owner), key)
+      for n <- [a, c], do: assert(owner_on(n, unclaimed) == intruder)
+    end
+  end
+
+  # Two agents with keys of their own: {agent, key, other agent, its key}.
+  defp two_agents(node) do
+    u = System.unique_integer([:positive])
+    {:ok, %{key: key}} = :erpc.call(node, Observatory.AgentKeys, :issue, ["agent-own-#{u}"])
+    {:ok, %{key: other}} = :erpc.call(node, Observatory.AgentKeys, :issue, ["agent-other-#{u}"])
+    {"agent-own-#{u}", key, "agent-other-#{u}", other}
+  end
+
+  defp as_agent(envelope, agent), do: put_in(envelope, ["meta", "agent_id"], agent)
+
+  defp post_step(node, envelope, key),
+    do: http(:post, port(node), "/api/v1/decision_logs", JSON.encode!(envelope), key)
+
+  defp port(node), do: :erpc.call(node, ObservatoryWeb.Endpoint, :port, [])
+
+  defp owner_on(node, session),
+    do: :erpc.call(node, Observatory.Gateway.SessionOwners, :owner, [session])
+
+  defp await(fun, deadline \\ System.monotonic_time(:millisecond) + 10_000) do
+    cond do
+      fun.() -> :ok
+      System.monotonic_time(:millisecond) > deadline -> flunk("never happened")
+      true -> Process.sleep(20) && await(fun, deadline)
+    end
+  end
+
   describe "idempotent ingest: the owner decides" do
     test "a retry after the owner's 503 is counted once, whichever node it reaches",
          %{nodes: [a, b, c]} do

@@ -152,7 +152,7 @@ defmodule Observatory.HostStateTest do
   end
 
   describe "one PubSub in a host: the host's" do
-    test "Observatory starts no bus of its own, and the README's subscribe example gets alerts through the host's",
+    test "Observatory starts no bus of its own, and the guides' subscribe example (docs/sending-steps.md) gets alerts through the host's",
          %{dir: dir} do
       node = peer()
       put_env(node, :data_dir, dir)

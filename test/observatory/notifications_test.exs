@@ -16,6 +16,10 @@ defmodule Observatory.NotificationsTest do
 
   @routing_key "R0UTINGKEYSECRET0000000000000000"
 
+  # A delivery goes through the dispatcher and an HTTP request to a stub: under load
+  # it takes well over ExUnit's default 100 ms. assert_receive returns on arrival.
+  @delivery 5_000
+
   setup do
     restore_env_on_exit([:notifications, :kill_switch])
     test = self()
@@ -76,6 +80,22 @@ defmodule Observatory.NotificationsTest do
   end
 
   # Everything the dispatcher was sent has been handled, and every delivery is done.
+  defp await_dropped(count, deadline \\ System.monotonic_time(:millisecond) + @delivery) do
+    cond do
+      Observatory.Metrics.get(:notifications_dropped) >= count ->
+        :ok
+
+      System.monotonic_time(:millisecond) > deadline ->
+        flunk("the dispatcher never dropped an alarm past the rate limit")
+
+      true ->
+        receive do
+        after
+          5 -> await_dropped(count, deadline)
+        end
+    end
+  end
+
   defp settled do
     state = :sys.get_state(Dispatcher)
 
@@ -100,11 +120,12 @@ defmodule Observatory.NotificationsTest do
       loop(session, agent)
 
       assert_receive {:sink, :slack,
-                      %{"text" => ":rotating_light: Loop alarm: session " <> _ = text}, _}
+                      %{"text" => ":rotating_light: Loop alarm: session " <> _ = text}, _},
+                     @delivery
 
       assert text =~ "of agent #{agent}"
 
-      assert_receive {:sink, :pagerduty, trigger, _}
+      assert_receive {:sink, :pagerduty, trigger, _}, @delivery
 
       assert %{
                "routing_key" => @routing_key,
@@ -131,12 +152,14 @@ defmodule Observatory.NotificationsTest do
                       %{
                         "event_action" => "resolve",
                         "dedup_key" => "observatory:loop:" <> ^session
-                      } = resolve, _}
+                      } = resolve, _},
+                     @delivery
 
       refute Map.has_key?(resolve, "payload")
 
       assert_receive {:sink, :slack, %{"text" => ":white_check_mark: Recovered: session " <> _},
-                      _}
+                      _},
+                     @delivery
 
       settled()
       refute_received {:sink, _, _, _}
@@ -145,7 +168,7 @@ defmodule Observatory.NotificationsTest do
     test "a session id cannot ping a Slack channel or forge a link", %{stub: stub, n: n} do
       configure([slack(stub.(:slack, []).url, "team-escape-#{n}")])
       loop("<!channel>-#{n}", "agent-#{n}")
-      assert_receive {:sink, :slack, %{"text" => text}, _}
+      assert_receive {:sink, :slack, %{"text" => text}, _}, @delivery
       assert text =~ "&lt;!channel&gt;-#{n}"
       refute text =~ "<!channel>"
     end
@@ -241,7 +264,8 @@ defmodule Observatory.NotificationsTest do
                         "event_action" => "trigger",
                         "dedup_key" => "observatory:kill_switch:" <> ^agent,
                         "payload" => %{"severity" => "critical", "summary" => summary}
-                      }, _}
+                      }, _},
+                     @delivery
 
       assert summary =~ "Kill switch deactivated agent #{agent}: loop score 7.5 > threshold 5.5"
       settled()
@@ -257,7 +281,8 @@ defmodule Observatory.NotificationsTest do
                       %{
                         "event_action" => "resolve",
                         "dedup_key" => "observatory:kill_switch:" <> ^agent
-                      }, _}
+                      }, _},
+                     @delivery
 
       # A budget stop (the real path: a session over its request limit).
       {:ok, _} = Budget.configure(agent, %{"session_requests" => 0})
@@ -270,7 +295,8 @@ defmodule Observatory.NotificationsTest do
                         "action" => "trigger",
                         "severity" => "error",
                         "session_id" => ^session
-                      } = body, headers}
+                      } = body, headers},
+                     @delivery
 
       assert body["summary"] =~ "Budget exhausted: budget_exhausted: session #{session}"
       # Signed with the sink's secret.
@@ -281,7 +307,8 @@ defmodule Observatory.NotificationsTest do
                       %{
                         "event_action" => "trigger",
                         "dedup_key" => "observatory:budget:session:" <> ^session
-                      }, _}
+                      }, _},
+                     @delivery
 
       {:ok, _} = Budget.reset(agent, session_id: session)
 
@@ -289,9 +316,10 @@ defmodule Observatory.NotificationsTest do
                       %{
                         "event_action" => "resolve",
                         "dedup_key" => "observatory:budget:session:" <> ^session
-                      }, _}
+                      }, _},
+                     @delivery
 
-      assert_receive {:sink, :webhook, %{"action" => "resolve", "kind" => "budget"}, _}
+      assert_receive {:sink, :webhook, %{"action" => "resolve", "kind" => "budget"}, _}, @delivery
     end
 
     test "shadow mode records only: nothing is sent", %{stub: stub, n: n} do
@@ -322,7 +350,8 @@ defmodule Observatory.NotificationsTest do
           loop("sess-retry-#{n}", "agent-#{n}")
 
           for _ <- 1..3,
-              do: assert_receive({:sink, :pagerduty, %{"event_action" => "trigger"}, _})
+              do:
+                assert_receive({:sink, :pagerduty, %{"event_action" => "trigger"}, _}, @delivery)
 
           settled()
         end)
@@ -336,7 +365,7 @@ defmodule Observatory.NotificationsTest do
       log =
         capture_log(fn ->
           loop("sess-refused-#{n}", "agent-#{n}")
-          assert_receive {:sink, :slack, _, _}
+          assert_receive {:sink, :slack, _, _}, @delivery
           settled()
         end)
 
@@ -354,8 +383,10 @@ defmodule Observatory.NotificationsTest do
       configure([slack(stub.(:slack, []).url, "team-rate-#{n}")], rate_limit_per_minute: 2)
       dropped = Observatory.Metrics.get(:notifications_dropped)
       for k <- 1..3, do: loop("sess-rate-#{n}-#{k}", "agent-#{n}")
-      assert_receive {:sink, :slack, _, _}
-      assert_receive {:sink, :slack, _, _}
+      assert_receive {:sink, :slack, _, _}, @delivery
+      assert_receive {:sink, :slack, _, _}, @delivery
+      # The third alarm reaches the dispatcher after the ingest returns: await its drop.
+      await_dropped(dropped + 1)
       settled()
       refute_received {:sink, :slack, _, _}
       assert Observatory.Metrics.get(:notifications_dropped) == dropped + 1
@@ -466,11 +497,15 @@ defmodule Observatory.NotificationsTest do
       # The configured PagerDuty URL is not reachable here: only the webhook is checked.
       Application.put_env(:observatory, :notifications, sinks: [], backoff_ms: 5)
       loop("sess-runtime-#{n}", "agent-#{n}")
-      assert_receive {:sink, :webhook, %{"kind" => "loop_alarm", "action" => "trigger"}, _}
+
+      assert_receive {:sink, :webhook, %{"kind" => "loop_alarm", "action" => "trigger"}, _},
+                     @delivery
+
       assert Notifications.test_sink("ops") == :ok
 
       assert_receive {:sink, :webhook,
-                      %{"summary" => "Test alert from Observatory to the sink ops"}, _}
+                      %{"summary" => "Test alert from Observatory to the sink ops"}, _},
+                     @delivery
 
       assert :ok = Notifications.delete_sink("ops")
       assert {:error, :not_found} = Notifications.delete_sink("ops")

@@ -105,7 +105,7 @@ defmodule Observatory.Test.Remote do
   end
 
   @doc """
-  The README's subscribe example, run here: a process subscribed with
+  The guides' subscribe example (docs/sending-steps.md), run here: a process subscribed with
   `Observatory.Gateway.Events.subscribe/1` that forwards what it gets to `parent`.
   """
   def events_subscribe_and_forward(topic, parent) do

@@ -199,12 +199,7 @@ defmodule Observatory.Cluster.Monitor do
   ## Membership
 
   defp publish do
-    members =
-      Cluster.scope()
-      |> :pg.get_members(Cluster.group())
-      |> Enum.map(&node/1)
-      |> Enum.uniq()
-      |> Enum.sort()
+    members = Cluster.pg_members()
 
     if :persistent_term.get(Cluster.members_key(), nil) != members do
       :persistent_term.put(Cluster.members_key(), members)

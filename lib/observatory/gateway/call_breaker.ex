@@ -25,7 +25,7 @@ defmodule Observatory.Gateway.CallBreaker do
   require Logger
 
   alias Observatory.Gateway.{Events, StepDetector}
-  alias Observatory.Native
+  alias Observatory.{Native, NativeStores}
 
   @defaults [max_calls: 20, window_ms: 60_000, max_keys: 100_000]
 
@@ -85,7 +85,7 @@ defmodule Observatory.Gateway.CallBreaker do
   @doc "The settings in force."
   def settings, do: Keyword.merge(@defaults, Application.get_env(:observatory, :call_breaker, []))
 
-  defp breaker, do: :persistent_term.get({__MODULE__, :breaker})
+  defp breaker, do: NativeStores.get({__MODULE__, :breaker})
   # The breaker's clock starts at 0 when the gateway starts (monotonic time may be negative).
   defp origin, do: :persistent_term.get({__MODULE__, :origin})
 
@@ -98,7 +98,7 @@ defmodule Observatory.Gateway.CallBreaker do
         {:stop, {:invalid_call_breaker_config, reason}}
 
       breaker ->
-        :persistent_term.put({__MODULE__, :breaker}, breaker)
+        NativeStores.put({__MODULE__, :breaker}, breaker)
         :persistent_term.put({__MODULE__, :origin}, System.monotonic_time(:millisecond))
         schedule(s)
         {:ok, s}

@@ -51,7 +51,7 @@ defmodule Observatory.Gateway.EntropyTracker do
   }
 
   alias Observatory.Gateway.Topology
-  alias Observatory.Native
+  alias Observatory.{Native, NativeStores}
 
   @type severity :: :loop | :warning | :normal
   @type entropy_tuple :: {intent :: String.t(), tool_call :: String.t(), ActionStatus.t()}
@@ -337,7 +337,7 @@ defmodule Observatory.Gateway.EntropyTracker do
   end
 
   defp store(opts) do
-    case :persistent_term.get({__MODULE__, Keyword.get(opts, :tracker, __MODULE__)}, nil) do
+    case NativeStores.get({__MODULE__, Keyword.get(opts, :tracker, __MODULE__)}, nil) do
       nil -> {:error, :not_started}
       store -> {:ok, store}
     end
@@ -384,8 +384,8 @@ defmodule Observatory.Gateway.EntropyTracker do
 
     shards = max |> div(@min_sessions_per_shard) |> max(1) |> min(@max_shards)
     store = Native.entropy_store_new(shards, max)
-    # Replacing the term releases the store of a crashed predecessor (UC-0250 F1).
-    :persistent_term.put({__MODULE__, name}, store)
+    # Replacing the entry releases the store of a crashed predecessor (UC-0250 F1).
+    NativeStores.put({__MODULE__, name}, store)
     state = %{name: name, store: store, ttl: ttl, interval: interval, tick: tick}
     tick_now(state)
     schedule_sweep(state)
@@ -414,10 +414,10 @@ defmodule Observatory.Gateway.EntropyTracker do
 
   @impl true
   def terminate(reason, %{name: name}) when reason in [:normal, :shutdown] do
-    :persistent_term.erase({__MODULE__, name})
+    NativeStores.erase({__MODULE__, name})
   end
 
-  def terminate({:shutdown, _}, %{name: name}), do: :persistent_term.erase({__MODULE__, name})
+  def terminate({:shutdown, _}, %{name: name}), do: NativeStores.erase({__MODULE__, name})
   def terminate(_reason, _state), do: :ok
 
   defp sweep_now(%{store: store, ttl: ttl}) do

@@ -51,7 +51,7 @@ defmodule Observatory.Gateway.Idempotency do
   use GenServer
 
   alias Observatory.Gateway.{DecisionLog, IdleSweep}
-  alias Observatory.{Metrics, Native}
+  alias Observatory.{Metrics, Native, NativeStores}
 
   @defaults [
     enabled: true,
@@ -205,15 +205,15 @@ defmodule Observatory.Gateway.Idempotency do
   def sweep(window_ms \\ setting(env(), :window_ms)),
     do: Native.answered_sweep(store(), System.monotonic_time(:millisecond), window_ms)
 
-  defp store, do: :persistent_term.get(__MODULE__)
+  defp store, do: NativeStores.get(__MODULE__)
 
   ## The process: owns the store, forgets steps that left the window
 
   @impl true
   def init(_opts) do
     # A restart keeps the memory: the store is the NIF resource, not this process's.
-    if :persistent_term.get(__MODULE__, nil) == nil,
-      do: :persistent_term.put(__MODULE__, Native.answered_new())
+    if NativeStores.get(__MODULE__, nil) == nil,
+      do: NativeStores.put(__MODULE__, Native.answered_new())
 
     IdleSweep.schedule()
     {:ok, %{}}

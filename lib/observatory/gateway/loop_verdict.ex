@@ -106,7 +106,7 @@ defmodule Observatory.Gateway.LoopVerdict do
   require Logger
 
   alias Observatory.Gateway.{EntropyConfig, Events, IdleSweep}
-  alias Observatory.Native
+  alias Observatory.{Native, NativeStores}
 
   @thresholds [
     history: 16,
@@ -300,7 +300,7 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   @doc false
   # The normalization rules the DecisionLog parse hashes with (nil: the defaults).
-  def rules, do: :persistent_term.get({__MODULE__, :rules}, nil)
+  def rules, do: NativeStores.get({__MODULE__, :rules}, nil)
 
   @doc """
   Rebuilds the normalization rules from the current configuration. Steps hashed
@@ -410,7 +410,7 @@ defmodule Observatory.Gateway.LoopVerdict do
   end
 
   defp store do
-    case :persistent_term.get({__MODULE__, :store}, nil) do
+    case NativeStores.get({__MODULE__, :store}, nil) do
       nil -> {:error, :not_started}
       store -> {:ok, store}
     end
@@ -428,15 +428,15 @@ defmodule Observatory.Gateway.LoopVerdict do
     end
 
     shards = max |> div(1024) |> max(1) |> min(64)
-    :persistent_term.put({__MODULE__, :rules}, build_rules())
-    :persistent_term.put({__MODULE__, :store}, Native.verdict_store_new(shards, max))
+    NativeStores.put({__MODULE__, :rules}, build_rules())
+    NativeStores.put({__MODULE__, :store}, Native.verdict_store_new(shards, max))
     IdleSweep.schedule()
     {:ok, %{}}
   end
 
   @impl true
   def handle_call(:reload_rules, _from, state) do
-    :persistent_term.put({__MODULE__, :rules}, build_rules())
+    NativeStores.put({__MODULE__, :rules}, build_rules())
     {:reply, :ok, state}
   end
 

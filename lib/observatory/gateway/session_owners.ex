@@ -24,15 +24,26 @@ defmodule Observatory.Gateway.SessionOwners do
   (ETS), this process only owns the tables and sweeps them. In a cluster each
   session is claimed on its owner node (`Observatory.Cluster.owner/1`), where its
   step is scored: ask that node (`Observatory.Cluster.call_owner/4`), as
-  `ObservatoryWeb.Auth.session_owner/1` does. Replicating the table to survive the
-  loss of that node needs only this module to change.
+  `ObservatoryWeb.Auth.session_owner/1` does.
+
+  ## Failover
+
+  A new claim is also sent, asynchronously, to the node the session fails over to
+  (`Observatory.Gateway.SessionOwners.Failover`), which records it with `adopt/3`
+  unless it holds a claim for the session already (the first claim wins, never
+  overwritten). So when the owner node is lost, the next owner already knows whose
+  session it is. A claim held on another agent's behalf counts against that agent's
+  quota here, and expires with the owner's (it carries how long the session has been
+  idle).
 
   The tables live as long as this process: a restart forgets ownership, like the
-  windows it guards.
+  windows it guards (in a cluster the other nodes send it back, as above).
   """
 
   use GenServer
   require Logger
+
+  alias Observatory.Gateway.SessionOwners.Failover
 
   # {session_id, agent_id, last_seen_ms, lru_key}
   @owners __MODULE__.Owners
@@ -71,6 +82,69 @@ defmodule Observatory.Gateway.SessionOwners do
       [] ->
         open(session_id, agent_id, now)
     end
+  end
+
+  @doc """
+  Records a claim another node holds (`Failover`), as `claim/2` would but never
+  against an existing one: the first claim wins.
+
+    * `:added` — no claim here: now `agent_id`'s, last seen `idle_ms` ago;
+    * `:kept` — `agent_id`'s already (its last step moved up to the sender's, if later);
+    * `{:owned_by, other}` — another agent's claim here, left as it is;
+    * `:skipped` — idle for the TTL already, or the agent owns its quota here (a
+      claim from elsewhere never makes an agent give up one of its sessions).
+  """
+  @spec adopt(String.t(), String.t(), non_neg_integer()) ::
+          :added | :kept | :skipped | {:owned_by, String.t()}
+  def adopt(session_id, agent_id, idle_ms)
+      when is_binary(session_id) and is_binary(agent_id) and is_integer(idle_ms) and idle_ms >= 0 do
+    now = now_ms()
+    seen = now - idle_ms
+    %{max_sessions_per_agent: quota, ttl_ms: ttl} = settings()
+
+    case :ets.lookup(@owners, session_id) do
+      [{_, ^agent_id, last, _}] when last >= seen ->
+        :kept
+
+      [{_, ^agent_id, _, lru_key} = row] ->
+        touch(row, session_id, agent_id, lru_key, seen)
+        :kept
+
+      [{_, other, _, _}] ->
+        {:owned_by, other}
+
+      [] ->
+        cond do
+          idle_ms >= ttl -> :skipped
+          count(agent_id) >= quota -> :skipped
+          insert(session_id, agent_id, seen) -> :added
+          # Claimed here meanwhile: judge again against that claim.
+          true -> adopt(session_id, agent_id, idle_ms)
+        end
+    end
+  end
+
+  @doc false
+  # Every claim held, as `{session_id, agent_id, idle_ms}`, handed to `fun` `size` at a
+  # time (`Failover` sends them to other nodes).
+  def each_chunk(size, fun) do
+    now = now_ms()
+    spec = [{{:"$1", :"$2", :"$3", :_}, [], [{{:"$1", :"$2", {:-, now, :"$3"}}}]}]
+    # Fixed: a traversal that writers change meanwhile sees each row at most once.
+    :ets.safe_fixtable(@owners, true)
+
+    try do
+      each_chunk_from(:ets.select(@owners, spec, size), fun)
+    after
+      :ets.safe_fixtable(@owners, false)
+    end
+  end
+
+  defp each_chunk_from(:"$end_of_table", _fun), do: :ok
+
+  defp each_chunk_from({chunk, continuation}, fun) do
+    fun.(chunk)
+    each_chunk_from(:ets.select(continuation), fun)
   end
 
   @doc "The agent that owns `session_id`, or nil."
@@ -123,16 +197,23 @@ defmodule Observatory.Gateway.SessionOwners do
   end
 
   defp open(session_id, agent_id, now) do
-    key = {agent_id, System.unique_integer([:monotonic, :positive])}
-
-    if :ets.insert_new(@owners, {session_id, agent_id, now, key}) do
-      :ets.insert(@lru, {key, session_id})
-      owned = :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
+    if owned = insert(session_id, agent_id, now) do
+      Failover.claimed(session_id, agent_id)
       quota = settings().max_sessions_per_agent
       {:ok, release_oldest(agent_id, owned - quota, [])}
     else
       # Another step opened it first: judge again against its owner.
       claim(session_id, agent_id)
+    end
+  end
+
+  # A new row, unless the session has one already: the agent's sessions then, or nil.
+  defp insert(session_id, agent_id, seen) do
+    key = {agent_id, System.unique_integer([:monotonic, :positive])}
+
+    if :ets.insert_new(@owners, {session_id, agent_id, seen, key}) do
+      :ets.insert(@lru, {key, session_id})
+      :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
     end
   end
 

@@ -40,7 +40,7 @@ defmodule Observatory.Gateway.StepDetector do
   require Logger
 
   alias Observatory.Gateway.{Events, IdleSweep}
-  alias Observatory.Native
+  alias Observatory.{Native, NativeStores}
   alias Observatory.Storage
 
   @blocks :observatory_step_blocks
@@ -298,13 +298,13 @@ defmodule Observatory.Gateway.StepDetector do
     [@blocks]
   end
 
-  defp store, do: :persistent_term.get(__MODULE__)
+  defp store, do: NativeStores.get(__MODULE__)
 
   @impl true
   def init(_opts) do
     max = settings()[:max_sessions]
     shards = max |> div(1024) |> max(1) |> min(64)
-    :persistent_term.put(__MODULE__, Native.step_store_new(shards, max))
+    NativeStores.put(__MODULE__, Native.step_store_new(shards, max))
     IdleSweep.schedule()
     {:ok, %{}}
   end

@@ -21,6 +21,7 @@ defmodule Observatory.Gateway.Supervisor do
   def init(_opts) do
     children = [
       Observatory.Gateway.SessionOwners,
+      Observatory.Gateway.SessionOwners.Failover,
       Observatory.Gateway.EntropyTracker,
       Observatory.Gateway.HITL,
       Observatory.Gateway.StepDetector,

@@ -5,7 +5,7 @@ defmodule Observatory.KillSwitch.Windows do
 
   The windows live in a Rust store (a NIF resource: shards of
   `Mutex<HashMap<agent_id, AgentWindow>>`) that this GenServer creates and publishes
-  with `:persistent_term`. Callers do not queue behind the process: each call runs the
+  in an ETS table. Callers do not queue behind the process: each call runs the
   NIF in the caller, under the lock of one shard. The process only ticks the store's
   clock (used to evict the least recently seen window if more than `max_agents`
   windows exist).
@@ -18,7 +18,7 @@ defmodule Observatory.KillSwitch.Windows do
 
   use GenServer
 
-  alias Observatory.Native
+  alias Observatory.{Native, NativeStores}
 
   @type verdict :: %{
           score: float(),
@@ -173,7 +173,7 @@ defmodule Observatory.KillSwitch.Windows do
   @spec count(atom()) :: non_neg_integer()
   def count(name \\ __MODULE__), do: Native.kill_switch_len(store(name))
 
-  defp store(name), do: :persistent_term.get({__MODULE__, name})
+  defp store(name), do: NativeStores.get({__MODULE__, name})
 
   defp signals({prompts, responses, tools}),
     do: %{similar_prompts: prompts, similar_responses: responses, repeated_tool_calls: tools}
@@ -200,7 +200,7 @@ defmodule Observatory.KillSwitch.Windows do
     shards = max |> div(256) |> max(1) |> min(64)
     store = Native.kill_switch_new(shards, max)
     :ets.new(would_trip_table(name), [:named_table, :public, :set])
-    :persistent_term.put({__MODULE__, name}, store)
+    NativeStores.put({__MODULE__, name}, store)
     state = %{name: name, store: store, tick: tick}
     tick_now(state)
     {:ok, state}
@@ -213,7 +213,7 @@ defmodule Observatory.KillSwitch.Windows do
   end
 
   @impl true
-  def terminate(_reason, %{name: name}), do: :persistent_term.erase({__MODULE__, name})
+  def terminate(_reason, %{name: name}), do: NativeStores.erase({__MODULE__, name})
 
   defp tick_now(%{store: store, tick: tick}) do
     Native.kill_switch_tick(store, System.monotonic_time(:millisecond))

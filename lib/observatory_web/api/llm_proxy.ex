@@ -371,7 +371,7 @@ defmodule ObservatoryWeb.API.LLMProxy do
     end
   end
 
-  # Refused, not held: see the README's "Steps from proxied traffic".
+  # Refused, not held: see docs/llm_proxy.md, "Steps from proxied traffic".
   defp not_paused(ctx) do
     case HITL.pause_of(ctx.session_id) do
       nil -> :ok

@@ -1,37 +1,27 @@
 //! NIFs behind `Observatory.Gateway.EntropyTracker`: the session store resource.
 
-use std::sync::atomic::Ordering;
-
 use observatory_core::session_store::{Detail, Observation, SessionView, Settings, Store, Tuple};
 use observatory_core::severity::{Severity, Thresholds};
 use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 
 use crate::atoms;
 use crate::error::to_nif;
-use crate::test_support::LIVE_STORES;
+use crate::test_support::LiveId;
 
-/// The store, owned on the Elixir side by the `EntropyTracker` process.
-pub struct StoreResource(Store);
+/// The store, owned on the Elixir side by the `EntropyTracker` process, and its entry
+/// in the tests' count of live stores.
+pub struct StoreResource(Store, pub LiveId);
 
 #[rustler::resource_impl]
 impl rustler::Resource for StoreResource {}
 
-impl StoreResource {
-    fn new(store: Store) -> Self {
-        LIVE_STORES.fetch_add(1, Ordering::Relaxed);
-        Self(store)
-    }
-}
-
-impl Drop for StoreResource {
-    fn drop(&mut self) {
-        LIVE_STORES.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 #[rustler::nif]
 fn entropy_store_new(env: Env<'_>, shards: usize, max_sessions: usize) -> Term<'_> {
-    ResourceArc::new(StoreResource::new(Store::new(shards, max_sessions))).encode(env)
+    ResourceArc::new(StoreResource(
+        Store::new(shards, max_sessions),
+        LiveId::new(),
+    ))
+    .encode(env)
 }
 
 /// Records one step. Returns `{score, severity, previous | nil, window_len, detail | nil}`

@@ -80,7 +80,8 @@ defmodule Observatory.Cluster.SettingsTest do
     test "the release's environment script points ERL_CRASH_DUMP into OBSERVATORY_DATA_DIR, unless it is set" do
       dir = Path.join(System.tmp_dir!(), "obs-crash-#{System.unique_integer([:positive])}")
       on_exit(fn -> File.rm_rf!(dir) end)
-      script = ". rel/env.sh.eex; echo \"$ERL_CRASH_DUMP\""
+      # The umask a shell usually has (the test VM's own is 077).
+      script = "umask 022; . rel/env.sh.eex; echo \"$ERL_CRASH_DUMP\""
 
       {out, 0} =
         System.cmd("sh", ["-c", script],
@@ -89,6 +90,8 @@ defmodule Observatory.Cluster.SettingsTest do
 
       assert String.trim(out) == Path.join(dir, "erl_crash.dump")
       assert File.dir?(dir)
+      # Made private, or the gateway would refuse the directory it was just given.
+      assert Bitwise.band(File.stat!(dir).mode, 0o777) == 0o700
 
       {out, 0} =
         System.cmd("sh", ["-c", script],
@@ -103,6 +106,14 @@ defmodule Observatory.Cluster.SettingsTest do
                ~s(ERL_CRASH_DUMP=${ERL_CRASH_DUMP:-$data_dir/erl_crash.dump})
 
       assert File.read!("bin/cluster") =~ ~s(ERL_CRASH_DUMP=$dir/erl_crash.dump)
+    end
+
+    test "bin/start makes a new data directory private, as the gateway requires" do
+      dir = Path.join(System.tmp_dir!(), "obs-start-#{System.unique_integer([:positive])}")
+      on_exit(fn -> File.rm_rf!(dir) end)
+      [mkdir] = Regex.run(~r/^\(umask 077 && mkdir -p "\$data_dir"\)$/m, File.read!("bin/start"))
+      {_, 0} = System.cmd("bash", ["-c", "umask 022; data_dir=$1; " <> mkdir, "_", dir])
+      assert Bitwise.band(File.stat!(dir).mode, 0o777) == 0o700
     end
   end
 

@@ -390,9 +390,9 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
     end
 
     test "a stopped tracker's store is freed (no resource leak)", %{opts: opts} do
-      # The stores of trackers stopped by earlier tests are freed only once their
-      # terms' literal area is released: counted before that, one of them may go
-      # while this test runs and the count comes out one short.
+      # The stores of trackers stopped by earlier tests are freed only once every
+      # process that read them has been garbage-collected: counted before that, one
+      # of them may go while this test runs and the count comes out one short.
       before = settled_live_stores()
       name = :"leak_#{System.unique_integer([:positive])}"
       {:ok, pid} = EntropyTracker.start_link(name: name)
@@ -402,8 +402,7 @@ defmodule Observatory.Gateway.EntropyTrackerTest do
       _ = opts
 
       # Other tests' stores may be freed meanwhile, so the count can fall below `before`.
-      # An erased persistent term is released only after every process has been
-      # garbage-collected once more, which a loaded machine may take a while to do.
+      # The store goes once every process that read it has been garbage-collected.
       wait_until(
         fn ->
           Enum.each(Process.list(), &:erlang.garbage_collect/1)

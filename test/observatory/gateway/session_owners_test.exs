@@ -153,4 +153,62 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert Enum.all?(results, &(&1 == {:ok, []} or &1 == {:error, {:owned_by, owner}}))
     end
   end
+
+  describe "after failover the session stays its agent's: a claim from the owner node" do
+    test "is added where there is none, and then refuses another agent's steps",
+         %{victim: victim, attacker: attacker} do
+      sid = unique_session("sess-adopt")
+      assert SessionOwners.adopt(sid, victim, 0) == :added
+      assert SessionOwners.owner(sid) == victim
+      assert SessionOwners.count(victim) == 1
+      assert {:error, {:forbidden, _}} = ingest(sid, attacker, [])
+      assert {:ok, _} = ingest(sid, victim, [])
+    end
+
+    test "never overwrites a claim held here: the first claim wins",
+         %{victim: victim, attacker: attacker} do
+      sid = unique_session("sess-adopt-first")
+      assert {:ok, []} = SessionOwners.claim(sid, victim)
+      assert SessionOwners.adopt(sid, attacker, 0) == {:owned_by, victim}
+      assert SessionOwners.owner(sid) == victim
+      assert SessionOwners.count(attacker) == 0
+      # The same agent's claim again: kept, nothing counted twice.
+      assert SessionOwners.adopt(sid, victim, 0) == :kept
+      assert SessionOwners.count(victim) == 1
+    end
+
+    test "carries the session's idle time: expired with the owner's, never after it",
+         %{victim: victim} do
+      Application.put_env(:observatory, :session_owner_ttl_ms, 60_000)
+      sid = unique_session("sess-adopt-idle")
+      # Idle for the TTL on the sending node: not brought back here.
+      assert SessionOwners.adopt(sid, victim, 60_000) == :skipped
+      assert SessionOwners.owner(sid) == nil
+
+      # Idle 50 s there: here too, so a 45 s TTL forgets it at the next sweep...
+      assert SessionOwners.adopt(sid, victim, 50_000) == :added
+      Application.put_env(:observatory, :session_owner_ttl_ms, 45_000)
+      assert SessionOwners.sweep() >= 1
+      assert SessionOwners.owner(sid) == nil
+
+      # ...unless a later step on the owner node moved its last step up here.
+      assert SessionOwners.adopt(sid, victim, 40_000) == :added
+      assert SessionOwners.adopt(sid, victim, 0) == :kept
+      Application.put_env(:observatory, :session_owner_ttl_ms, 30_000)
+      SessionOwners.sweep()
+      assert SessionOwners.owner(sid) == victim
+    end
+
+    test "stays within the agent's quota here and never makes it give up a session",
+         %{attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 3)
+      own = for n <- 1..3, do: "#{attacker}-own-#{n}"
+      for sid <- own, do: assert({:ok, []} = SessionOwners.claim(sid, attacker))
+
+      assert SessionOwners.adopt("#{attacker}-elsewhere", attacker, 0) == :skipped
+      assert SessionOwners.owner("#{attacker}-elsewhere") == nil
+      assert SessionOwners.count(attacker) == 3
+      for sid <- own, do: assert(SessionOwners.owner(sid) == attacker)
+    end
+  end
 end

@@ -1,0 +1,132 @@
+defmodule Observatory.NativeStoresTest do
+  # The Rust stores are published in an ETS table, not in :persistent_term: a NIF on a
+  # dirty scheduler was handed a store read from a persistent term, the term was
+  # replaced while the call waited for the scheduler, and OTP 25 freed the store (and
+  # the term) under it: heap corruption that aborted the VM ("malloc(): unsorted double
+  # linked list corrupted") and persistent_term reads that returned another key's value.
+  use ExUnit.Case, async: false
+
+  alias Observatory.Gateway.{CallBreaker, EntropyTracker, Idempotency, LoopVerdict, StepDetector}
+  alias Observatory.KillSwitch.Windows
+  alias Observatory.{Native, NativeStores}
+
+  @digest :crypto.hash(:sha256, "step")
+
+  # A store that only the table holds: made by a process that is gone.
+  defp lone_store do
+    Task.async(fn -> Native.entropy_store_new(1, 10) end) |> Task.await()
+  end
+
+  defp gc_all, do: Enum.each(Process.list(), &:erlang.garbage_collect/1)
+
+  # Until `n` holds are under way, for at most `ms` (a loaded machine may start one
+  # late, after another ended: the holder below then just waits less).
+  defp await_held(n, ms) do
+    if Native.stores_held() < n and ms > 0, do: Process.sleep(1) && await_held(n, ms - 1)
+  end
+
+  # Hands the store under `key` to a dirty NIF that must wait for a scheduler (every
+  # dirty CPU scheduler is busy), runs `change` meanwhile, and answers whether the
+  # store was still alive when the NIF had it.
+  defp alive_through?(key, change) do
+    busy = :erlang.system_info(:dirty_cpu_schedulers)
+    other = lone_store()
+    blockers = for _ <- 1..busy, do: Task.async(fn -> Native.store_hold(other, 300) end)
+    await_held(busy, 250)
+    holder = Task.async(fn -> Native.store_hold(NativeStores.get(key), 10) end)
+    Process.sleep(10)
+    change.()
+    gc_all()
+    Enum.each(blockers, &Task.await/1)
+    Task.await(holder)
+  end
+
+  describe "a store handed to a dirty NIF (heap corruption fix)" do
+    setup do
+      key = {__MODULE__, make_ref()}
+      on_exit(fn -> NativeStores.erase(key) end)
+      %{key: key}
+    end
+
+    test "stays alive while its entry is replaced", %{key: key} do
+      NativeStores.put(key, lone_store())
+
+      for _ <- 1..3 do
+        assert alive_through?(key, fn -> NativeStores.put(key, lone_store()) end)
+      end
+    end
+
+    test "stays alive while its entry is erased, and is freed once the NIF is done",
+         %{key: key} do
+      before = Native.live_stores()
+      NativeStores.put(key, lone_store())
+      assert Native.live_stores() == before + 1
+
+      assert alive_through?(key, fn -> NativeStores.erase(key) end)
+      gc_all()
+      assert Native.live_stores() == before
+      assert NativeStores.get(key, :none) == :none
+      assert_raise ArgumentError, fn -> NativeStores.get(key) end
+    end
+  end
+
+  describe "where the stores live" do
+    test "no persistent term holds a Rust store, the breaker, the rules or the lock" do
+      # The owners have started (the application runs); restart some, as a crash would.
+      for name <- [StepDetector, LoopVerdict, Idempotency, CallBreaker] do
+        old = Process.whereis(name)
+        Process.exit(old, :kill)
+        await_restart(name, old)
+      end
+
+      assert {:ok, _} = StepDetector.analyze("sess-native-stores", @digest, @digest)
+      assert is_map(Idempotency.stats())
+      assert Windows.count() >= 0
+      assert EntropyTracker.stats().sessions >= 0
+
+      for {key, value} <- :persistent_term.get(), ref <- references(value) do
+        refute Native.native_resource?(ref), "#{inspect(key)} holds a NIF resource"
+      end
+    end
+
+    test "an owner's store stays published while the owner restarts" do
+      sid = "sess-native-stores-#{System.unique_integer([:positive])}"
+      old = Process.whereis(StepDetector)
+      store = NativeStores.get(StepDetector)
+      Process.exit(old, :kill)
+
+      # Until the new owner puts its store, callers keep working on the old one.
+      new =
+        await_restart(StepDetector, old, 200, fn ->
+          assert {:ok, %{cell: _}} = StepDetector.analyze(sid, @digest, @digest)
+        end)
+
+      assert is_pid(new)
+      refute NativeStores.get(StepDetector) == store
+    end
+  end
+
+  defp references(term) when is_reference(term), do: [term]
+  defp references(term) when is_tuple(term), do: references(Tuple.to_list(term))
+  defp references(term) when is_map(term), do: references(Map.to_list(term))
+  defp references([h | t]), do: references(h) ++ references(t)
+  defp references(_), do: []
+
+  # Waits for `name` to run again under a new pid, calling `meanwhile` on each try.
+  defp await_restart(name, old, tries \\ 2_000, meanwhile \\ fn -> :ok end) do
+    meanwhile.()
+
+    case Process.whereis(name) do
+      pid when is_pid(pid) and pid != old ->
+        :sys.get_state(pid)
+        pid
+
+      _ when tries > 0 ->
+        Process.sleep(1)
+        await_restart(name, old, tries - 1, meanwhile)
+
+      _ ->
+        flunk("#{inspect(name)} did not come back")
+    end
+  end
+end
