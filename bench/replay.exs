@@ -5,6 +5,7 @@
 #
 #   MIX_ENV=prod mix run --no-start bench/replay.exs             # 200k steps, best of 3 rounds
 #   MIX_ENV=prod mix run --no-start bench/replay.exs -- --quick  # 50k steps, 1 round
+#   MIX_ENV=prod mix run --no-start bench/replay.exs -- --real-runs ../shared/datasets/real_runs/steps.jsonl.gz
 #
 # The records come from Observatory.Replay.ExampleDataset (healthy and looping
 # sessions, ~350 bytes a line) written to a temporary file. Every run gets its own
@@ -29,10 +30,30 @@ File.mkdir_p!(dir)
 
 # ~230 flat steps per scale unit (12 sessions). "P0-" is replaced per run.
 scale = div(target, 230) + 1
-lines = ExampleDataset.lines(scale: scale, prefix: "P0-", bad_lines: false, envelopes: false)
+
+# -- --real-runs PATH: a recorded corpus (flat records, .jsonl or .jsonl.gz) instead,
+# e.g. ../shared/datasets/real_runs/steps.jsonl.gz (18,544 steps, ~570 bytes a line).
+{opts, _, _} =
+  OptionParser.parse(System.argv() -- ["--"], strict: [real_runs: :string, quick: :boolean])
+
+{lines, sessions} =
+  case opts[:real_runs] do
+    nil ->
+      {ExampleDataset.lines(scale: scale, prefix: "P0-", bad_lines: false, envelopes: false),
+       12 * scale}
+
+    path ->
+      text = File.read!(path)
+      text = if String.ends_with?(path, ".gz"), do: :zlib.gunzip(text), else: text
+      # Each run's own session ids: "P0-" before every one, replaced per run.
+      text = :binary.replace(text, ~s("session_id": "), ~s("session_id": "P0-), [:global])
+      lines = String.split(text, "\n", trim: true)
+      ids = Enum.uniq(Enum.map(lines, &hd(Regex.run(~r/"session_id": "([^"]*)"/, &1))))
+      {lines, length(ids)}
+  end
+
 data = IO.iodata_to_binary(Enum.map(lines, &[&1, ?\n]))
 n = length(lines)
-sessions = 12 * scale
 # Every run below happens in a process of its own, as the mix task's would: a caller
 # holding this list (200k binaries) would slow its own garbage collections.
 lines = nil

@@ -292,12 +292,7 @@ defmodule Observatory.KillSwitch do
 
   @doc "Whether the agent is active; an unknown agent is not refused here (`check_request/2` does)."
   @spec active?(String.t()) :: boolean()
-  def active?(agent_id) do
-    case Agents.get(agent_id) do
-      %{active: active} -> active
-      nil -> true
-    end
-  end
+  def active?(agent_id), do: Agents.active?(agent_id)
 
   @doc "Whether `id` can name an agent: 1–256 bytes of UTF-8 without control characters."
   @spec valid_agent_id?(term()) :: boolean()

@@ -78,8 +78,14 @@ defmodule Observatory.PubSub do
   @spec broadcast(t(), topic(), message(), dispatcher()) :: :ok
   def broadcast(pubsub, topic, message, dispatcher \\ __MODULE__)
       when is_atom(pubsub) and is_binary(topic) and is_atom(dispatcher) do
-    Observatory.PubSub.Peer.forward(pubsub, topic, message, :none, dispatcher)
-    dispatch(pubsub, :none, topic, message, dispatcher)
+    # Every subscriber, on any node, is in the topic's :pg group (it joins before
+    # `subscribe/3` returns): a topic nobody follows costs this one lookup.
+    if Observatory.PubSub.Peer.subscribed?(pubsub, topic) do
+      Observatory.PubSub.Peer.forward(pubsub, topic, message, :none, dispatcher)
+      dispatch(pubsub, :none, topic, message, dispatcher)
+    end
+
+    :ok
   end
 
   @doc "Like `broadcast/4`, except that `from` does not receive the message."

@@ -156,6 +156,24 @@ defmodule Observatory.Storage do
     end
   end
 
+  @doc """
+  `:mnesia.dirty_read/2`, in one lookup when this node reads the table from its own
+  copy (every table here is a `disc_copies` table on every member): the same ETS
+  lookup a dirty read ends in, without its way there. Otherwise — the copy not
+  loaded yet, a node without one, Mnesia down — a dirty read, with its answers and
+  errors. Exact either way: what a dirty read returns, nothing cached. Ingest checks
+  a session's pause and block with it on every step.
+  """
+  @spec read(atom(), term()) :: [tuple()]
+  def read(table, key) do
+    # Mnesia's own record of where a dirty read of `table` goes (what it reads first).
+    if :ets.lookup_element(:mnesia_gvar, {table, :where_to_read}, 2) == node(),
+      do: :ets.lookup(table, key),
+      else: :mnesia.dirty_read(table, key)
+  rescue
+    ArgumentError -> :mnesia.dirty_read(table, key)
+  end
+
   @doc "Whether Mnesia runs and `tables` can be read here."
   @spec available?([atom()]) :: boolean()
   def available?(tables) do

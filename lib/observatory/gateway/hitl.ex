@@ -81,7 +81,7 @@ defmodule Observatory.Gateway.HITL do
   @doc "The pause in force for a session, or nil."
   @spec pause_of(String.t()) :: audit_entry() | nil
   def pause_of(session_id) do
-    case :mnesia.dirty_read(@paused, session_id) do
+    case Observatory.Storage.read(@paused, session_id) do
       [{@paused, _, entry}] -> entry
       [] -> nil
     end

@@ -218,13 +218,16 @@ defmodule Observatory.Gateway.LoopVerdict do
   (nil: rule (d) is skipped).
 
   A change of verdict is broadcast on `topic/0`; `:agent_id` and `:step_id` in `opts`
-  go into that event.
+  go into that event. `:window_size` is the entropy window the severity was scored
+  over, when the caller has read it for this step (default: read now).
   """
   @spec observe(String.t(), keys(), :loop | :warning | :normal | nil, keyword()) ::
           {:ok, verdict()} | {:error, atom()}
   def observe(session_id, keys, severity, opts \\ []) when is_binary(session_id) do
     with {:ok, store} <- store() do
-      entropy = if severity, do: {severity, EntropyConfig.window_size()}
+      entropy =
+        if severity,
+          do: {severity, Keyword.get_lazy(opts, :window_size, &EntropyConfig.window_size/0)}
 
       case Native.verdict_observe(store, session_id, keys, entropy, config()) do
         {level, previous, rule, reason, evidence, step} ->

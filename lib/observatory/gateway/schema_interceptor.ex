@@ -43,6 +43,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   alias Observatory.Gateway.{
     AlertSource,
     DecisionLog,
+    EntropyConfig,
     EntropyTracker,
     Events,
     HITL,
@@ -175,8 +176,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
          do: once(envelope, fields, opts)
   end
 
-  # Not kept for a retry: its own (ids, envelope) or current (the pause) instead.
-  @not_kept [:step_id, :session_id, :agent_id, :envelope, :paused, :directives]
+  # Kept for a retry; the rest is its own (ids, envelope) or current (the pause).
+  @kept [:entropy_score, :severity, :verdict, :step]
 
   # A step is scored once; its retries get the first answer (Idempotency).
   defp once(envelope, fields, opts) do
@@ -191,8 +192,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
               :erlang.raise(kind, reason, __STACKTRACE__)
           end
 
-        Idempotency.complete(ticket, Map.drop(result, @not_kept))
-        {:ok, Map.put(result, :replayed, false)}
+        Idempotency.complete(ticket, Map.take(result, @kept))
+        {:ok, result}
 
       {:replay, first} ->
         {:ok, replay(first, envelope, fields)}
@@ -208,7 +209,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
     envelope =
       if first.severity,
-        do: put_in(envelope, ["cognition", "entropy_score"], first.entropy_score),
+        do: with_score(envelope, first.entropy_score),
         else: envelope
 
     Map.merge(first, %{
@@ -274,20 +275,24 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     Metrics.inc(:messages)
     tuple = {fields.intent, fields.tool_call, fields.status}
 
+    # FR-9.11's three settings, read once for the step: the tracker scores with them
+    # and the verdict's entropy rule looks at the same window.
+    entropy_config = EntropyConfig.read()
     alert_source = AlertSource.current()
     tracker = Keyword.get(opts, :tracker, EntropyTracker)
 
     tracker_opts = [
       agent_id: fields.agent_id,
       tracker: tracker,
-      alerts: alert_source == :entropy
+      alerts: alert_source == :entropy,
+      config: entropy_config
     ]
 
     {envelope, score, severity} =
       case EntropyTracker.record_and_score(fields.session_id, tuple, tracker_opts) do
         {:ok, score, severity} ->
           Metrics.inc(severity)
-          {put_in(envelope, ["cognition", "entropy_score"], score), score, severity}
+          {with_score(envelope, score), score, severity}
 
         {:error, reason} ->
           Metrics.inc(:entropy_errors)
@@ -301,7 +306,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           {envelope, get_in(envelope, ["cognition", "entropy_score"]), nil}
       end
 
-    verdict = judge(fields, severity)
+    verdict = judge(fields, severity, elem(entropy_config, 0))
 
     if alert_source == :verdict and verdict != nil do
       # The gateway's score only: after a tracker error `score` is the agent's own.
@@ -336,13 +341,18 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       verdict: verdict,
       step: step,
       directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
-      envelope: envelope
+      envelope: envelope,
+      replayed: false
     }
   end
 
+  # The gateway's score in the envelope (validated: "cognition" is a map).
+  defp with_score(%{"cognition" => cognition} = envelope, score),
+    do: %{envelope | "cognition" => Map.put(cognition, "entropy_score", score)}
+
   # Issue 8: every valid step gets a verdict, result or not.
-  defp judge(fields, severity) do
-    opts = [agent_id: fields.agent_id, step_id: fields.step_id]
+  defp judge(fields, severity, window_size) do
+    opts = [agent_id: fields.agent_id, step_id: fields.step_id, window_size: window_size]
 
     case LoopVerdict.observe(fields.session_id, fields.verdict_keys, severity, opts) do
       {:ok, verdict} ->

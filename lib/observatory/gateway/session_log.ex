@@ -50,15 +50,27 @@ defmodule Observatory.Gateway.SessionLog do
     now = System.system_time(:millisecond)
     {envelope, bytes} = bounded(envelope)
     # `order` breaks ties between sessions seen in the same millisecond.
-    order = System.unique_integer([:monotonic])
-    seq = :ets.update_counter(@heads, session_id, {2, 1}, {session_id, 0, now, order})
-    :ets.update_element(@heads, session_id, [{3, now}, {4, order}])
+    order = System.unique_integer([:monotonic, :positive])
+
+    # One update: the next sequence number, and the time and order of this write (an
+    # increment of 0 past a threshold of -1 sets the value: neither is ever negative).
+    [seq, _, _] =
+      :ets.update_counter(
+        @heads,
+        session_id,
+        [{2, 1}, {3, 0, -1, now}, {4, 0, -1, order}],
+        {session_id, 0, now, order}
+      )
+
     key = {session_id, rem(seq, size)}
 
+    # The size of the envelope this write replaces, if any (only the size: a lookup
+    # would copy the old envelope out of the table).
     replaced =
-      case :ets.lookup(@slots, key) do
-        [{_, _, _, old, _, _}] -> old
-        [] -> 0
+      try do
+        :ets.lookup_element(@slots, key, 4)
+      rescue
+        ArgumentError -> 0
       end
 
     :ets.insert(@slots, {key, seq, envelope, bytes, number || seq, now})

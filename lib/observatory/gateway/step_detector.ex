@@ -71,16 +71,36 @@ defmodule Observatory.Gateway.StepDetector do
   def settings,
     do: Keyword.merge(@defaults, Application.get_env(:observatory, :step_detection, []))
 
+  # What a step needs of the settings, read on every step; derived again only when
+  # the configuration changed (one read and a compare, not a merge, per step).
+  defp step_settings do
+    env = Application.get_env(:observatory, :step_detection, [])
+
+    case :persistent_term.get({__MODULE__, :step_settings}, nil) do
+      {^env, derived} ->
+        derived
+
+      _ ->
+        s = Keyword.merge(@defaults, env)
+
+        derived =
+          {{s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]},
+           s[:history]}
+
+        :persistent_term.put({__MODULE__, :step_settings}, {env, derived})
+        derived
+    end
+  end
+
   @doc """
   Classifies one step of a session. `approach` and `outcome` are 32-byte digests (as
   `Observatory.Gateway.DecisionLog.parse/1` gives them).
   """
   @spec analyze(String.t(), binary(), binary()) :: {:ok, verdict()} | {:error, atom()}
   def analyze(session_id, approach, outcome) do
-    s = settings()
-    thresholds = {s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]}
+    {thresholds, history} = step_settings()
 
-    case Native.step_analyze(store(), session_id, approach, outcome, thresholds, s[:history]) do
+    case Native.step_analyze(store(), session_id, approach, outcome, thresholds, history) do
       {cell, stagnation, stuck, action, guidance} ->
         verdict =
           durable(session_id, %{
@@ -252,7 +272,7 @@ defmodule Observatory.Gateway.StepDetector do
   end
 
   defp block_of(session_id) do
-    case :mnesia.dirty_read(@blocks, session_id) do
+    case Storage.read(@blocks, session_id) do
       [{@blocks, _, block}] -> block
       [] -> nil
     end

@@ -270,6 +270,18 @@ defmodule Observatory.KillSwitch.Agents do
     end
   end
 
+  @doc """
+  Whether the agent may act: false once deactivated, true when active or not
+  registered. One local read and no record built: ingest asks on every step.
+  """
+  @spec active?(String.t()) :: boolean()
+  def active?(id) when is_binary(id) do
+    case Storage.read(@agents, id) do
+      [{@agents, ^id, stored}] -> Map.get(stored, :active, true)
+      [] -> true
+    end
+  end
+
   @doc "Whether the agent is registered (one local read, no record built)."
   @spec exists?(String.t()) :: boolean()
   def exists?(id) when is_binary(id), do: :mnesia.dirty_read(@agents, id) != []

@@ -23,6 +23,9 @@ defmodule Observatory.PubSub.Peer do
     end
   end
 
+  @doc "Whether `topic` has a subscriber on any node (local ones join at once)."
+  def subscribed?(pubsub, topic), do: :pg.get_members(scope(pubsub), {:topic, topic}) != []
+
   @doc """
   Sends a broadcast to the peer of `pubsub` on every other node that has a
   subscriber to `topic`; returns those nodes. A node without one gets nothing: in a
@@ -60,7 +63,16 @@ defmodule Observatory.PubSub.Peer do
 
   @impl true
   def init(pubsub) do
-    :ok = :pg.join(scope(pubsub), @group, self())
+    scope = scope(pubsub)
+    :ok = :pg.join(scope, @group, self())
+
+    # A restarted :pg scope (this process restarts with it) starts empty: the local
+    # subscribers rejoin their topics' groups, which `subscribed?/2` and remote nodes
+    # go by. A restarted Registry restarts this too, with no subscribers to rejoin.
+    for {topic, pid} <- Registry.select(pubsub, [{{:"$1", :"$2", :_}, [], [{{:"$1", :"$2"}}]}]) do
+      :pg.join(scope, {:topic, topic}, pid)
+    end
+
     {:ok, pubsub}
   end
 

@@ -7,8 +7,13 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
 
   @behaviour ObservatoryWeb.Conn.Adapter
 
+  # The largest unread body skipped to keep a connection (send_resp/4).
+  @max_skipped_body 64 * 1024
+  @body_touched {__MODULE__, :body_touched}
+
   @impl true
   def request(req) do
+    Process.delete(@body_touched)
     raw = :mochiweb_request.get(:raw_path, req) |> bytes()
 
     {path, query} =
@@ -52,6 +57,8 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
   # crashes on a chunk extension and takes a bare LF for a line end.
   @impl true
   def read_body(req, max) do
+    body_touched()
+
     ObservatoryWeb.Endpoint.with_read_deadline(fn ->
       if chunked?(req),
         do: ObservatoryWeb.Conn.Chunked.read(req, max),
@@ -80,6 +87,8 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
   # connection closes may see a reset instead of the answer (and retry blind).
   @impl true
   def discard_body(req, max) do
+    body_touched()
+
     ObservatoryWeb.Endpoint.with_read_deadline(fn ->
       :mochiweb_request.stream_body(64 * 1024, fn _piece, acc -> acc end, nil, max, req)
     end)
@@ -91,8 +100,39 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
 
   @impl true
   def send_resp(req, status, headers, body) do
+    case untouched_body_bytes(req) do
+      bytes when bytes in 1..@max_skipped_body ->
+        ObservatoryWeb.Endpoint.skip_body_after_response(bytes)
+
+      _ ->
+        :ok
+    end
+
     :mochiweb_request.respond({status, headers, body}, req)
     :ok
+  end
+
+  # A small body the handler never asked for (a 404, a 401 to a POST): skipped after
+  # the answer (ObservatoryWeb.Endpoint), so the connection is kept, where MochiWeb
+  # would close it (it cannot tell the next request from the unread body). A client
+  # hitting an error would otherwise pay a new connection per request. Not for a body
+  # a handler tried to read (a 413 closes), a chunked one, one behind
+  # `Expect: 100-continue` (not sent yet) or a request already marked to close.
+  defp body_touched, do: Process.put(@body_touched, true)
+
+  defp untouched_body_bytes(req) do
+    with nil <- Process.get(@body_touched),
+         nil <- Process.get(:mochiweb_request_recv),
+         nil <- Process.get(:mochiweb_request_force_close),
+         :undefined <- :mochiweb_request.get_header_value(~c"transfer-encoding", req),
+         :undefined <- :mochiweb_request.get_header_value(~c"expect", req),
+         length when is_list(length) <-
+           :mochiweb_request.get_combined_header_value(~c"content-length", req),
+         {bytes, ""} <- Integer.parse(to_string(length)) do
+      bytes
+    else
+      _ -> 0
+    end
   end
 
   @impl true

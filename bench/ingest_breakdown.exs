@@ -1,0 +1,374 @@
+# What one ingest costs, stage by stage: SchemaInterceptor.ingest/1 on a DecisionLog
+# of three sizes, and each stage of it called alone, against the plain-Elixir
+# reference tracker's record_and_score (ADR-018, bench/reference_tracker.exs)
+# measured in the same run: the yardstick of every ratio.
+#
+#   MIX_ENV=prod mix run bench/ingest_breakdown.exs             # ~2 min
+#   MIX_ENV=prod mix run bench/ingest_breakdown.exs -- --quick  # ~30 s
+#
+# Steps: "small" (~300 bytes: a tool call and a one-number result), "600 B" (a
+# reasoning chain, a file read and a few lines of its content), "4 KiB" (the same
+# with a 3.6 KiB file read back, the size of a real coding agent's median result).
+# 1,000 sessions, 50 agents, a mix of tools and statuses as a fleet sends them (the
+# entropy severity is mostly normal); every ingested step is a new one (its own
+# step_id). Each figure is the median of many batches of 20 calls: a batch that
+# other programs on this shared machine interrupted lands in the slow tail, not the
+# median. The stages are called as the ingest calls them, on the same sessions; their
+# sum is not the whole (what ties them together, and a cache warmed by one stage
+# for the next, are in the whole only).
+Code.require_file("reference_tracker.exs", __DIR__)
+
+alias Observatory.Bench.ReferenceTracker
+alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
+alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionLog, StepDetector}
+alias Observatory.Metrics
+
+Logger.configure(level: :error)
+quick? = "--quick" in System.argv()
+# Batches of 20 calls per stage and round; rounds interleave the stages so that the
+# machine's other work slows them alike.
+{rounds, batches} = if quick?, do: {3, 100}, else: {5, 300}
+batch = 20
+
+intents = ~w(search plan execute summarize)
+tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
+
+line =
+  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+
+result = fn
+  :small, i -> %{"bytes" => 1024 + i, "etag" => "@STEP@"}
+  :medium, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 3), "lines" => 4}
+  :large, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 42), "lines" => 43}
+end
+
+# Template i is step k = div(i, 1000) of session rem(i, 1000): a session's steps vary
+# their intent, tool, input and status, as a working agent's do (its entropy window
+# is mostly normal, and no rule of the loop verdict fires).
+envelope = fn size, i ->
+  # Each size its own sessions.
+  prefix = "sess-#{size}-"
+
+  {s, k} = {rem(i, 1000), div(i, 1000)}
+  intent = Enum.at(intents, rem(k + s, 4))
+
+  cognition =
+    if size == :small,
+      do: %{"intent" => intent, "entropy_score" => 0.9},
+      else: %{
+        "intent" => intent,
+        "reasoning_chain" => ["read the failing test", "open the module it names"],
+        "confidence" => 0.8,
+        "entropy_score" => 0.9
+      }
+
+  %{
+    "meta" => %{
+      "step_id" => "@STEP@",
+      "session_id" => prefix <> Integer.to_string(s),
+      "agent_id" => "agent-#{rem(s, 50)}",
+      "parent_step_id" => "step-#{i - 1}",
+      "timestamp" => "2026-02-22T10:30:00.123Z"
+    },
+    "cognition" => cognition,
+    "action" => %{
+      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
+      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
+      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
+      "result" => result.(size, i)
+    }
+  }
+end
+
+sizes = [small: "small", medium: "600 B", large: "4 KiB"]
+templates = 10_000
+
+# Each message a template around its step_id (also in the result of the larger ones:
+# no two results are the same, as when an agent works); kept off the callers' heaps.
+for {size, _} <- sizes do
+  parts =
+    for i <- 0..(templates - 1) do
+      envelope.(size, i)
+      |> Observatory.JSON.encode!()
+      |> String.split("@STEP@")
+    end
+
+  :persistent_term.put({:bench_breakdown, size}, List.to_tuple(parts))
+end
+
+message = fn size, i, tag ->
+  parts = elem(:persistent_term.get({:bench_breakdown, size}), rem(i, templates))
+  Enum.join(parts, tag <> Integer.to_string(i))
+end
+
+# The median of `batches` timings of `fun` over 100 inputs, each made by `input`
+# (outside the timing), in ns per call.
+# Inputs are numbered by one counter for the whole run: each session's steps go on
+# through its templates, whichever stage or caller takes them.
+step_counter = :atomics.new(1, [])
+
+time_batches = fn input, fun, batches ->
+  for _ <- 1..batches do
+    inputs = for _ <- 1..batch, do: input.(:atomics.add_get(step_counter, 1, 1))
+    t0 = System.monotonic_time(:nanosecond)
+    Enum.each(inputs, fun)
+    (System.monotonic_time(:nanosecond) - t0) / batch
+  end
+end
+
+median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
+
+# A counter per run so that every ingested step id is new.
+fresh = fn -> "r#{System.unique_integer([:positive])}-" end
+
+# The reference design: one GenServer, 5-tuple windows, 1,000 sessions warmed.
+{:ok, ref} = ReferenceTracker.start_link(5)
+
+ref_input = fn n ->
+  {"sess-#{rem(n, 1000)}",
+   {Enum.at(intents, rem(n, 4)), Enum.at(tools, rem(div(n, 4), 8)), :success}}
+end
+
+for n <- 0..4_999,
+    do: ReferenceTracker.record_and_score(ref, elem(ref_input.(n), 0), elem(ref_input.(n), 1))
+
+# The agents are registered, as the kill switch has them once they have sent steps.
+for a <- 0..49, do: {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register("agent-#{a}")
+
+# Every stage's inputs, as the ingest has them: a parsed step and what came before.
+parsed = fn size, n ->
+  {:ok, envelope, fields} = DecisionLog.parse(message.(size, n, fresh.()))
+  {envelope, fields}
+end
+
+pubsub_event = fn {envelope, f} ->
+  %{
+    event_type: "decision_log",
+    session_id: f.session_id,
+    agent_id: f.agent_id,
+    step_id: f.step_id,
+    severity: :normal,
+    verdict: :progress,
+    envelope: envelope
+  }
+end
+
+stages = [
+  {"decode + validate (parse NIF)",
+   fn size -> {&message.(size, &1, fresh.()), &DecisionLog.parse/1} end},
+  {"entropy (record_and_score)",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} ->
+        EntropyTracker.record_and_score(f.session_id, {f.intent, f.tool_call, f.status},
+          agent_id: f.agent_id
+        )
+      end}
+   end},
+  {"loop verdict",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} ->
+        LoopVerdict.observe(f.session_id, f.verdict_keys, :normal,
+          agent_id: f.agent_id,
+          step_id: f.step_id
+        )
+      end}
+   end},
+  {"step detector",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} -> StepDetector.analyze(f.session_id, f.approach, f.outcome) end}
+   end},
+  {"safety reads (pause, block, kill switch)",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} ->
+        HITL.pause_of(f.session_id)
+        Observatory.KillSwitch.active?(f.agent_id)
+        Observatory.Storage.read(:observatory_step_blocks, f.session_id)
+      end}
+   end},
+  {"session log",
+   fn size -> {&parsed.(size, &1), fn {e, f} -> SessionLog.put(f.session_id, e, nil) end} end},
+  {"idempotency (claim + complete)",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} ->
+        {:new, ticket} = Idempotency.claim(f)
+
+        Idempotency.complete(ticket, %{
+          entropy_score: 1.0,
+          severity: :normal,
+          verdict: nil,
+          step: nil
+        })
+      end}
+   end},
+  {"broadcasts (no subscriber)",
+   fn size ->
+     {&parsed.(size, &1), fn p -> Events.broadcast(Events.decision_logs(), pubsub_event.(p)) end}
+   end},
+  {"metrics + telemetry",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f} ->
+        Metrics.inc(:messages)
+        Metrics.inc(:normal)
+        Metrics.inc(:verdict_progress)
+        Metrics.observe_latency(12)
+
+        Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: 12}, %{
+          result: :ok,
+          session_id: f.session_id,
+          agent_id: f.agent_id
+        })
+      end}
+   end},
+  {"**whole ingest**",
+   fn size -> {&message.(size, &1, fresh.()), &SchemaInterceptor.ingest/1} end}
+]
+
+load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg 2>/dev/null") |> to_string() |> String.trim()
+
+IO.puts(
+  "schedulers: #{System.schedulers_online()}; 1-min load average at the start: #{load}; " <>
+    "message sizes: " <>
+    Enum.map_join(sizes, ", ", fn {size, label} ->
+      "#{label} = #{byte_size(message.(size, 0, "r1-"))} bytes"
+    end) <>
+    "\n"
+)
+
+# Warm every session of every size with whole ingests (windows full, memory touched).
+for {size, _} <- sizes,
+    n <- 0..(templates * 2),
+    do: SchemaInterceptor.ingest(message.(size, n, "warm-"))
+
+# Two callers: each ingests batches; per-step cost from the median batch, and the pair's
+# steps per second against the reference's with two callers too.
+two_callers = fn input, fun, batches ->
+  parent = self()
+
+  {micros, per_call} =
+    :timer.tc(fn ->
+      pids =
+        for _ <- 1..2 do
+          spawn_link(fn ->
+            send(parent, {:done, self(), time_batches.(input, fun, batches)})
+          end)
+        end
+
+      Enum.flat_map(pids, fn pid -> receive(do: ({:done, ^pid, samples} -> samples)) end)
+    end)
+
+  {median.(per_call), 2 * batches * batch / (micros / 1_000_000)}
+end
+
+# samples: {stage, size} => [ns per call]; the reference's under :reference.
+# Each stage's batches also in the VM's CPU time (:erlang.statistics(:runtime), all
+# its threads): what other programs on the machine take is not counted in it, which
+# the wall clock does count. {ms, calls} per key, beside the samples.
+timed = fn input, fun ->
+  {_, _} = :erlang.statistics(:runtime)
+  samples = time_batches.(input, fun, batches)
+  {_, ms} = :erlang.statistics(:runtime)
+  {samples, {ms, batches * batch}}
+end
+
+add = fn acc, key, {samples, {ms, calls}} ->
+  Map.update(acc, key, {samples, ms, calls}, fn {s, m, c} -> {s ++ samples, m + ms, c + calls} end)
+end
+
+reference_call = fn {s, t} -> ReferenceTracker.record_and_score(ref, s, t) end
+
+samples =
+  Enum.reduce(1..rounds, %{}, fn _round, acc ->
+    acc = add.(acc, :reference, timed.(ref_input, reference_call))
+
+    for {label, stage} <- stages, {size, _} <- sizes, reduce: acc do
+      acc ->
+        {input, fun} = stage.(size)
+        add.(acc, {label, size}, timed.(input, fun))
+    end
+  end)
+
+{ref_samples, ref_ms, ref_calls} = samples[:reference]
+ref_ns = median.(ref_samples)
+r = fn x -> :erlang.float_to_binary(x / 1, decimals: 1) end
+
+IO.puts(
+  "reference record_and_score (ADR-018, one GenServer call): #{round(ref_ns)} ns, 1 caller\n"
+)
+
+IO.puts(
+  "| stage (1 caller) | " <>
+    Enum.map_join(sizes, " | ", fn {_, l} -> "#{l}: ns | × ref" end) <> " |"
+)
+
+IO.puts("|---|" <> String.duplicate("---:|---:|", length(sizes)))
+
+for {label, _} <- stages do
+  cells =
+    Enum.map_join(sizes, " | ", fn {size, _} ->
+      ns = median.(elem(samples[{label, size}], 0))
+      "#{round(ns)} | #{r.(ns / ref_ns)}×"
+    end)
+
+  IO.puts("| #{label} | #{cells} |")
+end
+
+# The whole ingest and the reference in CPU time: every call, slow ones included.
+ref_cpu = ref_ms * 1000 / ref_calls
+
+IO.puts(
+  "\n| 1 caller, VM CPU time per call | " <> Enum.map_join(sizes, " | ", &elem(&1, 1)) <> " |"
+)
+
+IO.puts("|---|" <> String.duplicate("---:|", length(sizes)))
+
+IO.puts(
+  "| reference record_and_score | #{r.(ref_cpu)} µs |" <>
+    String.duplicate(" |", length(sizes) - 1)
+)
+
+cells =
+  Enum.map_join(sizes, " | ", fn {size, _} ->
+    {_, ms, calls} = samples[{"**whole ingest**", size}]
+    us = ms * 1000 / calls
+    "#{r.(us)} µs, #{r.(us / ref_cpu)}×"
+  end)
+
+IO.puts("| **whole ingest** | #{cells} |")
+
+# Two callers at once, whole ingest and reference, one after the other.
+{ref2_ns, ref2_rate} =
+  two_callers.(
+    ref_input,
+    fn {s, t} -> ReferenceTracker.record_and_score(ref, s, t) end,
+    batches * 2
+  )
+
+IO.puts("\n| 2 callers | ns per call (median batch) | × ref | calls/s, both | × ref's calls/s |")
+IO.puts("|---|---:|---:|---:|---:|")
+IO.puts("| reference record_and_score | #{round(ref2_ns)} | 1.0× | #{round(ref2_rate)} | 1.00 |")
+
+for {size, label} <- sizes do
+  {ns, rate} =
+    two_callers.(&message.(size, &1, fresh.()), &SchemaInterceptor.ingest/1, batches * 2)
+
+  IO.puts(
+    "| whole ingest, #{label} | #{round(ns)} | #{r.(ns / ref2_ns)}× | #{round(rate)} | " <>
+      "#{:erlang.float_to_binary(rate / ref2_rate, decimals: 2)} |"
+  )
+end
+
+# What the steps came to: a fleet at work, not a fleet in loops (the costly paths —
+# alerts, durable blocks — are rare, as on a gateway in front of real agents).
+m = &Observatory.Metrics.get/1
+
+IO.puts(
+  "\nsteps scored: #{m.(:messages)}; entropy warning #{m.(:warning)}, loop #{m.(:loop)}; " <>
+    "verdict suspect #{m.(:verdict_suspect)}, loop #{m.(:verdict_loop)}; " <>
+    "step detector warn #{m.(:step_warnings)}, block #{m.(:step_blocks)}"
+)

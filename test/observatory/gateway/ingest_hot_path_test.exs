@@ -1,0 +1,129 @@
+defmodule Observatory.Gateway.IngestHotPathTest do
+  # What the cheaper ingest must still do exactly: safety state read fresh on every
+  # step, settings read on every step, broadcasts to whoever subscribes, the session
+  # log's byte count (bench/ingest_breakdown.exs measures what it costs).
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Gateway.{Events, HITL, SchemaInterceptor, SessionLog, StepDetector}
+  alias Observatory.Storage
+  alias Observatory.Test.HTTP
+
+  setup do
+    restore_env_on_exit([:step_detection, :session_log_size])
+    %{sid: unique_session("hot")}
+  end
+
+  # Step `n` of `sid`: the same call and result each time unless `input` differs.
+  defp step(sid, n, input \\ "/same") do
+    HTTP.envelope(%{
+      "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
+      "action" => %{
+        "tool_call" => "read_file",
+        "tool_input" => %{"path" => input},
+        "status" => "failure",
+        "result" => %{"error" => "enoent"}
+      }
+    })
+  end
+
+  describe "safety state is read on every step, nothing cached" do
+    test "a pause acknowledged is enforced on the very next step, a resume too", %{sid: sid} do
+      assert {:ok, %{paused: false, directives: []}} =
+               SchemaInterceptor.ingest(step(sid, 1, "/a"))
+
+      {:ok, _} = HITL.pause(sid, operator: "alice", reason: "look")
+
+      assert {:ok, %{paused: true, directives: [%{"type" => "pause", "operator" => "alice"}]}} =
+               SchemaInterceptor.ingest(step(sid, 2, "/b"))
+
+      {:ok, _} = HITL.resume(sid, operator: "alice")
+
+      assert {:ok, %{paused: false, directives: []}} =
+               SchemaInterceptor.ingest(step(sid, 3, "/c"))
+    end
+
+    test "a step-detector block holds from the step that set it; a reset lifts it on the next",
+         %{sid: sid} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+
+      actions =
+        for n <- 1..5 do
+          {:ok, %{step: %{action: action}}} = SchemaInterceptor.ingest(step(sid, n))
+          action
+        end
+
+      # The first step is new; each repeat adds one to the stagnation streak.
+      assert actions == [:continue, :continue, :warn, :block, :block]
+      assert %{guidance: guidance} = StepDetector.block(sid)
+      assert is_binary(guidance)
+
+      :ok = StepDetector.reset(sid, operator: "alice")
+      assert {:ok, %{step: %{action: :continue}}} = SchemaInterceptor.ingest(step(sid, 6, "/new"))
+    end
+
+    test "Storage.read/2 answers what a dirty read answers, errors included", %{sid: sid} do
+      table = HITL.pauses_table()
+      assert Storage.read(table, sid) == [] and :mnesia.dirty_read(table, sid) == []
+      {:ok, _} = HITL.pause(sid, operator: "alice")
+      assert [{^table, ^sid, %{operator: "alice"}}] = Storage.read(table, sid)
+      assert Storage.read(table, sid) == :mnesia.dirty_read(table, sid)
+      {:ok, _} = HITL.resume(sid, operator: "alice")
+
+      assert catch_exit(Storage.read(:no_such_table, sid)) ==
+               catch_exit(:mnesia.dirty_read(:no_such_table, sid))
+    end
+  end
+
+  describe "settings are read on every step" do
+    test "a changed :step_detection threshold applies to the next step", %{sid: sid} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 8)
+
+      for n <- 1..3,
+          do: {:ok, %{step: %{action: :continue}}} = SchemaInterceptor.ingest(step(sid, n))
+
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 8)
+      assert {:ok, %{step: %{action: :warn}}} = SchemaInterceptor.ingest(step(sid, 4))
+    end
+
+    test "FR-9.11: a changed entropy window size applies to the next step", %{sid: sid} do
+      Application.put_env(:observatory, :entropy_window_size, 3)
+      for n <- 1..4, do: {:ok, _} = SchemaInterceptor.ingest(step(sid, n, "/p#{n}"))
+      assert length(EntropyTracker.window(sid)) == 3
+      Application.put_env(:observatory, :entropy_window_size, 4)
+      {:ok, _} = SchemaInterceptor.ingest(step(sid, 5, "/p5"))
+      assert length(EntropyTracker.window(sid)) == 4
+    end
+  end
+
+  describe "broadcasts go to whoever subscribes" do
+    test "a subscriber that joins after earlier steps gets the next ones", %{sid: sid} do
+      {:ok, _} = SchemaInterceptor.ingest(step(sid, 1, "/a"))
+      parent = self()
+
+      spawn_link(fn ->
+        :ok = Events.subscribe(Events.decision_logs())
+        send(parent, :subscribed)
+        receive do: (%{session_id: ^sid} = event -> send(parent, {:late, event}))
+      end)
+
+      assert_receive :subscribed
+      {:ok, _} = SchemaInterceptor.ingest(step(sid, 2, "/b"))
+      assert_receive {:late, %{event_type: "decision_log", step_id: step_id}}
+      assert step_id == "#{sid}-2"
+    end
+  end
+
+  describe "the session log counts the bytes it holds" do
+    test "replacing the oldest envelope takes its size off", %{sid: sid} do
+      Application.put_env(:observatory, :session_log_size, 2)
+      envelopes = for n <- 1..3, do: %{"n" => n, "pad" => String.duplicate("x", n * 100)}
+      before = SessionLog.stats().bytes
+      for e <- envelopes, do: :ok = SessionLog.put(sid, e)
+      kept = Enum.drop(envelopes, 1)
+      assert SessionLog.recent(sid) == kept
+
+      assert SessionLog.stats().bytes - before ==
+               Enum.sum(Enum.map(kept, &:erlang.external_size/1))
+    end
+  end
+end
