@@ -109,7 +109,7 @@ defmodule Observatory.Cluster.Reconcile do
       for node <- holders,
           do: {node, Map.new(:erpc.call(node, __MODULE__, :fetch, [table, keys], timeout()))}
 
-    ctx = context()
+    ctx = context(holders)
 
     Enum.reduce(keys, %{table: table, changed: 0, notes: []}, fn key, acc ->
       versions = for {node, records} <- replicas, do: {node, Map.get(records, key)}
@@ -130,14 +130,25 @@ defmodule Observatory.Cluster.Reconcile do
   defp note(acc, nil), do: %{acc | changed: acc.changed + 1}
   defp note(acc, note), do: %{acc | changed: acc.changed + 1, notes: [note | acc.notes]}
 
-  # Tombstones and agents are reconciled first (Merge.order/1): read them as they are now.
-  defp context do
+  # Tombstones and agents are reconciled first (Merge.order/1): read agents as they are
+  # now. Tombstones are read from every replica merged here, not only this node's: a
+  # replica can become active between the tombstones' turn and this table's (a node
+  # restarting while the leader compares the replicas), and its deletions must still
+  # hold — without them a resume or a revocation made only there would be undone.
+  defp context(holders) do
     agents = :observatory_agents
 
+    buried =
+      holders
+      |> Enum.flat_map(&:erpc.call(&1, Tombstones, :keys, [], timeout()))
+      |> MapSet.new()
+
+    buried_agents = for {^agents, id, _} <- buried, into: MapSet.new(), do: id
+
     %{
-      buried?: &Tombstones.buried?/3,
+      buried?: fn table, key, identity -> MapSet.member?(buried, {table, key, identity}) end,
       agent_gone?: fn id ->
-        :mnesia.read(agents, id) == [] and Tombstones.any_buried?(agents, id)
+        :mnesia.read(agents, id) == [] and MapSet.member?(buried_agents, id)
       end
     }
   end

@@ -56,6 +56,12 @@ defmodule Observatory.Cluster.Tombstones do
   def any_buried?(table, key),
     do: :mnesia.dirty_match_object({@table, {table, key, :_}, :_}) != []
 
+  @doc false
+  # Every tombstone on this node, `{table, key, identity}` (a local read): what
+  # `Observatory.Cluster.Reconcile` gathers from each replica it merges.
+  @spec keys() :: [{atom(), term(), term()}]
+  def keys, do: :mnesia.dirty_all_keys(@table)
+
   @doc "Deletes the oldest tombstones beyond the cap; returns how many went."
   @spec prune(pos_integer()) :: non_neg_integer()
   def prune(max \\ @max) do
