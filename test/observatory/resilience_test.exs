@@ -46,6 +46,20 @@ defmodule Observatory.ResilienceTest do
   defp call(node, m, f, a), do: :erpc.call(node, m, f, a, 10_000)
 
   # /healthz answers 200 within `ms` (restarts take a moment).
+  defp await_restarted(node, name, old_pid, ms \\ 10_000) do
+    case call(node, Process, :whereis, [name]) do
+      pid when is_pid(pid) and pid != old_pid ->
+        pid
+
+      _ when ms > 0 ->
+        Process.sleep(50)
+        await_restarted(node, name, old_pid, ms - 50)
+
+      other ->
+        flunk("#{name} not restarted: #{inspect(other)}")
+    end
+  end
+
   defp await_healthy(node, ms \\ 10_000) do
     case call(node, Remote, :get, ["/healthz"]) do
       {200, body} ->
@@ -131,6 +145,9 @@ defmodule Observatory.ResilienceTest do
 
       mnesia_sup = call(node, Process, :whereis, [:mnesia_sup])
       true = call(node, Process, :exit, [mnesia_sup, :kill])
+      # The kill is asynchronous: until Mnesia is running under a new supervisor, a
+      # /healthz answer may still be the old Mnesia's, about to stop.
+      await_restarted(node, :mnesia_sup, mnesia_sup)
 
       assert %{"checks" => %{"mnesia" => "ok"}} = await_healthy(node)
       assert call(node, :mnesia, :system_info, [:is_running]) == :yes
