@@ -41,8 +41,12 @@ defmodule Observatory.Gateway.LoopVerdict do
       answer (word for word between different calls): suspect at
       `near_repeat_suspect`, loop at `near_repeat_loop` (`blank_near_repeat_loop` when
       every answer was empty);
-    * **failure_run** (f) — the newest steps all failed with the same non-blank error
-      (numbers kept: a count of failing tests that moves is progress), whatever the calls: suspect at `failure_run_suspect`, loop at `failure_run_loop`;
+    * **failure_run** (f) — the newest non-empty answers all failed with the same error
+      (numbers kept: a count of failing tests that moves is progress), whatever the
+      calls, steps with an empty answer between them set aside: suspect at
+      `failure_run_suspect`, loop at `failure_run_loop`. An error that quotes its own
+      call is the same error when, without the call's words, it is the same and the
+      later call is the earlier one with words added (a pipeline grown by a stage);
     * **revisit** (g) — the step repeats an earlier one (the same or a nearly identical
       call, the same non-empty answer; or the identical call, empty again, with only
       failures and empty answers since), and so do `revisit_suspect` / `revisit_loop`

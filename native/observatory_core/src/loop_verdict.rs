@@ -49,10 +49,16 @@
 //!   `near_repeat_loop` (4), or `blank_near_repeat_loop` (6) when every answer was
 //!   blank. The same edit re-applied with a character changed, the same query with
 //!   another `LIMIT`, each time the same error.
-//! * **(f) failure run** — the newest steps all failed with the same non-blank error
-//!   (word for word, numbers kept: "3 tests failed", then "2", is progress), whatever
-//!   their calls: suspect at `failure_run_suspect` (3), loop at `failure_run_loop` (4).
-//!   New argument names, new wording, one identical rejection.
+//! * **(f) failure run** — the newest non-blank answers all failed, each with the same
+//!   error as the failure after it (word for word, numbers kept: "3 tests failed", then
+//!   "2", is progress), whatever their calls: suspect at `failure_run_suspect` (3), loop
+//!   at `failure_run_loop` (4). New argument names, new wording, one identical
+//!   rejection. Steps with a blank answer between the failures neither count nor break
+//!   the run. An error that echoes its own call (a quoting error quoting the grown
+//!   pipeline) is the same error when its *reply* — the error without the words of its
+//!   call ([`StepKeys::exact`]) — is the same and the later call is the earlier one
+//!   with words added (nearly identical, every word pair kept): a call that dropped or
+//!   changed words changed its target, and a "not found" for the new target is news.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
 //!   same or a nearly identical call and the same non-blank answer, or the identical
 //!   call and a blank answer again with nothing but failures and blank answers since
@@ -177,8 +183,9 @@ pub enum Reason {
     /// (e) `times` nearly identical calls in a row with the same result (each time
     /// blank: `blank`).
     NearRepeat { times: u32, blank: bool },
-    /// (f) `times` calls in a row failed with the same error.
-    FailureRun { times: u32 },
+    /// (f) `times` calls in a row failed with the same error, `quiet` steps with an
+    /// empty answer between them.
+    FailureRun { times: u32, quiet: u32 },
     /// (g) `revisits` of the last `window` steps repeated an earlier call with the same
     /// result.
     Revisit { revisits: u32, window: u32 },
@@ -233,9 +240,13 @@ impl fmt::Display for Reason {
                 f,
                 "{times} nearly identical calls in a row, each with an empty result"
             ),
-            Reason::FailureRun { times } => {
+            Reason::FailureRun { times, quiet: 0 } => {
                 write!(f, "{times} calls in a row failed with the same error")
             }
+            Reason::FailureRun { times, quiet } => write!(
+                f,
+                "{times} calls failed with the same error, with only {quiet} empty answers between them"
+            ),
             Reason::Revisit { revisits, window } => write!(
                 f,
                 "{revisits} of the last {window} steps repeated an earlier call (or a nearly identical one) and got the same result as before"
@@ -319,7 +330,10 @@ pub struct StepKeys {
     /// The canonical result word for word, before normalization (its first
     /// [`keys::EXACT_BYTES`] bytes and its length; the outcome without a result): two
     /// different calls whose answers differ only in a checksum or an id got different
-    /// answers.
+    /// answers. For a failure with a result, its *reply* instead: the status and the
+    /// normalized error's words that are not words of the call's input
+    /// ([`keys::keys_from_canonical`]), so that an error echoing its call compares
+    /// across calls.
     pub exact: u64,
     /// Status and the set of the result's lines, digits masked ([`shape`]).
     pub gist: u64,
@@ -531,6 +545,19 @@ impl Entry {
         (self.blank && other.blank) || (self.outcome == other.outcome && self.blank == other.blank)
     }
 
+    /// Whether `later`, a failure after this one, failed with the same error: the same
+    /// outcome; or the same reply (the error without the words it echoes of its call:
+    /// [`StepKeys::exact`]) from a nearly identical call that keeps all of this one's
+    /// word pairs and adds to them (a pipeline grown by a stage, a flag added). A call
+    /// that dropped or changed words changed its target, and an error quoting the new
+    /// target is news: `ls a/b/`, then `ls a/`, each "cannot access", is a search.
+    fn same_error(&self, later: &Entry, near_share: u32) -> bool {
+        self.outcome == later.outcome
+            || (self.exact == later.exact
+                && self.shape & !later.shape == 0
+                && self.near(later, near_share))
+    }
+
     /// The same or a nearly identical call with the same answer. Between different calls
     /// the answer must also be the same word for word: normalization hides the ids and
     /// checksums that are noise when a call is re-sent, but news when the call changed
@@ -570,8 +597,6 @@ pub struct VerdictState {
     near_run: u32,
     near_run_near: bool,
     near_run_blank: bool,
-    /// Rule (f): failures in a row ending at the newest step with its non-blank error.
-    failure_run: u32,
     /// Rule (a): the newest step's run of the same call, the stale steps ending it, and
     /// whether those (and the call before them) were all blank.
     same_run: u32,
@@ -862,22 +887,37 @@ impl VerdictState {
             self.stale_run = 0;
             self.stale_blank = entry.blank;
         }
-        let failed = entry.failure && !entry.blank;
-        let same_error = prev.is_some_and(|p| p.failure && !p.blank && p.outcome == entry.outcome);
-        self.failure_run = match (failed, same_error) {
-            (false, _) => 0,
-            (true, true) => self.failure_run + 1,
-            (true, false) => 1,
-        };
     }
 
-    /// Rule (f): the newest steps all failed with this step's non-blank error, whatever
-    /// their calls.
+    /// Rule (f): the newest steps failed, each with the same error as the failure after
+    /// it, whatever their calls; steps with an empty answer between them neither count
+    /// nor break the run (an edit that prints nothing between two runs of a test that
+    /// fails alike, an empty `grep` between two rejected reads).
     fn failure_run(&self, config: &Config) -> Option<Finding> {
-        let times = self.failure_run.min(self.ring.len() as u32);
-        if times == 0 {
+        let newest = self.at(0);
+        if !newest.failure || newest.blank {
             return None;
         }
+        let mut failed = [0u32; MAX_HISTORY];
+        failed[0] = self.steps;
+        let mut count = 1;
+        let mut later = newest;
+        let (mut quiet, mut skipped) = (0, 0);
+        for k in 1..self.ring.len() {
+            let entry = self.at(k);
+            if entry.blank {
+                skipped += 1;
+                continue;
+            }
+            if !(entry.failure && !entry.blank && entry.same_error(later, config.near_share)) {
+                break;
+            }
+            failed[count] = self.step_at(k);
+            count += 1;
+            later = entry;
+            quiet = skipped;
+        }
+        let times = count as u32;
         let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
             Level::Loop
         } else if times >= config.failure_run_suspect {
@@ -888,8 +928,11 @@ impl VerdictState {
         Some(Finding {
             level,
             rule: Rule::FailureRun,
-            reason: Reason::FailureRun { times },
-            evidence: self.newest(times as usize),
+            reason: Reason::FailureRun {
+                times,
+                quiet: quiet as u32,
+            },
+            evidence: Evidence::from_iter(failed[..count].iter().rev().copied()),
         })
     }
 

@@ -233,6 +233,74 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert reason == "4 calls in a row failed with the same error"
     end
 
+    # A pipeline grown by one stage each time, the shell's quoting error quoting it.
+    defp grown_pipeline(stages) do
+      tail = Enum.map_join(stages, fn stage -> " | " <> stage end)
+      echoed = "$1t$2}'" <> tail
+
+      %{
+        "tool_call" => "bash",
+        "status" => "failure",
+        "tool_input" => %{
+          "command" =>
+            "find /data -name '*.log' -exec du -h {} + | awk '{print \"size: \"$1\"\\t\"$2}'" <>
+              tail
+        },
+        "result" =>
+          "#{echoed}: -c: line 1: unexpected EOF while looking for matching `''\n" <>
+            "#{echoed}: -c: line 2: syntax error: unexpected end of file\n"
+      }
+    end
+
+    test "(f) an error echoing its grown call is the same error: loop at 4", %{sid: sid} do
+      stages = ["sort -h", "tail -n 5", "cut -f 2"]
+
+      for n <- 0..2,
+          do: refute(match?(%{verdict: :loop}, ingest(sid, grown_pipeline(Enum.take(stages, n)))))
+
+      assert %{verdict: :loop, rule: :failure_run, evidence: [1, 2, 3, 4]} =
+               ingest(sid, grown_pipeline(stages))
+    end
+
+    test "(f) the near-miss: a path walked up, each error quoting the path it was given", %{
+      sid: sid
+    } do
+      for path <-
+            ["/srv/app/releases/current/config/", "/srv/app/releases/current/"] ++
+              ["/srv/app/releases/", "/srv/app/"] do
+        assert %{verdict: :progress} =
+                 ingest(sid, %{
+                   "tool_call" => "bash",
+                   "status" => "failure",
+                   "tool_input" => %{"command" => "ls #{path}"},
+                   "result" => "ls: cannot access '#{path}': No such file or directory\n"
+                 })
+      end
+    end
+
+    test "(f) empty answers between the failures neither count nor break the run", %{sid: sid} do
+      test_run = %{
+        "tool_call" => "bash",
+        "status" => "failure",
+        "tool_input" => %{"command" => "mix test test/cart_test.exs"},
+        "result" => "1 test, 1 failure: expected total 30, got 27"
+      }
+
+      edit = fn n ->
+        %{
+          "tool_call" => "edit_file",
+          "status" => "success",
+          "tool_input" => %{"path" => "lib/cart.ex", "line" => n, "text" => "discount #{n}"},
+          "result" => ""
+        }
+      end
+
+      for n <- 1..3, do: [ingest(sid, test_run), ingest(sid, edit.(n))]
+
+      assert %{verdict: :loop, evidence: evidence} = ingest(sid, test_run)
+      assert [1, 3, 5, 7] = Enum.take(evidence, -4)
+    end
+
     test "(f) failure_run_loop: :never keeps it amber", %{sid: sid} do
       put_config(failure_run_loop: :never)
 
@@ -368,13 +436,32 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     end
 
     test "issue 26: the exact result keeps what normalization hides (a checksum, an id)" do
-      exact = fn result -> keys(%{"result" => result}) |> elem(6) |> elem(2) end
-      outcome = fn result -> keys(%{"result" => result}) |> elem(1) end
+      step = fn result -> %{"status" => "success", "result" => result} end
+      exact = fn result -> keys(step.(result)) |> elem(6) |> elem(2) end
+      outcome = fn result -> keys(step.(result)) |> elem(1) end
       a = "df3b03a223a32744829fe026fa679cbb  -\n"
       b = "909665ab1e8bb4ddfa3f64bb5383af55  -\n"
       assert outcome.(a) == outcome.(b)
       assert exact.(a) != exact.(b)
       assert exact.(a) == exact.(a)
+    end
+
+    test "a failure's exact key is its reply: the error without the words of its call" do
+      reply = fn command, result ->
+        keys(%{"tool_input" => %{"command" => command}, "result" => result})
+        |> elem(6)
+        |> elem(2)
+      end
+
+      # The error quotes the file it was given: the reply is the same.
+      assert reply.("cat notes.txt", "cat: notes.txt: No such file or directory") ==
+               reply.("cat todo.md", "cat: todo.md: No such file or directory")
+
+      # A count the call does not hold is kept; an id is masked.
+      assert reply.("pytest", "3 failed") != reply.("pytest", "2 failed")
+
+      assert reply.("sh x", "sh: 0d1e201ac67b5a979c52f42eb8dd3702: not found") ==
+               reply.("sh x", "sh: 3a2e45dcead29bb7dbd132e72fab5e35: not found")
     end
 
     test "whitespace inside the input's strings does not make a new call" do

@@ -13,7 +13,9 @@
 //!   (missing or `null` = no result: the status alone); its gist, skeleton, line and
 //!   number sketches and blankness come from the same normalized text; **exact** = hash
 //!   of the result as given (its first [`EXACT_BYTES`] bytes and its length), what two
-//!   different calls' answers are compared by.
+//!   different calls' answers are compared by — for a failure, its *reply* instead: the
+//!   normalized error's words that are not words of the call's input (`reply`), what
+//!   two failures of a growing call are compared by.
 //!
 //! The canonical text is [`stable_stringify`]'s — the very text the step detector
 //! hashes with SHA-256, so the gateway writes it once per step
@@ -59,6 +61,7 @@ const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
 const TOOL_SEED: u64 = 0x3707_3440_a409_3822;
 const WORD_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
 const EXACT_SEED: u64 = 0x452_821e_638d_0137;
+const REPLY_SEED: u64 = 0xc0ac_29b7_c97c_50dd;
 /// The word-for-word key reads the first this many bytes of the result (and its length):
 /// enough for the short answers where a changed checksum or id is the whole news.
 pub const EXACT_BYTES: usize = 256;
@@ -111,7 +114,7 @@ pub fn keys_from_canonical(
     result: Option<&str>,
     rules: &Normalization,
 ) -> StepKeys {
-    BUFFER.with_borrow_mut(|(buf, text, lines)| {
+    BUFFER.with_borrow_mut(|(buf, text, lines, echo)| {
         buf.clear();
         buf.extend_from_slice(tool.as_bytes());
         buf.push(SEPARATOR);
@@ -120,6 +123,10 @@ pub fn keys_from_canonical(
         collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
         let shape_of_call = call_shape(&buf[tool.len() + 1..]);
+        let failure = is_failure(status);
+        if failure && result.is_some() {
+            input_words(&buf[tool.len() + 1..], echo);
+        }
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
@@ -137,12 +144,17 @@ pub fn keys_from_canonical(
             }
         };
         let outcome = hash64(buf, OUTCOME_SEED);
-        let exact = result.map_or(outcome, |r| {
-            hash64(
+        let exact = match result {
+            None => outcome,
+            Some(_) if failure => reply(status, text, echo),
+            Some(r) => hash64(
                 &r.as_bytes()[..r.len().min(EXACT_BYTES)],
                 EXACT_SEED ^ r.len() as u64,
-            )
-        });
+            ),
+        };
+        if echo.capacity() > MAX_KEPT_BUFFER / 8 {
+            *echo = Vec::new();
+        }
         for kept in [&mut *buf, &mut *text] {
             if kept.capacity() > MAX_KEPT_BUFFER {
                 *kept = Vec::new();
@@ -162,7 +174,7 @@ pub fn keys_from_canonical(
             skeleton: result_shape.map_or(outcome, |s| s.skeleton),
             lines: result_shape.map(|s| s.lines).unwrap_or_default(),
             has_result: result.is_some(),
-            failure: is_failure(status),
+            failure,
             blank: result_shape.is_none_or(|s| s.blank),
             numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
         }
@@ -232,9 +244,65 @@ const WORD_BYTE: [bool; 256] = {
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    /// The hashed bytes, the normalized text, the result's shape buffers.
-    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch)> =
-        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default()));
+    static BUFFER: std::cell::RefCell<Buffers> =
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default(), Vec::new()));
+}
+
+/// The hashed bytes, the normalized text, the result's shape buffers, the input's words
+/// (for a failure's reply).
+type Buffers = (Vec<u8>, Vec<u8>, Scratch, Vec<u64>);
+
+/// The words of a failed call's input its reply may echo are read from its first this
+/// many bytes.
+pub const ECHO_INPUT_BYTES: usize = 4096;
+/// A failure's reply is read from the first this many bytes of its normalized result.
+pub const REPLY_BYTES: usize = 2048;
+
+/// Calls `each` with the hash of every word of `text` (as [`call_shape`]'s words: runs
+/// of letters, digits, `_` and non-ASCII bytes). A backslash and the byte after it end
+/// a word: in canonical JSON, `\n` is a line break, not the letter `n`.
+fn each_word(text: &[u8], mut each: impl FnMut(u64)) {
+    let (mut hash, mut in_word, mut escaped) = (WORD_SEED, false, false);
+    for &byte in text {
+        let word_byte = !escaped && WORD_BYTE[usize::from(byte)];
+        escaped = !escaped && byte == b'\\';
+        if word_byte {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            in_word = true;
+        } else if in_word {
+            each(hash);
+            (hash, in_word) = (WORD_SEED, false);
+        }
+    }
+    if in_word {
+        each(hash);
+    }
+}
+
+/// The words of a call's collapsed input, sorted, for [`reply`].
+fn input_words(input: &[u8], words: &mut Vec<u64>) {
+    words.clear();
+    each_word(&input[..input.len().min(ECHO_INPUT_BYTES)], |w| {
+        words.push(w)
+    });
+    words.sort_unstable();
+    words.dedup();
+}
+
+/// A failure's *reply*: the status and the words of its normalized result (ids and
+/// hex ids already `<ID>`, its first [`REPLY_BYTES`] bytes) that are not words of the
+/// call's own input (`input_words`), in order. An error that echoes the command it
+/// rejects (`cat: notes.txt: No such file`, a quoting error quoting the grown
+/// pipeline) is the same reply whatever the command; a number the input does not hold
+/// is kept, so "3 tests failed", then "2 tests failed", are different replies.
+fn reply(status: &str, result: &[u8], input: &[u64]) -> u64 {
+    let mut reply = hash64(status.as_bytes(), REPLY_SEED);
+    each_word(&result[..result.len().min(REPLY_BYTES)], |w| {
+        if input.binary_search(&w).is_err() {
+            reply = mix(reply ^ w, S1);
+        }
+    });
+    reply
 }
 
 /// The normalized canonical text of `value`, as hashed (for tests and debugging).
@@ -400,6 +468,86 @@ mod tests {
         );
     }
 
+    /// A failed pipeline and its quoting error, which echoes the pipeline's tail.
+    fn quoting_error(pipeline: &str, echoed: &str) -> StepKeys {
+        keys(
+            "find",
+            json!({"command": pipeline}),
+            "failure",
+            Some(json!(format!(
+                "{echoed}: -c: line 1: unexpected EOF while looking for matching `''\n\
+                 {echoed}: -c: line 2: syntax error: unexpected end of file\n"
+            ))),
+        )
+    }
+
+    #[test]
+    fn a_failure_s_reply_drops_the_words_it_echoes_of_its_call() {
+        let a = quoting_error(
+            "find . -name '*.txt' | awk '{print $1\"\\t\"$2}' | sed 's/a/b/'",
+            "$2}' | sed 's/a/b/'",
+        );
+        let b = quoting_error(
+            "find . -name '*.txt' | awk '{print $1\"\\t\"$2}' | sed 's/a/b/' | sort -r",
+            "$2}' | sed 's/a/b/' | sort -r",
+        );
+        assert_ne!(a.outcome, b.outcome, "the answers differ");
+        assert_eq!(a.exact, b.exact, "the replies do not");
+        // Another error is another reply.
+        let c = keys(
+            "find",
+            json!({"command": "find . -name '*.txt' | sort -r"}),
+            "failure",
+            Some(json!("find: unknown predicate `-r'")),
+        );
+        assert_ne!(a.exact, c.exact);
+    }
+
+    #[test]
+    fn a_failure_s_reply_keeps_a_number_its_call_does_not_hold() {
+        // An edit-test cycle whose failure count moves is progress.
+        let run = |n: u32| {
+            keys(
+                "bash",
+                json!({"command": "pytest tests/"}),
+                "failure",
+                Some(json!(format!("{n} failed, 12 passed in 0.8s"))),
+            )
+        };
+        assert_ne!(run(3).exact, run(2).exact);
+        assert_eq!(run(3).exact, run(3).exact);
+        // A checksum or an id in the error is masked: `<ID>` in the reply.
+        let hashed = |h: &str| {
+            keys(
+                "bash",
+                json!({"command": "md5sum f | sh"}),
+                "failure",
+                Some(json!(format!("sh: line 1: {h}: command not found"))),
+            )
+        };
+        assert_eq!(
+            hashed("0d1e201ac67b5a979c52f42eb8dd3702").exact,
+            hashed("3a2e45dcead29bb7dbd132e72fab5e35").exact
+        );
+    }
+
+    #[test]
+    fn a_success_keeps_its_word_for_word_key() {
+        // Only failures are compared by their reply: a success's answer word for word.
+        let echo = |text: &str| {
+            keys(
+                "bash",
+                json!({"command": format!("echo {text}")}),
+                "success",
+                Some(json!(text)),
+            )
+        };
+        assert_ne!(echo("one").exact, echo("two").exact);
+        // A failure without a result has only its status.
+        let bare = keys("bash", json!({"command": "false"}), "failure", None);
+        assert_eq!(bare.exact, bare.outcome);
+    }
+
     #[test]
     fn plain_numbers_are_kept_in_inputs_and_results() {
         let poll = |p: u32| {
@@ -458,9 +606,10 @@ mod tests {
             298,
             "6ba7b810-9dad-11d1-80b4-00c04fd430c8",
         );
-        // Everything but the result word for word, which keeps the ids.
-        assert_eq!(StepKeys { exact: 0, ..a }, StepKeys { exact: 0, ..b });
-        assert_ne!(a.exact, b.exact);
+        // Every key: a failure's word-for-word key is its reply, read from the
+        // normalized text, ids masked (a success's keeps them:
+        // `a_success_keeps_its_word_for_word_key`).
+        assert_eq!(a, b);
         assert!(a.failure && a.has_result);
     }
 
@@ -614,6 +763,30 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever words of its call an error echoes, and wherever, its reply is the
+        /// error's own words.
+        #[test]
+        fn a_reply_ignores_the_words_echoed_from_the_call(
+            input in prop::collection::vec("[a-m]{1,6}", 1..12),
+            error in prop::collection::vec("[n-z]{1,6}", 1..8),
+            echo in prop::collection::vec((0usize..12, any::<bool>()), 0..16),
+        ) {
+            let command = input.join(" ");
+            let mut echoed = Vec::new();
+            for (i, word) in error.iter().enumerate() {
+                echoed.push(word.clone());
+                for &(pick, here) in &echo {
+                    if here && pick % error.len() == i {
+                        echoed.push(input[pick % input.len()].clone());
+                    }
+                }
+            }
+            let reply = |result: String| {
+                keys("sh", json!({"command": command}), "failure", Some(json!(result))).exact
+            };
+            prop_assert_eq!(reply(echoed.join(": ")), reply(error.join(" ")));
+        }
+
         #[test]
         fn different_bytes_hash_differently(a in prop::collection::vec(any::<u8>(), 0..200), b in prop::collection::vec(any::<u8>(), 0..200)) {
             prop_assume!(a != b);

@@ -220,6 +220,8 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "the same tool used productively on different targets",
         "the same file ranges opened again, no edit in between",
         "re-reading a file after each edit, its content changed",
+        "a pipeline grown by a stage each time, the same quoting error echoing it",
+        "a path walked up, each 'cannot access' quoting another path",
     ];
     assert_eq!(names, tested);
 }
@@ -355,8 +357,9 @@ fn must_flag_a_health_check_flapping_between_two_answers() {
 #[test]
 fn suspect_three_different_fixes_the_same_build_failure() {
     let run = check("three different fixes, the same build failure", "suspect");
-    // The build re-run after each edit gives the same failure: revisits, amber.
-    assert_eq!(run.verdicts.last().unwrap().rule, Rule::Revisit);
+    // The build re-run after each edit gives the same failure: three failures in a
+    // row (the edits between print nothing), amber.
+    assert_eq!(run.verdicts.last().unwrap().rule, Rule::FailureRun);
 }
 
 // Issue 11: each way real runs fooled the verdict, the loop and its near-miss.
@@ -551,6 +554,25 @@ fn must_flag_the_same_file_ranges_opened_again() {
 fn must_not_flag_re_reading_a_file_after_each_edit() {
     check(
         "re-reading a file after each edit, its content changed",
+        "must-not-flag",
+    );
+}
+
+// Round two of stuck detection: an error that echoes its own call.
+
+#[test]
+fn must_flag_a_pipeline_grown_by_a_stage_each_time_the_same_quoting_error_echoing_it() {
+    check_rule(
+        "a pipeline grown by a stage each time, the same quoting error echoing it",
+        "must-flag",
+        Rule::FailureRun,
+    );
+}
+
+#[test]
+fn must_not_flag_a_path_walked_up_each_cannot_access_quoting_another_path() {
+    check(
+        "a path walked up, each 'cannot access' quoting another path",
         "must-not-flag",
     );
 }
