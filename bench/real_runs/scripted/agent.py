@@ -980,6 +980,34 @@ def sc_reread_after_edit(s, rng, r):
     closing_steps(s, rng, rng.randint(0, 1))
 
 
+def sc_echoed_error(s, rng, r):
+    """Class 1, the error echoing its call: a python one-liner grown by a method each time, every
+    version missing the same closing parenthesis; Python answers each with the same SyntaxError,
+    quoting the longer line, so no two answers are the same text."""
+    p = s.p
+    path = f"src/{p['pkg']}/{p['mod']}.py"
+    stages = rng.sample([".strip()", ".splitlines()", ".upper()", ".lower()", ".title()", ".swapcase()",
+                         ".casefold()", ".lstrip()"], r)
+    ordinary_steps(s, rng, rng.randint(1, 3))
+    s.loop_starts_here()
+    for k in range(1, r + 1):
+        s.bash(f"python3 -c \"print(open('{path}').read(){''.join(stages[:k])}\"")
+    s.bash(f"python3 -c \"print(open('{path}').read())\" | head -n 5")
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_path_walk_up(s, rng, r):
+    """Class 1, near-miss: ls on a path that does not exist, then on its parent, and so on up to
+    a directory that does: each error names the path it was given, each call one word shorter."""
+    p = s.p
+    missing = rng.sample(["legacy", "handlers", "old", "v1", "generated", "vendor", "tmp", "build"], r)
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    for k in range(r, 0, -1):
+        s.bash(f"ls src/{p['pkg']}/{'/'.join(missing[:k])}/")
+    s.bash(f"ls src/{p['pkg']}/")
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
 # name -> (function, label, uses_repeats)
 SCENARIOS = {
     "prose_to_shell": (sc_prose_to_shell, "looping"),
@@ -1005,10 +1033,13 @@ SCENARIOS = {
     "many_targets": (sc_many_targets, "clean"),
     "reread_ranges": (sc_reread_ranges, "looping"),
     "reread_after_edit": (sc_reread_after_edit, "clean"),
+    # an error that echoes its call: a loop and its near-miss
+    "echoed_error": (sc_echoed_error, "looping"),
+    "path_walk_up": (sc_path_walk_up, "clean"),
 }
 # Looping scenarios whose repeats are not identical calls: no identical run is expected.
 STUCK_WITHOUT_RUN = {"whitespace_retry", "near_edit_rejected", "usage_rejection", "long_view_cycle",
-                     "revisit_lookups", "reread_ranges"}
+                     "revisit_lookups", "reread_ranges", "echoed_error"}
 REPEATS = (4, 7)
 
 
@@ -1100,6 +1131,16 @@ def check(steps_by_session, summaries):
             if len(set(calls)) != rep or len({st["result"] for st in loop}) != 1 or any(
                     st["action_status"] != "failure" for st in loop):
                 errors.append(f"{sid}: expected {rep} different calls failing with one identical result")
+        if sc == "echoed_error":
+            last_lines = {st["result"].strip().splitlines()[-1] for st in loop}
+            if (len({st["result"] for st in loop}) != rep or len(last_lines) != 1
+                    or any(st["action_status"] != "failure" for st in loop)):
+                errors.append(f"{sid}: expected {rep} grown calls failing with one error, each quoting its call")
+        if sc == "path_walk_up":
+            walk = [st for st in steps if st["action_status"] == "failure"
+                    and st["tool_input"].get("command", "").startswith("ls src/")]
+            if len(walk) < 4 or any(st["tool_input"]["command"][3:] not in st["result"] for st in walk):
+                errors.append(f"{sid}: expected ls failures, each naming the path it was given")
         if sc in ("long_view_cycle", "revisit_lookups", "reread_ranges"):
             seen = {}
             for st in steps[ls:]:
