@@ -114,7 +114,7 @@ pub fn keys_from_canonical(
     result: Option<&str>,
     rules: &Normalization,
 ) -> StepKeys {
-    BUFFER.with_borrow_mut(|(buf, text, lines, echo)| {
+    BUFFER.with_borrow_mut(|(buf, text, lines)| {
         buf.clear();
         buf.extend_from_slice(tool.as_bytes());
         buf.push(SEPARATOR);
@@ -124,9 +124,12 @@ pub fn keys_from_canonical(
         let call = hash64(buf, CALL_SEED);
         let shape_of_call = call_shape(&buf[tool.len() + 1..]);
         let failure = is_failure(status);
-        if failure && result.is_some() {
-            input_words(&buf[tool.len() + 1..], echo);
-        }
+        // Only a failure's reply reads the input's words.
+        let echo = if failure && result.is_some() {
+            WordSet::of(&buf[tool.len() + 1..])
+        } else {
+            WordSet::default()
+        };
 
         buf.clear();
         buf.extend_from_slice(status.as_bytes());
@@ -146,15 +149,12 @@ pub fn keys_from_canonical(
         let outcome = hash64(buf, OUTCOME_SEED);
         let exact = match result {
             None => outcome,
-            Some(_) if failure => reply(status, text, echo),
+            Some(_) if failure => reply(status, text, &echo),
             Some(r) => hash64(
                 &r.as_bytes()[..r.len().min(EXACT_BYTES)],
                 EXACT_SEED ^ r.len() as u64,
             ),
         };
-        if echo.capacity() > MAX_KEPT_BUFFER / 8 {
-            *echo = Vec::new();
-        }
         for kept in [&mut *buf, &mut *text] {
             if kept.capacity() > MAX_KEPT_BUFFER {
                 *kept = Vec::new();
@@ -244,61 +244,85 @@ const WORD_BYTE: [bool; 256] = {
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    static BUFFER: std::cell::RefCell<Buffers> =
-        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default(), Vec::new()));
+    /// The hashed bytes, the normalized text, the result's shape buffers.
+    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch)> =
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default()));
 }
-
-/// The hashed bytes, the normalized text, the result's shape buffers, the input's words
-/// (for a failure's reply).
-type Buffers = (Vec<u8>, Vec<u8>, Scratch, Vec<u64>);
 
 /// The words of a failed call's input its reply may echo are read from its first this
 /// many bytes.
-pub const ECHO_INPUT_BYTES: usize = 4096;
+pub const ECHO_INPUT_BYTES: usize = 512;
 /// A failure's reply is read from the first this many bytes of its normalized result.
-pub const REPLY_BYTES: usize = 2048;
+pub const REPLY_BYTES: usize = 1024;
 
 /// Calls `each` with the hash of every word of `text` (as [`call_shape`]'s words: runs
-/// of letters, digits, `_` and non-ASCII bytes). A backslash and the byte after it end
-/// a word: in canonical JSON, `\n` is a line break, not the letter `n`.
+/// of letters, digits, `_` and non-ASCII bytes, gathered eight bytes to a register). A
+/// backslash and the byte after it end a word: in canonical JSON, `\n` is a line
+/// break, not the letter `n`.
 fn each_word(text: &[u8], mut each: impl FnMut(u64)) {
-    let (mut hash, mut in_word, mut escaped) = (WORD_SEED, false, false);
+    let (mut hash, mut chunk, mut filled) = (WORD_SEED, 0u64, 0);
+    let (mut in_word, mut escaped) = (false, false);
     for &byte in text {
         let word_byte = !escaped && WORD_BYTE[usize::from(byte)];
         escaped = !escaped && byte == b'\\';
         if word_byte {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            chunk |= u64::from(byte) << (8 * filled);
+            filled += 1;
+            if filled == 8 {
+                hash = mix_word(hash, chunk);
+                (chunk, filled) = (0, 0);
+            }
             in_word = true;
         } else if in_word {
-            each(hash);
-            (hash, in_word) = (WORD_SEED, false);
+            each(mix_word(hash, chunk));
+            (hash, chunk, filled, in_word) = (WORD_SEED, 0, 0, false);
         }
     }
     if in_word {
-        each(hash);
+        each(mix_word(hash, chunk));
     }
 }
 
-/// The words of a call's collapsed input, sorted, for [`reply`].
-fn input_words(input: &[u8], words: &mut Vec<u64>) {
-    words.clear();
-    each_word(&input[..input.len().min(ECHO_INPUT_BYTES)], |w| {
-        words.push(w)
-    });
-    words.sort_unstable();
-    words.dedup();
+/// The words of a call's input (its first [`ECHO_INPUT_BYTES`] bytes), as a Bloom
+/// filter of 2,048 bits, two a word: no allocation, no sort. At the at most ~100 words
+/// of 512 bytes, about one word in a hundred that the input does not hold reads as held
+/// (an error word dropped from the reply alike from every reply of that call).
+#[derive(Default)]
+struct WordSet([u64; 32]);
+
+impl WordSet {
+    fn of(input: &[u8]) -> Self {
+        let mut set = Self::default();
+        each_word(&input[..input.len().min(ECHO_INPUT_BYTES)], |w| {
+            for bit in Self::bits(w) {
+                set.0[bit / 64] |= 1 << (bit % 64);
+            }
+        });
+        set
+    }
+
+    fn bits(word: u64) -> [usize; 2] {
+        let h = word.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        [(h >> 53) as usize, ((h >> 32) & 2047) as usize]
+    }
+
+    fn contains(&self, word: u64) -> bool {
+        Self::bits(word)
+            .iter()
+            .all(|&bit| self.0[bit / 64] >> (bit % 64) & 1 == 1)
+    }
 }
 
 /// A failure's *reply*: the status and the words of its normalized result (ids and
 /// hex ids already `<ID>`, its first [`REPLY_BYTES`] bytes) that are not words of the
-/// call's own input (`input_words`), in order. An error that echoes the command it
+/// call's own input ([`WordSet`]), in order. An error that echoes the command it
 /// rejects (`cat: notes.txt: No such file`, a quoting error quoting the grown
 /// pipeline) is the same reply whatever the command; a number the input does not hold
 /// is kept, so "3 tests failed", then "2 tests failed", are different replies.
-fn reply(status: &str, result: &[u8], input: &[u64]) -> u64 {
+fn reply(status: &str, result: &[u8], input: &WordSet) -> u64 {
     let mut reply = hash64(status.as_bytes(), REPLY_SEED);
     each_word(&result[..result.len().min(REPLY_BYTES)], |w| {
-        if input.binary_search(&w).is_err() {
+        if !input.contains(w) {
             reply = mix(reply ^ w, S1);
         }
     });
