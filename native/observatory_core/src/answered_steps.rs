@@ -779,6 +779,57 @@ mod tests {
     }
 
     #[test]
+    fn the_byte_count_covers_the_tables_entries_of_every_step_session_and_agent() {
+        let store = AnsweredSteps::new();
+        let names: Vec<String> = (0..100).map(|n| format!("n{n}")).collect();
+        for name in &names {
+            let id = StepId {
+                session: name,
+                step: "1",
+                agent: name,
+            };
+            assert!(matches!(
+                store.claim(id, fp(1), 7, 0, WIDE_OPEN, |_| false),
+                Claim::New(_)
+            ));
+        }
+        let bytes = store.stats().bytes;
+        // As `Stats::bytes` says: the ids and answers held, the slab, and the index and
+        // the session and agent tables at their capacity.
+        let inner = store.store.lock();
+        fn capacity<T>(t: &Tables<T>) -> usize {
+            t.0.iter().map(HashTable::capacity).sum()
+        }
+        let index = capacity(&inner.index);
+        let names = capacity(&inner.sessions) + capacity(&inner.agents);
+        assert!(index >= 100 && names >= 200, "{index} {names}");
+        let slab = inner.slab.chunks.len() * CHUNK * std::mem::size_of::<Slot<u32>>();
+        assert_eq!(
+            bytes,
+            inner.heap_bytes
+                + slab
+                + index * std::mem::size_of::<(u64, u32)>()
+                + names * std::mem::size_of::<Named>()
+        );
+    }
+
+    #[test]
+    fn an_answer_stored_again_replaces_the_first_in_the_byte_count() {
+        let twice = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&twice, id("s", "1"), 1, 0, WIDE) else {
+            panic!("a new step is claimed")
+        };
+        assert!(twice.complete("s", "1", seq, &[0; 300]));
+        assert!(twice.complete("s", "1", seq, &[0; 10]));
+        let once = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&once, id("s", "1"), 1, 0, WIDE) else {
+            panic!("a new step is claimed")
+        };
+        assert!(once.complete("s", "1", seq, &[0; 10]));
+        assert_eq!(twice.stats(), once.stats());
+    }
+
+    #[test]
     fn many_distinct_steps_stay_within_the_caps_and_the_bytes_stay_flat() {
         // 200 000 here (debug builds are slow); the Elixir suite runs a million through
         // the NIF.
