@@ -10,11 +10,14 @@
 # check's cost per step is the difference, and their ratio. Then steps sent twice:
 # the second time each is a retry, answered from memory (a replay).
 # HTTP: wrk POSTing ~600-byte envelopes (a file read and a few lines of its content)
-# to /api/v1/decision_logs against the same server's cheapest routes, measured right
-# before: GET /assets/dashboard.css (a 3.6 KiB stylesheet sent from memory) and a
-# 404 (the router's answer to an unknown path). The faster of the two is the
-# baseline: the cost of HTTP alone. (/healthz checks Mnesia and the stores: not
-# the cheapest.)
+# to /api/v1/decision_logs against the same server's cheapest routes, in alternating
+# rounds (3; medians): GET /assets/dashboard.css (a 3.6 KiB stylesheet sent from
+# memory) and a 404 (the router's answer to an unknown path). The faster of the two
+# is the baseline: the cost of HTTP alone. (/healthz checks Mnesia and the stores:
+# not the cheapest.) Beside them, the same body POSTed to the 404: what a request
+# body costs the server when no handler reads it. Each route also gets the server's
+# CPU time per request (the VM's, over the run), which other programs on the
+# machine do not move as much as they move the rates.
 alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
@@ -23,6 +26,7 @@ http_only? = "--http" in System.argv()
 # Rounds with the check and without it, alternately; steps per caller in each.
 {rounds, per_caller} = if quick?, do: {3, 20_000}, else: {7, 50_000}
 wrk_seconds = if quick?, do: 3, else: 10
+http_rounds = 3
 
 intents = ~w(search plan execute summarize)
 tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
@@ -165,7 +169,8 @@ if System.find_executable("wrk") do
   # Every run the same client work (wrk's Lua builds the ~600-byte body each time); the
   # baselines build it and send a GET without it, so only the server's work differs.
   lua = fn path, send_body? ->
-    script = Path.join(System.tmp_dir!(), "observatory_wrk_#{:erlang.phash2(path)}.lua")
+    script =
+      Path.join(System.tmp_dir!(), "observatory_wrk_#{:erlang.phash2({path, send_body?})}.lua")
 
     File.write!(script, """
     wrk.headers["Content-Type"] = "application/json"
@@ -190,28 +195,60 @@ if System.find_executable("wrk") do
     script
   end
 
-  wrk = fn args ->
-    {out, 0} = System.cmd("wrk", ["-t2", "-c32", "-d#{wrk_seconds}s" | args])
+  # Requests per second, and the server's CPU time per request: the VM's whole CPU
+  # time over the run (its schedulers, and anything a request sets off in other
+  # processes) divided by the requests answered. wrk's own work is not in it.
+  wrk = fn script ->
+    :erlang.statistics(:runtime)
+    {out, 0} = System.cmd("wrk", ["-t2", "-c32", "-d#{wrk_seconds}s", "-s", script, url])
+    {_, cpu_ms} = :erlang.statistics(:runtime)
+    [_, total] = Regex.run(~r/(\d+) requests in/, out)
     [_, rps] = Regex.run(~r/Requests\/sec:\s+([\d.]+)/, out)
     [_, non2xx] = Regex.run(~r/Non-2xx or 3xx responses: (\d+)/, out) || [nil, "0"]
-    {String.to_float(rps), String.to_integer(non2xx)}
+
+    {String.to_float(rps), cpu_ms * 1000 / max(String.to_integer(total), 1),
+     String.to_integer(non2xx)}
   end
 
-  {asset, _} = wrk.(["-s", lua.("/assets/dashboard.css", false), url])
-  {not_found, _} = wrk.(["-s", lua.("/no-such-page", false), url])
-  {ingest, errors} = wrk.(["-s", lua.("/api/v1/decision_logs", true), url])
-  baseline = max(asset, not_found)
+  # The cheapest routes (the baselines), a body sent to the 404 (what reading past a
+  # body costs, no handler), and the ingest. In alternating rounds, so that the
+  # machine's other work slows each alike; each round's ingest is a share of that
+  # round's faster baseline, and the table gives the medians.
+  routes = [
+    {"GET /assets/dashboard.css (a stylesheet from memory)",
+     lua.("/assets/dashboard.css", false)},
+    {"GET /no-such-page (the router's 404)", lua.("/no-such-page", false)},
+    {"POST /no-such-page, the ~600-byte step as its body (404)", lua.("/no-such-page", true)},
+    {"POST /api/v1/decision_logs, ~600-byte step", lua.("/api/v1/decision_logs", true)}
+  ]
 
-  IO.puts("\nHTTP (wrk -t2 -c32 -d#{wrk_seconds}s, wrk and the server share the machine)")
-  IO.puts("| endpoint | requests/s |")
-  IO.puts("|---|---:|")
-  IO.puts("| GET /assets/dashboard.css | #{round(asset)} |")
-  IO.puts("| GET /no-such-page (404) | #{round(not_found)} |")
+  rounds =
+    for _round <- 1..http_rounds do
+      results = for {name, script} <- routes, do: {name, wrk.(script)}
+      [{_, {asset, _, _}}, {_, {not_found, _, _}} | _] = results
+      {results, max(asset, not_found)}
+    end
+
+  median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
 
   IO.puts(
-    "| POST /api/v1/decision_logs, ~600-byte step | #{round(ingest)} " <>
-      "(#{Float.round(ingest / baseline * 100, 1)}% of the faster route, #{errors} non-2xx) |"
+    "\nHTTP (wrk -t2 -c32 -d#{wrk_seconds}s, #{http_rounds} alternating rounds, medians; " <>
+      "wrk and the server share the machine)"
   )
+
+  IO.puts("| route | requests/s | share of the faster baseline | server CPU a request |")
+  IO.puts("|---|---:|---:|---:|")
+
+  for {{name, _script}, i} <- Enum.with_index(routes) do
+    per_round = for {results, baseline} <- rounds, do: {elem(Enum.at(results, i), 1), baseline}
+    rps = median.(for {{rps, _, _}, _} <- per_round, do: rps)
+    share = median.(for {{rps, _, _}, baseline} <- per_round, do: rps / baseline * 100)
+    cpu = median.(for {{_, cpu, _}, _} <- per_round, do: cpu)
+    non2xx = Enum.sum(for {{_, _, n}, _} <- per_round, do: n)
+    # The 404s answer 404 by design; any other route's non-2xx answer is a failure.
+    failed = if String.contains?(name, "404"), do: "", else: " (#{non2xx} non-2xx)"
+    IO.puts("| #{name} | #{round(rps)}#{failed} | #{Float.round(share, 1)} % | #{r.(cpu)} µs |")
+  end
 else
   IO.puts("\nwrk not found: install it (bin/setup does) for the HTTP figures")
 end

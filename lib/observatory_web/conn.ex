@@ -79,8 +79,7 @@ defmodule ObservatoryWeb.Conn do
     }
     |> refuse_unless(Enum.all?(segments, &match?({:ok, _}, &1)), "the path is not valid UTF-8")
     |> refuse_unless(is_map(query), "the query string is not valid UTF-8")
-    |> refuse_unless(headers_utf8?(headers), "a header is not valid UTF-8")
-    |> refuse_unless(header_values_clean?(headers), "a header value contains a control character")
+    |> check_headers(headers)
     |> refuse_unless(content_length_ok?(headers), "Content-Length must be a decimal number")
     |> refuse_unless(
       not (chunked?(headers) and header_value(headers, "content-length") != nil),
@@ -122,8 +121,7 @@ defmodule ObservatoryWeb.Conn do
 
   @doc false
   # ASCII lowercase: header names are compared byte for byte, whatever their bytes.
-  def downcase(name),
-    do: for(<<c <- name>>, into: "", do: <<if(c in ?A..?Z, do: c + 32, else: c)>>)
+  def downcase(name), do: String.downcase(name, :ascii)
 
   # One value per name, a repeated header's values joined with ", " (RFC 9110 §5.3),
   # as MochiWeb gives them: two Authorization headers make one value no key matches.
@@ -139,7 +137,14 @@ defmodule ObservatoryWeb.Conn do
   end
 
   # Strict: a `%` not followed by two hex digits is an error (URI.decode/1 keeps it).
+  # A segment without a `%` is itself (most are).
   defp decode_segment(seg) do
+    if :binary.match(seg, "%") == :nomatch,
+      do: if(String.valid?(seg), do: {:ok, seg}, else: :error),
+      else: percent_decode_segment(seg)
+  end
+
+  defp percent_decode_segment(seg) do
     with {:ok, decoded} <- percent_decode(seg, []),
          true <- String.valid?(decoded) do
       {:ok, decoded}
@@ -156,6 +161,8 @@ defmodule ObservatoryWeb.Conn do
   defp percent_decode(<<byte, rest::binary>>, acc), do: percent_decode(rest, [acc, byte])
   defp percent_decode(<<>>, acc), do: {:ok, IO.iodata_to_binary(acc)}
 
+  defp decode_query(""), do: %{}
+
   defp decode_query(query) do
     decoded = URI.decode_query(query)
     if Enum.all?(decoded, fn {k, v} -> String.valid?(k) and String.valid?(v) end), do: decoded
@@ -163,12 +170,34 @@ defmodule ObservatoryWeb.Conn do
     ArgumentError -> nil
   end
 
+  # Every name and value valid UTF-8, and no value holding a control character: a
+  # folded line's `\r\n ` and a bare `\r` kept inside a value (MochiWeb keeps them),
+  # passed on (the proxy forwards `anthropic-version`), would split an upstream head.
+  # Tab is the one control character a value may hold (RFC 9110 field-vchar, OWS).
+  # One pass over each (`clean?/1`); only a header that fails it is looked at again,
+  # to say which rule it broke.
+  defp check_headers(conn, headers) do
+    if Enum.all?(headers, fn {name, value} -> clean?(name) and clean?(value) end) do
+      conn
+    else
+      conn
+      |> refuse_unless(headers_utf8?(headers), "a header is not valid UTF-8")
+      |> refuse_unless(
+        header_values_clean?(headers),
+        "a header value contains a control character"
+      )
+    end
+  end
+
+  # Printable ASCII, tab, or a valid multi-byte UTF-8 character, to the end.
+  defp clean?(<<c, rest::binary>>) when c in 0x20..0x7E or c == ?\t, do: clean?(rest)
+  defp clean?(<<c::utf8, rest::binary>>) when c >= 0x80, do: clean?(rest)
+  defp clean?(<<>>), do: true
+  defp clean?(_other), do: false
+
   defp headers_utf8?(headers),
     do: Enum.all?(headers, fn {name, value} -> String.valid?(name) and String.valid?(value) end)
 
-  # A folded line's `\r\n ` and a bare `\r` kept inside a value (MochiWeb keeps them),
-  # passed on (the proxy forwards `anthropic-version`), would split an upstream head.
-  # Tab is the one control character a value may hold (RFC 9110 field-vchar, OWS).
   defp header_values_clean?(headers),
     do: Enum.all?(headers, fn {_name, value} -> not control_char?(value) end)
 
@@ -200,12 +229,12 @@ defmodule ObservatoryWeb.Conn do
   @spec cookie(t(), String.t()) :: String.t() | nil
   def cookie(%__MODULE__{adapter: adapter, req: req}, name), do: adapter.cookie(req, name)
 
-  @doc "The request's media type (`content-type` without parameters), lowercased."
+  @doc "The request's media type (`content-type` without parameters), lowercased (ASCII: media types are ASCII tokens)."
   @spec content_type(t()) :: String.t() | nil
   def content_type(conn) do
     case header(conn, "content-type") do
       nil -> nil
-      value -> value |> String.split(";") |> hd() |> String.trim() |> String.downcase()
+      value -> value |> String.split(";") |> hd() |> String.trim() |> downcase()
     end
   end
 

@@ -399,6 +399,115 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     end
   end
 
+  describe "issue 24: a Content-Length body is read whole, in as few reads as it arrives in" do
+    defp ingest_request(envelope, extra \\ []) do
+      body = Observatory.JSON.encode!(envelope)
+      {post_head(["Content-Length: #{byte_size(body)}" | extra]), body}
+    end
+
+    test "a 300 KiB step sent in pieces is read whole and answered; the connection is kept" do
+      content = String.duplicate("0123456789abcdef", 300 * 64)
+      envelope = HTTP.envelope(%{"action" => %{"result" => %{"content" => content}}})
+      {head, body} = ingest_request(envelope)
+      socket = connect()
+      # Every read of the socket the server makes, counted (MochiWeb read 8 KiB at a time).
+      :erlang.trace_pattern({:mochiweb_socket, :recv, 3}, true, [:global])
+      :erlang.trace(:all, true, [:call, {:tracer, self()}])
+
+      on_exit(fn ->
+        :erlang.trace(:all, false, [:call])
+        :erlang.trace_pattern({:mochiweb_socket, :recv, 3}, false, [:global])
+      end)
+
+      :ok = :gen_tcp.send(socket, head)
+      # Three pieces, the client pausing between them, as a slow network delivers them.
+      third = div(byte_size(body), 3)
+      <<one::binary-size(third), two::binary-size(third), three::binary>> = body
+
+      for piece <- [one, two, three] do
+        :ok = :gen_tcp.send(socket, piece)
+        Process.sleep(20)
+      end
+
+      {answer, answer_body, ""} = read_answer(socket)
+      :erlang.trace(:all, false, [:call])
+      assert answer =~ ~r"^http/1.1 200 "
+      refute answer =~ "connection: close"
+      assert read_lengths() == [byte_size(body)]
+      assert {:ok, %{"step_id" => step_id}} = Observatory.JSON.decode(answer_body)
+      assert step_id == envelope["meta"]["step_id"]
+
+      :ok = :gen_tcp.send(socket, @get_404)
+      {answer, _body, ""} = read_answer(socket)
+      assert answer =~ ~r"^http/1.1 404 "
+      :gen_tcp.close(socket)
+    end
+
+    defp read_lengths do
+      receive do
+        {:trace, _pid, :call, {:mochiweb_socket, :recv, [_socket, length, _timeout]}} ->
+          [length | read_lengths()]
+      after
+        0 -> []
+      end
+    end
+
+    test "pipelined after a body that was read, the next request is read from its first byte" do
+      {head, body} = ingest_request(HTTP.envelope())
+      socket = connect()
+      :ok = :gen_tcp.send(socket, head <> body <> @get_404)
+      {first, _, more} = read_answer(socket)
+      {second, _, rest} = read_answer(socket, more)
+      assert first =~ ~r"^http/1.1 200 " and second =~ ~r"^http/1.1 404 "
+      assert rest == ""
+      :gen_tcp.close(socket)
+    end
+
+    test "Expect: 100-continue: the client is told to go on, then its body is read and answered" do
+      envelope = HTTP.envelope()
+      {head, body} = ingest_request(envelope, ["Expect: 100-continue"])
+      socket = connect()
+      :ok = :gen_tcp.send(socket, head)
+      {:ok, continue} = :gen_tcp.recv(socket, 0, 3_000)
+      assert continue =~ ~r"^HTTP/1.1 100 Continue\r\n"
+      :ok = :gen_tcp.send(socket, body)
+      {answer, answer_body, ""} = read_answer(socket)
+      assert answer =~ ~r"^http/1.1 200 "
+      assert {:ok, %{"step_id" => step_id}} = Observatory.JSON.decode(answer_body)
+      assert step_id == envelope["meta"]["step_id"]
+      :gen_tcp.close(socket)
+    end
+
+    test "a body announced over the limit is refused 413 before it is sent, and the connection closes" do
+      # Nothing of the 5 MiB is sent: the answer cannot have waited for it.
+      {answer, state} = exchange(post_head(["Content-Length: #{5 * 1024 * 1024}"]))
+      assert answer =~ ~r"^HTTP/1.1 413 "
+      assert String.downcase(answer) =~ "connection: close"
+      assert state == :closed
+    end
+
+    test "header names are matched in any case, known to the parser or not" do
+      envelope = HTTP.envelope()
+      body = Observatory.JSON.encode!(envelope)
+
+      request =
+        Enum.join(
+          [
+            "POST /api/v1/decision_logs HTTP/1.1",
+            "HOST: localhost",
+            "CONTENT-TYPE: application/json",
+            "x-AGENT-key: #{HTTP.agent_key()}",
+            "content-LENGTH: #{byte_size(body)}"
+          ],
+          "\r\n"
+        ) <> "\r\n\r\n" <> body
+
+      {answer, _state} = exchange(request, 1_000)
+      assert answer =~ ~r"^HTTP/1.1 200 "
+      assert answer =~ envelope["meta"]["step_id"]
+    end
+  end
+
   describe "finding 4: error answers and logs are capped" do
     test "1 MiB of bad NDJSON lines gives a small answer and a small log" do
       body = String.duplicate("x\n", div(1024 * 1024, 2))

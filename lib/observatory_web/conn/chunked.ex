@@ -43,7 +43,9 @@ defmodule ObservatoryWeb.Conn.Chunked do
     end
   end
 
-  defp continue_if_expected(req) do
+  @doc false
+  # `100 Continue` before a body is read, when the client waits for it (RFC 9110 §10.1.1).
+  def continue_if_expected(req) do
     case :mochiweb_request.get_header_value(~c"expect", req) do
       :undefined ->
         :ok

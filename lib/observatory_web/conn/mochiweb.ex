@@ -31,12 +31,22 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
         req
         |> then(&:mochiweb_request.get(:headers, &1))
         |> :mochiweb_headers.to_list()
-        |> Enum.map(fn {name, value} ->
-          {ObservatoryWeb.Conn.downcase(bytes(name)), bytes(value)}
-        end),
+        |> Enum.map(fn {name, value} -> {header_name(name), bytes(value)} end),
       remote_ip: peer(req)
     }
   end
+
+  # Erlang's HTTP parser gives the header names it knows as atoms (`:"Content-Type"`):
+  # their lowercase names are written here once, at compile time.
+  for name <- ~w(Accept Accept-Charset Accept-Encoding Accept-Language Authorization
+                 Cache-Control Connection Content-Encoding Content-Length Content-Type
+                 Cookie Host If-Modified-Since If-None-Match Keep-Alive
+                 Proxy-Authorization Range Referer Transfer-Encoding Upgrade User-Agent
+                 X-Forwarded-For)a do
+    defp header_name(unquote(name)), do: unquote(String.downcase(Atom.to_string(name)))
+  end
+
+  defp header_name(name), do: ObservatoryWeb.Conn.downcase(bytes(name))
 
   # MochiWeb hands out paths and header values as lists of bytes: keep the bytes
   # (`to_string/1` would read each byte as a code point and hide invalid UTF-8).
@@ -46,10 +56,26 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
 
   # The socket's peer: MochiWeb's own `peer` believes X-Forwarded-For when the peer
   # is on loopback or a private network, which would let a client pick its address.
+  # Asked once per connection (a system call), not once per request.
+  @peer_key {__MODULE__, :peer}
+
   defp peer(req) do
-    case :mochiweb_socket.peername(:mochiweb_request.get(:socket, req)) do
-      {:ok, {address, _port}} -> address |> :inet.ntoa() |> to_string()
-      _ -> nil
+    socket = :mochiweb_request.get(:socket, req)
+
+    case Process.get(@peer_key) do
+      {^socket, address} ->
+        address
+
+      _ ->
+        case :mochiweb_socket.peername(socket) do
+          {:ok, {address, _port}} ->
+            address = address |> :inet.ntoa() |> to_string()
+            Process.put(@peer_key, {socket, address})
+            address
+
+          _ ->
+            nil
+        end
     end
   end
 
@@ -66,14 +92,58 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     end)
   end
 
+  # A Content-Length body: refused before a byte is read when it announces more than
+  # `max`, else read whole, in pieces of up to @max_piece bytes. (MochiWeb's
+  # `recv_body` reads in pieces of its 8 KiB receive buffer: a 1 MiB body took 128
+  # round trips to the socket driver, and a 600-byte step went through its
+  # streaming machinery for one `recv`.) What it records is what MochiWeb's reader
+  # records: the body was read (the connection is kept) and what it was (a second
+  # read answers the same body).
   defp recv_body(req, max) do
-    case :mochiweb_request.recv_body(max, req) do
-      :undefined -> {:ok, ""}
-      body -> {:ok, IO.iodata_to_binary(body)}
+    case Process.get(:mochiweb_request_body) do
+      nil -> recv_body(req, max, content_length(req))
+      body -> {:ok, body}
     end
-  catch
-    :exit, {:body_too_large, _} -> {:error, :too_large}
-    :exit, :body_too_large -> {:error, :too_large}
+  end
+
+  defp recv_body(_req, _max, nil), do: {:ok, ""}
+  defp recv_body(_req, max, length) when length > max, do: {:error, :too_large}
+
+  defp recv_body(req, _max, length) do
+    ObservatoryWeb.Conn.Chunked.continue_if_expected(req)
+    body = recv_exactly(:mochiweb_request.get(:socket, req), length, [])
+    Process.put(:mochiweb_request_recv, true)
+    Process.put(:mochiweb_request_body, body)
+    {:ok, body}
+  end
+
+  @max_piece 1024 * 1024
+  @recv_timeout 300_000
+
+  defp recv_exactly(_socket, 0, acc), do: acc |> Enum.reverse() |> IO.iodata_to_binary()
+
+  defp recv_exactly(socket, left, acc) do
+    piece = min(left, @max_piece)
+
+    case :mochiweb_socket.recv(socket, piece, @recv_timeout) do
+      {:ok, data} -> recv_exactly(socket, left - piece, [data | acc])
+      # As MochiWeb's reader: the client is gone, the connection's process ends.
+      {:error, _} -> exit({:shutdown, :recv_error})
+    end
+  end
+
+  # Conn.new/3 has refused a Content-Length that is not a decimal number.
+  defp content_length(req) do
+    case :mochiweb_request.get_combined_header_value(~c"content-length", req) do
+      :undefined ->
+        nil
+
+      value ->
+        case Integer.parse(bytes(value)) do
+          {length, ""} -> length
+          _padded -> value |> bytes() |> String.trim() |> String.to_integer()
+        end
+    end
   end
 
   defp chunked?(req) do
