@@ -10,31 +10,7 @@ defmodule Observatory.DocsLinksTest do
     [Path.join(@root, "README.md") | Path.wildcard(Path.join(@root, "docs/*.md"))]
   end
 
-  # Text outside fenced code blocks and inline code: links there are examples.
-  defp prose(text) do
-    text
-    |> String.split(~r/^(```|~~~).*$/m)
-    |> Enum.take_every(2)
-    |> Enum.join("\n")
-    |> String.replace(~r/`[^`\n]*`/, "")
-  end
-
-  @doc false
-  def links(text) do
-    text = prose(text)
-
-    inline =
-      for [_, target] <-
-            Regex.scan(~r/!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/, text),
-          do: target
-
-    reference = for [_, target] <- Regex.scan(~r/^\s*\[[^\]]+\]:\s+(\S+)/m, text), do: target
-
-    html =
-      for [_, target] <- Regex.scan(~r/<(?:a|img)\s[^>]*(?:href|src)="([^"]+)"/, text), do: target
-
-    inline ++ reference ++ html
-  end
+  defp links(text), do: Observatory.Test.MarkdownLinks.links(text)
 
   @doc "The anchors GitHub gives a Markdown file's headings, duplicates numbered."
   def anchors(text) do

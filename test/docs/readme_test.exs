@@ -10,7 +10,7 @@ defmodule Observatory.DocsReadmeTest do
   defp guides, do: Path.wildcard(Path.join(@root, "docs/*.md"))
 
   defp linked(file) do
-    for target <- Observatory.DocsLinksTest.links(File.read!(file)),
+    for target <- Observatory.Test.MarkdownLinks.links(File.read!(file)),
         not String.starts_with?(target, ["http:", "https:", "#"]),
         do: target |> String.split("#") |> hd() |> Path.expand(Path.dirname(file))
   end

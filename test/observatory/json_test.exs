@@ -10,6 +10,14 @@ defmodule Observatory.JSONTest do
     assert {:ok, ^value} = value |> JSON.encode!() |> JSON.decode()
   end
 
+  test "objects of every size around the no-allocation bound decode whole, arrays in order" do
+    for n <- [0, 1, 15, 16, 17, 40] do
+      object = Map.new(1..n//1, &{"k#{&1}", [&1, %{"n" => &1}, "v#{&1}"]})
+      assert {:ok, ^object} = object |> JSON.encode!() |> JSON.decode()
+      assert {:ok, [^object, 1, [2, [3]]]} = JSON.decode(JSON.encode!([object, 1, [2, [3]]]))
+    end
+  end
+
   test "atoms become strings, nil null" do
     assert JSON.encode!(%{severity: :loop, x: nil}) == ~s({"severity":"loop","x":null})
   end

@@ -10,7 +10,9 @@ use serde_json::{Map, Value};
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
-use crate::stable_json::{hash_parts, stable_stringify, stable_stringify_without, Digest};
+use crate::stable_json::{
+    hash_parts, stable_stringify, stable_stringify_into, stable_stringify_without, Digest,
+};
 
 /// The fixed set of `action.status` values; a status's code is its index here.
 /// `Observatory.Gateway.ActionStatus` lists the same values in the same order (a test
@@ -209,23 +211,51 @@ pub struct StepHashes {
 /// and of the result is written once and hashed twice, SHA-256 as it is and the 64-bit
 /// keys after normalization.
 pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
+    TEXTS.with(|texts| {
+        let (input, result_text) = &mut *texts.borrow_mut();
+        let hashes = step_hashes_with(envelope, rules, input, result_text);
+        for text in [input, result_text] {
+            if text.capacity() > KEPT_TEXT_BYTES {
+                *text = String::new();
+            }
+        }
+        hashes
+    })
+}
+
+/// Largest canonical text buffer kept for the next step (a few large results must not
+/// hold memory on every scheduler thread for good).
+const KEPT_TEXT_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// The canonical text of a step's input and of its result, kept between steps on
+    /// this thread: written into memory already there, not grown and copied anew.
+    static TEXTS: std::cell::RefCell<(String, String)> =
+        const { std::cell::RefCell::new((String::new(), String::new())) };
+}
+
+fn step_hashes_with(
+    envelope: &Value,
+    rules: &Normalization,
+    input: &mut String,
+    result_text: &mut String,
+) -> StepHashes {
     let action = &envelope["action"];
     let tool = action["tool_call"].as_str().unwrap_or_default();
     let status = action["status"].as_str().unwrap_or_default();
-    let input = stable_stringify(action.get("tool_input").unwrap_or(&Value::Null));
+    stable_stringify_into(input, action.get("tool_input").unwrap_or(&Value::Null));
     let result = action.get("result");
-    let result_text = result.map(stable_stringify);
+    let result_text = result.map(|result| {
+        stable_stringify_into(result_text, result);
+        result_text.as_str()
+    });
     let approach = hash_parts(&[tool.as_bytes(), input.as_bytes()]);
-    let outcome = result_text
-        .as_ref()
-        .map(|text| hash_parts(&[status.as_bytes(), text.as_bytes()]));
-    let verdict_result = result_text
-        .as_deref()
-        .filter(|_| !result.is_some_and(Value::is_null));
+    let outcome = result_text.map(|text| hash_parts(&[status.as_bytes(), text.as_bytes()]));
+    let verdict_result = result_text.filter(|_| !result.is_some_and(Value::is_null));
     StepHashes {
         approach,
         outcome,
-        verdict: keys::keys_from_canonical(tool, status, &input, verdict_result, rules),
+        verdict: keys::keys_from_canonical(tool, status, input, verdict_result, rules),
     }
 }
 

@@ -82,11 +82,25 @@ pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
             _ => n.as_f64().unwrap_or(0.0).encode(env),
         },
         Value::String(s) => binary(env, s.as_bytes()),
+        // Built from the tail, cell by cell: no vector of terms in between.
         Value::Array(items) => items
             .iter()
-            .map(|item| value_to_term(env, item))
-            .collect::<Vec<_>>()
-            .encode(env),
+            .rev()
+            .fold(Term::list_new_empty(env), |list, item| {
+                list.list_prepend(value_to_term(env, item))
+            }),
+        Value::Object(map) if map.len() <= SMALL_OBJECT => {
+            // Most objects are small: their terms go on the stack, not into two vectors.
+            let nil = rustler::types::atom::nil().encode(env);
+            let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
+            for (i, (key, value)) in map.iter().enumerate() {
+                keys[i] = binary(env, key.as_bytes());
+                values[i] = value_to_term(env, value);
+            }
+            let n = map.len();
+            Term::map_from_term_arrays(env, &keys[..n], &values[..n])
+                .expect("JSON object keys are unique")
+        }
         Value::Object(map) => {
             let keys: Vec<Term<'a>> = map.keys().map(|k| binary(env, k.as_bytes())).collect();
             let values: Vec<Term<'a>> = map.values().map(|v| value_to_term(env, v)).collect();
@@ -94,6 +108,9 @@ pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
         }
     }
 }
+
+/// Objects up to this many members are built without allocating (see `value_to_term`).
+const SMALL_OBJECT: usize = 16;
 
 /// A term serialized as JSON.
 struct Json<'a> {
