@@ -37,6 +37,7 @@ defmodule Observatory.Cluster do
   @scope :observatory_cluster
   @group :gateways
   @members_key {__MODULE__, :members}
+  @deadline_key {__MODULE__, :deadline}
 
   @defaults [
     poll_ms: 2_000,
@@ -169,7 +170,10 @@ defmodule Observatory.Cluster do
 
   A call is applied at most once. It carries a deadline: an owner that gets it late
   (a node frozen, then thawed) refuses it instead of running it after its caller was
-  told it failed, and the caller never runs it elsewhere after a timeout.
+  told it failed, and the caller never runs it elsewhere after a timeout. A command
+  whose write passes `deadline/0` to `Observatory.Storage.transaction/3` (the
+  step-detector reset) also gives up when its write would commit after the deadline
+  (it waited for the write gate or a lock), so a `503` means it was not applied.
   """
   @spec call_owner(String.t(), module(), atom(), list(), [node()]) ::
           {:ok, term()} | {:error, :owner_unavailable}
@@ -197,7 +201,9 @@ defmodule Observatory.Cluster do
           {:ok, term()} | {:error, :noconnection | :timeout | :late}
   def remote(node, module, fun, args) do
     timeout = rpc_timeout()
-    deadline = System.os_time(:millisecond) + timeout
+    # The owner finishes by the deadline; the rest of the timeout carries a write's
+    # commit and the answer back.
+    deadline = System.os_time(:millisecond) + timeout - div(timeout, 5)
 
     try do
       :erpc.call(node, __MODULE__, :run_before, [deadline, module, fun, args], timeout)
@@ -212,10 +218,26 @@ defmodule Observatory.Cluster do
   # (Wall clocks: the nodes' clocks must agree within a fraction of :rpc_timeout_ms,
   # as NTP keeps them.)
   def run_before(deadline, module, fun, args) do
-    if System.os_time(:millisecond) <= deadline,
-      do: {:ok, apply(module, fun, args)},
-      else: {:error, :late}
+    if System.os_time(:millisecond) <= deadline do
+      Process.put(@deadline_key, deadline)
+      {:ok, apply(module, fun, args)}
+    else
+      {:error, :late}
+    end
+  rescue
+    # A write that would have committed after the deadline: nothing was written.
+    error in Observatory.Cluster.Unavailable ->
+      if error.reason == :late, do: {:error, :late}, else: reraise(error, __STACKTRACE__)
   end
+
+  @doc """
+  The wall-clock deadline (`System.os_time(:millisecond)`) of the owner call this
+  process runs for another node (`remote/4`), or `nil`: the caller has been told the
+  call failed once it passes. A command passes it to
+  `Observatory.Storage.transaction/3` so that its write is not applied after that.
+  """
+  @spec deadline() :: integer() | nil
+  def deadline, do: Process.get(@deadline_key)
 
   @doc """
   `apply(module, fun, args)` on every member, the lists they return concatenated:

@@ -121,13 +121,22 @@ defmodule Observatory.Storage do
   are being reconciled (a node rejoining, a partition healing) it waits, at most the
   cluster's `:write_timeout_ms`, then raises `Observatory.Cluster.Unavailable`
   (answered `503 cluster_unavailable`) without having written anything.
+
+  `opts`:
+
+    * `:deadline` — a `System.os_time(:millisecond)` (`Observatory.Cluster.deadline/0`)
+      after which the write must not commit: the gate is awaited until then at most,
+      and a transaction whose locks were granted later aborts and raises
+      `Observatory.Cluster.Unavailable` with reason `:late`. Nothing was written.
+      `nil` (the default): no deadline.
   """
-  @spec transaction(String.t(), (() -> result)) :: result when result: term()
-  def transaction(what, fun) do
+  @spec transaction(String.t(), (() -> result), keyword()) :: result when result: term()
+  def transaction(what, fun, opts \\ []) do
     require!()
+    fun = before_deadline(fun, opts[:deadline])
 
     if Observatory.Cluster.enabled?() do
-      timeout = Observatory.Cluster.setting(:write_timeout_ms)
+      timeout = gate_timeout(opts[:deadline])
 
       case Observatory.Cluster.Gate.pass(timeout, fn -> {:done, commit(what, fun)} end) do
         {:done, result} ->
@@ -151,9 +160,34 @@ defmodule Observatory.Storage do
         _ = :mnesia.sync_log()
         result
 
+      {:aborted, {:deadline_passed, late_ms}} ->
+        raise Observatory.Cluster.Unavailable,
+          reason: :late,
+          message:
+            "#{what}: would have committed #{late_ms} ms after its caller's deadline; " <>
+              "nothing was written"
+
       {:aborted, reason} ->
         raise "#{what} transaction aborted: #{inspect(reason)}"
     end
+  end
+
+  # The check runs last in the transaction, once every lock it waited for is held:
+  # only the commit itself comes after it.
+  defp before_deadline(fun, nil), do: fun
+
+  defp before_deadline(fun, deadline) do
+    fn ->
+      result = fun.()
+      late_ms = System.os_time(:millisecond) - deadline
+      if late_ms > 0, do: :mnesia.abort({:deadline_passed, late_ms})
+      result
+    end
+  end
+
+  defp gate_timeout(deadline) do
+    timeout = Observatory.Cluster.setting(:write_timeout_ms)
+    if deadline, do: min(timeout, max(deadline - System.os_time(:millisecond), 0)), else: timeout
   end
 
   @doc """

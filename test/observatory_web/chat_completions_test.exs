@@ -219,7 +219,7 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
       resp = chat(agent, body)
       assert resp.status == 200
       assert resp.body == JSON.decode(Upstream.completion("Hello.")) |> elem(1)
-      assert_received {:upstream_request, ^body, "Bearer sk-upstream"}
+      assert_receive {:upstream_request, ^body, "Bearer sk-upstream"}, 1_000
     end
 
     test "an upstream error in JSON is the agent's to see", %{agent: agent} do

@@ -265,7 +265,7 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
       # The same request with a clean header goes through.
       assert messages_request("anthropic-version: 2023-06-01") =~ "HTTP/1.1 200"
-      assert_received {:upstream_request, _, _}
+      assert_receive {:upstream_request, _, _}, 1_000
     end
 
     test "NUL, DEL and other control bytes are a 400 and apply no pause; a tab is allowed" do

@@ -205,11 +205,17 @@ defmodule Observatory.Gateway.StepDetector do
     durable? = block != nil
 
     if durable? do
-      Storage.transaction("step detector block", fn ->
-        :mnesia.delete({@blocks, session_id})
-        # A replica that missed this reset must not bring the block back.
-        Observatory.Cluster.Tombstones.bury(@blocks, session_id, block.at)
-      end)
+      # Run for another node (`Cluster.call_owner/4`), the reset is not applied after
+      # that node answered its operator 503.
+      Storage.transaction(
+        "step detector block",
+        fn ->
+          :mnesia.delete({@blocks, session_id})
+          # A replica that missed this reset must not bring the block back.
+          Observatory.Cluster.Tombstones.bury(@blocks, session_id, block.at)
+        end,
+        deadline: Observatory.Cluster.deadline()
+      )
     end
 
     if Native.step_reset(store(), session_id) or durable? do

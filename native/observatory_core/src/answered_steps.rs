@@ -779,6 +779,103 @@ mod tests {
     }
 
     #[test]
+    fn the_byte_count_covers_the_tables_entries_of_every_step_session_and_agent() {
+        let store = AnsweredSteps::new();
+        let names: Vec<String> = (0..100).map(|n| format!("n{n}")).collect();
+        for name in &names {
+            let id = StepId {
+                session: name,
+                step: "1",
+                agent: name,
+            };
+            assert!(matches!(
+                store.claim(id, fp(1), 7, 0, WIDE_OPEN, |_| false),
+                Claim::New(_)
+            ));
+        }
+        let bytes = store.stats().bytes;
+        // As `Stats::bytes` says: the ids and answers held, the slab, and the index and
+        // the session and agent tables at their capacity.
+        let inner = store.store.lock();
+        fn capacity<T>(t: &Tables<T>) -> usize {
+            t.0.iter().map(HashTable::capacity).sum()
+        }
+        let index = capacity(&inner.index);
+        let names = capacity(&inner.sessions) + capacity(&inner.agents);
+        assert!(index >= 100 && names >= 200, "{index} {names}");
+        let slab = inner.slab.chunks.len() * CHUNK * std::mem::size_of::<Slot<u32>>();
+        assert_eq!(
+            bytes,
+            inner.heap_bytes
+                + slab
+                + index * std::mem::size_of::<(u64, u32)>()
+                + names * std::mem::size_of::<Named>()
+        );
+    }
+
+    #[test]
+    fn one_step_id_in_many_sessions_is_a_different_step_in_each() {
+        // Enough sessions in the index that some share a step's hash bits in a probe:
+        // only the session and the step together find a claim.
+        let store = AnsweredSteps::new();
+        let sessions: Vec<String> = (0..3_000).map(|n| format!("s{n}")).collect();
+        for session in &sessions {
+            let Claim::New(seq) = claim(&store, id(session, "1"), 1, 0, WIDE_OPEN) else {
+                panic!("step 1 of {session} is new")
+            };
+            assert!(store.complete(session, "1", seq, session.as_bytes()));
+        }
+        for session in &sessions {
+            assert_eq!(
+                claim(&store, id(session, "1"), 1, 1, WIDE_OPEN),
+                Claim::Replay(session.as_bytes().into())
+            );
+        }
+        assert_eq!(store.stats().steps, 3_000);
+    }
+
+    #[test]
+    fn every_step_forgotten_no_id_or_answer_bytes_are_counted() {
+        let store = AnsweredSteps::new();
+        for (session, step, agent) in [("s", "1", "agent"), ("session", "2", "a"), ("s", "3", "a")]
+        {
+            let id = StepId {
+                session,
+                step,
+                agent,
+            };
+            let Claim::New(seq) = store.claim(id, fp(1), 7, 0, WIDE_OPEN, |_| false) else {
+                panic!("a new step is claimed")
+            };
+            assert!(store.complete(session, step, seq, &[0; 40]));
+        }
+        assert!(store.store.lock().heap_bytes > 0);
+        let Claim::New(seq) = claim(&store, id("t", "4"), 1, 5, WIDE_OPEN) else {
+            panic!("a new step is claimed")
+        };
+        assert!(store.release("t", "4", seq));
+        assert_eq!(store.sweep(10, 1), 3);
+        assert_eq!(store.stats().steps, 0);
+        assert_eq!(store.store.lock().heap_bytes, 0);
+    }
+
+    #[test]
+    fn an_answer_stored_again_replaces_the_first_in_the_byte_count() {
+        let twice = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&twice, id("s", "1"), 1, 0, WIDE) else {
+            panic!("a new step is claimed")
+        };
+        assert!(twice.complete("s", "1", seq, &[0; 300]));
+        assert!(twice.complete("s", "1", seq, &[0; 10]));
+        let once = AnsweredSteps::new();
+        let Claim::New(seq) = claim(&once, id("s", "1"), 1, 0, WIDE) else {
+            panic!("a new step is claimed")
+        };
+        assert!(once.complete("s", "1", seq, &[0; 10]));
+        assert_eq!(twice.stats(), once.stats());
+    }
+
+    #[test]
     fn many_distinct_steps_stay_within_the_caps_and_the_bytes_stay_flat() {
         // 200 000 here (debug builds are slow); the Elixir suite runs a million through
         // the NIF.

@@ -394,6 +394,22 @@ mod tests {
     }
 
     #[test]
+    fn results_after_a_user_note_are_the_input_and_those_before_it_are_not() {
+        let args = leak(json!({}));
+        // A user note between two results of one turn: the results after it are the
+        // newest input; those before it were followed by a prompt.
+        let conversation = [
+            user("go"),
+            assistant(None, vec![call("ls", args), call("cat", args)]),
+            results(&["old"]),
+            user("a note"),
+            results(&["new"]),
+        ];
+        assert_eq!(newest_user_input(&conversation).as_deref(), Some("new"));
+        assert_eq!(current_tool_calls(&conversation).len(), 2);
+    }
+
+    #[test]
     fn newest_input_without_tools_is_the_last_user_text() {
         let conversation = [
             user("first question"),

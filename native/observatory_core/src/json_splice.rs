@@ -388,6 +388,18 @@ mod tests {
     }
 
     #[test]
+    fn anthropic_without_a_result_after_the_last_assistant_turn_is_left_alone() {
+        // The result the model has answered already is not the newest one.
+        let answered = json!({"messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "old"}]},
+            {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": "thanks"}
+        ]})
+        .to_string();
+        assert_eq!(appended(&answered, Api::Messages), None);
+    }
+
+    #[test]
     fn responses_function_call_output_string_or_parts() {
         let body = json!({"model": "gpt", "input": [
             {"role": "user", "content": "fix it"},

@@ -211,4 +211,69 @@ defmodule Observatory.Gateway.StepDetectorTest do
       _ -> flunk("the step detector did not come back")
     end
   end
+
+  # A reset asked by another node runs on the session's owner under the caller's
+  # deadline (Observatory.Cluster.call_owner/4): once it passes, the caller has
+  # answered its operator 503, so the reset must not be applied after that.
+  describe "an owner's deadline is checked while its reset's transaction waits" do
+    test "a reset whose write would commit after the caller's deadline is not applied, and is answered late",
+         %{sid: sid} do
+      for _ <- 1..6, do: step(sid, :a, :x)
+      assert [_] = :mnesia.dirty_read(:observatory_step_blocks, sid)
+      holder = hold_write_lock(sid)
+
+      deadline = System.os_time(:millisecond) + 500
+      reset = Task.async(fn -> run_before(deadline, sid) end)
+      # The reset started in time, and its transaction waits for the lock...
+      await(fn -> in_transaction?(reset.pid) end)
+      # ... until after its deadline (a wall-clock time: nothing else to await).
+      Process.sleep(max(deadline - System.os_time(:millisecond) + 1, 0))
+      send(holder, :release)
+
+      assert {:error, :late} = Task.await(reset)
+      assert [_] = :mnesia.dirty_read(:observatory_step_blocks, sid)
+      assert %{blocked: true} = StepDetector.state(sid)
+      refute_received %{event_type: "loop_detection", kind: "reset"}
+    end
+
+    test "a reset that commits before the caller's deadline is applied", %{sid: sid} do
+      for _ <- 1..6, do: step(sid, :a, :x)
+      assert {:ok, :ok} = run_before(System.os_time(:millisecond) + 5_000, sid)
+      assert [] = :mnesia.dirty_read(:observatory_step_blocks, sid)
+      assert %{blocked: false} = StepDetector.state(sid)
+      assert_received %{event_type: "loop_detection", kind: "reset", operator: "alice"}
+    end
+  end
+
+  defp run_before(deadline, sid),
+    do: Observatory.Cluster.run_before(deadline, StepDetector, :reset, [sid, [operator: "alice"]])
+
+  # A process holding the write lock of `sid`'s durable block until sent `:release`.
+  defp hold_write_lock(sid) do
+    test = self()
+
+    holder =
+      spawn_link(fn ->
+        {:atomic, :ok} =
+          :mnesia.transaction(fn ->
+            :mnesia.lock({:record, :observatory_step_blocks, sid}, :write)
+            send(test, {:locked, self()})
+            receive do: (:release -> :ok)
+          end)
+      end)
+
+    assert_receive {:locked, ^holder}
+    holder
+  end
+
+  defp in_transaction?(pid),
+    do: Enum.any?(:mnesia.system_info(:transactions), &match?({_tid, ^pid, _}, &1))
+
+  defp await(fun, tries \\ 200) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("condition not met in time")
+      true -> Process.sleep(10) && await(fun, tries - 1)
+    end
+  end
 end
