@@ -248,6 +248,8 @@ compared =
 data = Keyword.get(opts, :data, "../shared/datasets/real_runs")
 scripted = Keyword.get(opts, :scripted, "bench/real_runs/scripted")
 started = System.monotonic_time(:millisecond)
+# Without the application (--no-start) nothing has made the table the stores live in.
+:ok = Observatory.NativeStores.setup()
 {:ok, _} = Observatory.KillSwitch.Windows.start_link(name: Bench.store(), max_agents: 100_000)
 
 # {corpus, session_id, label, loop_start, steps, task}
