@@ -114,7 +114,7 @@ pub fn keys_from_canonical(
     result: Option<&str>,
     rules: &Normalization,
 ) -> StepKeys {
-    BUFFER.with_borrow_mut(|(buf, text, lines)| {
+    BUFFER.with_borrow_mut(|(buf, text, lines, replies)| {
         buf.clear();
         buf.extend_from_slice(tool.as_bytes());
         buf.push(SEPARATOR);
@@ -122,16 +122,11 @@ pub fn keys_from_canonical(
         normalize_json_ids_into(input, &rules.input, text);
         collapse_whitespace(text, buf);
         let call = hash64(buf, CALL_SEED);
-        let shape_of_call = call_shape(&buf[tool.len() + 1..]);
+        let input = tool.len() + 1..buf.len();
+        let shape_of_call = call_shape(&buf[input.clone()]);
         let failure = is_failure(status);
-        // Only a failure's reply reads the input's words.
-        let echo = if failure && result.is_some() {
-            WordSet::of(&buf[tool.len() + 1..])
-        } else {
-            WordSet::default()
-        };
 
-        buf.clear();
+        // The outcome's bytes follow the input's: a failure's reply reads both.
         buf.extend_from_slice(status.as_bytes());
         buf.push(SEPARATOR);
         let result_shape = match result {
@@ -146,10 +141,12 @@ pub fn keys_from_canonical(
                 None
             }
         };
-        let outcome = hash64(buf, OUTCOME_SEED);
+        let outcome = hash64(&buf[input.end..], OUTCOME_SEED);
         let exact = match result {
             None => outcome,
-            Some(_) if failure => reply(status, text, &echo),
+            Some(_) if failure => replies.get_or_insert(call, outcome, || {
+                reply(status, text, &WordSet::of(&buf[input]))
+            }),
             Some(r) => hash64(
                 &r.as_bytes()[..r.len().min(EXACT_BYTES)],
                 EXACT_SEED ^ r.len() as u64,
@@ -244,9 +241,32 @@ const WORD_BYTE: [bool; 256] = {
 const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 thread_local! {
-    /// The hashed bytes, the normalized text, the result's shape buffers.
-    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch)> =
-        std::cell::RefCell::new((Vec::new(), Vec::new(), Scratch::default()));
+    /// The hashed bytes, the normalized text, the result's shape buffers, the latest
+    /// failures' replies.
+    static BUFFER: std::cell::RefCell<(Vec<u8>, Vec<u8>, Scratch, RecentReplies)> =
+        std::cell::RefCell::new(Default::default());
+}
+
+/// The replies of a thread's latest failures, by their call and outcome keys (16
+/// slots, the newest of each kept). A reply is a function of the call's collapsed
+/// input and the outcome's status and normalized result, which those two 64-bit keys
+/// hash: a looping agent's same failing step, sent again, costs no second reading of
+/// its words.
+#[derive(Default)]
+struct RecentReplies([Option<(u64, u64, u64)>; 16]);
+
+impl RecentReplies {
+    fn get_or_insert(&mut self, call: u64, outcome: u64, reply: impl FnOnce() -> u64) -> u64 {
+        let slot = &mut self.0[((call ^ outcome) >> 60) as usize];
+        match *slot {
+            Some((c, o, known)) if c == call && o == outcome => known,
+            _ => {
+                let new = reply();
+                *slot = Some((call, outcome, new));
+                new
+            }
+        }
+    }
 }
 
 /// The words of a failed call's input its reply may echo are read from its first this
@@ -256,31 +276,51 @@ pub const ECHO_INPUT_BYTES: usize = 512;
 pub const REPLY_BYTES: usize = 1024;
 
 /// Calls `each` with the hash of every word of `text` (as [`call_shape`]'s words: runs
-/// of letters, digits, `_` and non-ASCII bytes, gathered eight bytes to a register). A
+/// of letters, digits, `_` and non-ASCII bytes, hashed eight bytes at a time). A
 /// backslash and the byte after it end a word: in canonical JSON, `\n` is a line
-/// break, not the letter `n`.
+/// break, not the letter `n`. A word is found first, then hashed from whole 8-byte
+/// loads: a failed step runs this over its input and its result.
 fn each_word(text: &[u8], mut each: impl FnMut(u64)) {
-    let (mut hash, mut chunk, mut filled) = (WORD_SEED, 0u64, 0);
-    let (mut in_word, mut escaped) = (false, false);
-    for &byte in text {
-        let word_byte = !escaped && WORD_BYTE[usize::from(byte)];
-        escaped = !escaped && byte == b'\\';
-        if word_byte {
-            chunk |= u64::from(byte) << (8 * filled);
-            filled += 1;
-            if filled == 8 {
-                hash = mix_word(hash, chunk);
-                (chunk, filled) = (0, 0);
+    let mut i = 0;
+    while i < text.len() {
+        let byte = text[i];
+        if byte == b'\\' {
+            i += 2;
+        } else if !WORD_BYTE[usize::from(byte)] {
+            i += 1;
+        } else {
+            let start = i;
+            i += 1;
+            while i < text.len() && WORD_BYTE[usize::from(text[i])] {
+                i += 1;
             }
-            in_word = true;
-        } else if in_word {
-            each(mix_word(hash, chunk));
-            (hash, chunk, filled, in_word) = (WORD_SEED, 0, 0, false);
+            each(word_hash(text, start, i));
         }
     }
-    if in_word {
-        each(mix_word(hash, chunk));
+}
+
+/// The hash of the word `text[start..end]`: [`mix_word`] over its bytes eight at a
+/// time, little-endian, the last (partial or empty) eight zero-padded.
+fn word_hash(text: &[u8], start: usize, end: usize) -> u64 {
+    let mut hash = WORD_SEED;
+    let mut at = start;
+    while at + 8 <= end {
+        hash = mix_word(hash, r8(text, at));
+        at += 8;
     }
+    let rest = end - at;
+    let tail = if rest == 0 {
+        0
+    } else if at + 8 <= text.len() {
+        // The word's bytes and the ones after it in one load, those after masked off.
+        r8(text, at) & (u64::MAX >> (8 * (8 - rest)))
+    } else {
+        text[at..end]
+            .iter()
+            .enumerate()
+            .fold(0, |c, (k, &b)| c | u64::from(b) << (8 * k))
+    };
+    mix_word(hash, tail)
 }
 
 /// The words of a call's input (its first [`ECHO_INPUT_BYTES`] bytes), as a Bloom
@@ -556,6 +596,39 @@ mod tests {
     }
 
     #[test]
+    fn a_remembered_reply_is_the_one_computed_afresh() {
+        // Failures interleaved and re-sent on one thread: each step's keys (its reply
+        // among them) are those a fresh thread, with no reply remembered, computes.
+        let steps: Vec<(String, String)> = (0..40)
+            .map(|k| {
+                (
+                    format!("cat notes{}.txt | grep -c x{}", k % 5, k % 3),
+                    format!("cat: notes{}.txt: No such file ({} tries)", k % 5, k % 2),
+                )
+            })
+            .collect();
+        let step = |(command, error): &(String, String)| {
+            keys(
+                "bash",
+                json!({"command": command}),
+                "failure",
+                Some(json!(error)),
+            )
+        };
+        let here: Vec<StepKeys> = steps.iter().map(step).collect();
+        for (k, s) in steps.iter().enumerate() {
+            let s = s.clone();
+            let fresh = std::thread::spawn(move || step(&s)).join().unwrap();
+            assert_eq!(here[k], fresh, "step {k}");
+        }
+        // The same error from another call is the same reply; a number changed in it
+        // is another reply.
+        assert_ne!(here[0].call, here[10].call);
+        assert_eq!(here[0].exact, here[10].exact);
+        assert_ne!(here[0].exact, here[15].exact);
+    }
+
+    #[test]
     fn a_success_keeps_its_word_for_word_key() {
         // Only failures are compared by their reply: a success's answer word for word.
         let echo = |text: &str| {
@@ -786,6 +859,58 @@ mod tests {
         );
     }
 
+    /// `each_word` as it was written first, one byte at a time: the reference the
+    /// word-at-a-time version must match hash for hash (a changed hash changes replies).
+    fn each_word_bytewise(text: &[u8]) -> Vec<u64> {
+        let mut words = Vec::new();
+        let (mut hash, mut chunk, mut filled) = (WORD_SEED, 0u64, 0);
+        let (mut in_word, mut escaped) = (false, false);
+        for &byte in text {
+            let word_byte = !escaped && WORD_BYTE[usize::from(byte)];
+            escaped = !escaped && byte == b'\\';
+            if word_byte {
+                chunk |= u64::from(byte) << (8 * filled);
+                filled += 1;
+                if filled == 8 {
+                    hash = mix_word(hash, chunk);
+                    (chunk, filled) = (0, 0);
+                }
+                in_word = true;
+            } else if in_word {
+                words.push(mix_word(hash, chunk));
+                (hash, chunk, filled, in_word) = (WORD_SEED, 0, 0, false);
+            }
+        }
+        if in_word {
+            words.push(mix_word(hash, chunk));
+        }
+        words
+    }
+
+    fn words_of(text: &[u8]) -> Vec<u64> {
+        let mut words = Vec::new();
+        each_word(text, |w| words.push(w));
+        words
+    }
+
+    #[test]
+    fn words_are_hashed_as_the_bytewise_reference_does() {
+        let texts: [&[u8]; 9] = [
+            b"",
+            b"a",
+            b"abcdefgh",
+            b"abcdefghi x abcdefghijklmnop",
+            br#"{"log":"ok\nnext\\n \"q\" \u00e9t\u00e9"}"#,
+            b"trailing\\",
+            b"\\",
+            r"\u00e9 ünïcödé_words 12 3.5".as_bytes(),
+            b"{\"command\":\"grep -rn 'TODO' lib/ | head -20\"}",
+        ];
+        for text in texts {
+            assert_eq!(words_of(text), each_word_bytewise(text), "{text:?}");
+        }
+    }
+
     proptest! {
         /// Whatever words of its call an error echoes, and wherever, its reply is the
         /// error's own words.
@@ -809,6 +934,13 @@ mod tests {
                 keys("sh", json!({"command": command}), "failure", Some(json!(result))).exact
             };
             prop_assert_eq!(reply(echoed.join(": ")), reply(error.join(" ")));
+        }
+
+        #[test]
+        fn words_hash_as_the_bytewise_reference(
+            text in prop::collection::vec(prop::sample::select(b"ab_\\n \"{}:0\xc3\xa9-".to_vec()), 0..120),
+        ) {
+            prop_assert_eq!(words_of(&text), each_word_bytewise(&text));
         }
 
         #[test]
