@@ -29,6 +29,12 @@ defmodule Observatory.PubSub do
   it exits), which dispatches it to its local subscribers, and dispatches it locally
   itself. Messages sent over `:pg` are not
   acknowledged: a node that is unreachable misses them, as with Phoenix.PubSub.
+
+  One difference from Phoenix.PubSub: another node learns of a new subscriber when
+  `:pg` tells it, a moment after `subscribe/3` returns (usually well under a
+  millisecond; longer on a loaded node). A broadcast made on another node in that
+  window does not reach the new subscriber; broadcasts on the subscriber's own node
+  always do. Point Observatory at `Phoenix.PubSub` (above) when that matters.
   """
 
   @type t :: atom()

@@ -191,6 +191,9 @@ defmodule Observatory.PubSubDistributedTest do
   test "a broadcast on the peer reaches a subscriber here", %{node: node} do
     :ok = PubSub.subscribe(@ps, "back")
     wait_for_peers(2)
+    # A node learns of another's subscriber when :pg tells it, a moment after
+    # `subscribe/3` returns (the module's doc says so): wait for the peer to know.
+    wait_for_remote_view(node, "back", self())
     :erpc.call(node, PubSub, :broadcast, [@ps, "back", :from_peer])
     assert_receive :from_peer, 2_000
   end
@@ -210,6 +213,16 @@ defmodule Observatory.PubSubDistributedTest do
       listening? == present? -> :ok
       tries == 0 -> flunk("#{node} listening to #{topic}: never #{present?}")
       true -> Process.sleep(10) && wait_for_listener(node, topic, present?, tries - 1)
+    end
+  end
+
+  defp wait_for_remote_view(node, topic, pid, tries \\ 200) do
+    scope = Observatory.PubSub.Peer.scope(@ps)
+
+    cond do
+      pid in :erpc.call(node, :pg, :get_members, [scope, {:topic, topic}]) -> :ok
+      tries == 0 -> flunk("#{node} never saw #{inspect(pid)} listening to #{topic}")
+      true -> Process.sleep(10) && wait_for_remote_view(node, topic, pid, tries - 1)
     end
   end
 
