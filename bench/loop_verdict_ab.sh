@@ -61,6 +61,11 @@ for line in open(sys.argv[1]):
         times.setdefault(name, {}).setdefault(side, []).append(float(m[1]) * unit[m[2]])
 print(f"{'benchmark':48} {sys.argv[2] + ' (µs)':>14} {'here (µs)':>10} {'ratio':>6}")
 for name, sides in times.items():
+    if "base" not in sides or "here" not in sides:
+        # A benchmark one side does not have.
+        med = lambda s: f"{statistics.median(sides[s]):.3f}" if s in sides else "-"
+        print(f"{name:48} {med('base'):>14} {med('here'):>10} {'-':>6}")
+        continue
     b, h = statistics.median(sides["base"]), statistics.median(sides["here"])
     print(f"{name:48} {b:14.3f} {h:10.3f} {h / b:6.2f}")
 EOF

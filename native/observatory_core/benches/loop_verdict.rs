@@ -21,8 +21,9 @@
 //! bytes: it jumps from digit to digit. Two session shapes:
 //! `varied` (64 different steps round and round, more than a session keeps: every rule
 //! scans the full history and finds nothing; sixteen, since issue 26, would be a round
-//! of revisits) and `looping` (the same failing step: a loop verdict
-//! with evidence every time).
+//! of revisits), `looping` (the same failing step: a loop verdict
+//! with evidence every time) and `failing` (the 64 varied steps, each failing: every
+//! step's error is read for its reply).
 //!
 //! cargo bench -p observatory_core --bench loop_verdict -- --warm-up-time 1 --measurement-time 3
 
@@ -253,6 +254,15 @@ fn bench_verdict(c: &mut Criterion) {
                     ..keys[0]
                 }],
             ),
+            (
+                "failing",
+                keys.iter()
+                    .map(|k| StepKeys {
+                        failure: true,
+                        ..*k
+                    })
+                    .collect(),
+            ),
         ] {
             let store = warm_store(&shape_keys, &config);
             let mut i = 0usize;
@@ -271,10 +281,10 @@ fn bench_verdict(c: &mut Criterion) {
             );
 
             let mut i = 0usize;
-            let status = if shape == "looping" {
-                "failure"
-            } else {
+            let status = if shape == "varied" {
                 "success"
+            } else {
+                "failure"
             };
             let n = shape_keys.len();
             group.bench_with_input(BenchmarkId::new("verdict_added", shape), &shape, |b, _| {
