@@ -909,7 +909,7 @@ impl VerdictState {
                 skipped += 1;
                 continue;
             }
-            if !(entry.failure && !entry.blank && entry.same_error(later, config.near_share)) {
+            if !(entry.failure && entry.same_error(later, config.near_share)) {
                 break;
             }
             failed[count] = self.step_at(k);
