@@ -388,6 +388,26 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert length(Regex.scan(~r/data-session-id="#{escaped}"/, page)) == 3
     end
 
+    test "a 1 KiB intent or tool name shows its start in the alert row, the whole in its title" do
+      socket = mount!()
+      sid = unique_session("sess-long-intent")
+      # A proxied call's arguments are its intent: up to 1 KiB, 8 lines of the row each.
+      intent = "write_file " <> String.duplicate("<lorem> ipsum ", 72)
+      tool = String.duplicate("t", 1024)
+      record_all(sid, List.duplicate({intent, tool, :failure}, 5), agent_id: "agent-loop")
+
+      page = socket |> feed(collect_alerts(sid)) |> html()
+      [row] = Regex.run(~r/<tr [^>]*data-session-id="#{sid}".*?<\/tr>/s, page)
+
+      shown = intent |> String.slice(0, 160) |> ObservatoryWeb.HTML.escape()
+
+      assert row =~
+               ~s(<code class="cut" title="#{ObservatoryWeb.HTML.escape(intent)}">#{shown}…</code>)
+
+      assert row =~ ~s(<code class="cut" title="#{tool}">#{String.slice(tool, 0, 160)}…</code>)
+      refute row =~ ~s(>#{ObservatoryWeb.HTML.escape(intent)}<)
+    end
+
     test "element ids are hashes, not the session id" do
       id = ObservatoryWeb.SessionClusterManager.View.dom_id("node", @hostile)
       assert id =~ ~r/\Anode-[0-9a-f]{16}\z/

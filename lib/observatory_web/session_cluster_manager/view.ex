@@ -291,13 +291,29 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   defp pattern(%{intent: intent, tool_call: tool, action_status: status}) do
     [
-      ~s(<code>),
-      escape(intent),
-      ~s(</code><span class="arrow">→</span><code>),
-      escape(tool),
-      ~s(</code><span class="arrow">→</span>),
+      shown_code(intent),
+      ~s(<span class="arrow">→</span>),
+      shown_code(tool),
+      ~s(<span class="arrow">→</span>),
       status_tag(status)
     ]
+  end
+
+  # An intent or a tool name can be 1 KiB (a proxied call's arguments are its intent):
+  # the row shows its start, with the whole in its title and in Inspect's steps.
+  @shown_chars 160
+  defp shown_code(text) do
+    if String.length(text) <= @shown_chars do
+      [~s(<code>), escape(text), ~s(</code>)]
+    else
+      [
+        ~s(<code class="cut" title="),
+        escape(text),
+        ~s(">),
+        escape(String.slice(text, 0, @shown_chars)),
+        "…</code>"
+      ]
+    end
   end
 
   defp status_tag(status) do
