@@ -432,7 +432,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp fleet_snapshot do
     # Every member's sessions (issue 14): each session is on one node only.
     flagged = Cluster.gather(LoopVerdict, :flagged, [@snapshot_limit])
-    sessions = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
+    listed = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
+    sessions = listed ++ alerted_beyond(listed)
 
     sessions =
       if AlertSource.current() == :verdict,
@@ -442,6 +443,26 @@ defmodule ObservatoryWeb.SessionClusterManager do
     sessions
     |> Fleet.snapshot(HITL.paused_sessions())
     |> Fleet.put_verdicts(flagged)
+  end
+
+  # The tracker lists its most recently active sessions only: an alerted session
+  # quieter than the newest @snapshot_limit (a busy fleet, a flood of new sessions)
+  # is added from its alert, so the topology and the summary count every session the
+  # alerts panel lists.
+  defp alerted_beyond(listed) do
+    shown = MapSet.new(listed, & &1.session_id)
+    now = System.system_time(:millisecond)
+
+    for row <- Observatory.Gateway.Alerts.gather(limit: @snapshot_limit),
+        not MapSet.member?(shown, row.session_id) do
+      %{
+        session_id: row.session_id,
+        agent_id: row.agent_id,
+        score: row.entropy_score,
+        severity: :loop,
+        idle_ms: max(now - DateTime.to_unix(row.last_at, :millisecond), 0)
+      }
+    end
   end
 
   # With the verdict as the alert source, a node's state follows the verdict.

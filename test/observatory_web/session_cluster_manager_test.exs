@@ -429,6 +429,42 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert page =~ "5 of 5 steps in the window"
     end
 
+    test "an alerted session quieter than 500 newer ones is still a node, counted in the summary" do
+      sid = unique_session("sess-buried")
+      record_all(sid, List.duplicate(@loop_step, 5), agent_id: "agent-loop")
+
+      # A busy fleet: 500 sessions more recently active than the loop (the tracker's
+      # clock, which stamps each step, moved on a millisecond in between).
+      store =
+        Observatory.NativeStores.get(
+          {Observatory.Gateway.EntropyTracker, Observatory.Gateway.EntropyTracker},
+          nil
+        )
+
+      Observatory.Native.entropy_tick(store, System.monotonic_time(:millisecond) + 1)
+
+      for i <- 1..500,
+          do: record_all(unique_session("sess-busy-#{i}"), [{"plan", "tool", :success}])
+
+      socket = mount!(connected?: false)
+      assert Alerts.get(socket.assigns.alerts, sid)
+
+      assert %{base: "alert_entropy", agent_id: "agent-loop", score: 0.2} =
+               socket.assigns.fleet[sid]
+
+      page = html(socket)
+
+      assert page =~
+               ~r/<li id="node-[0-9a-f]+" class="node state-alert_entropy" data-session-id="#{sid}"/
+
+      [alerts] =
+        Regex.run(~r/data-state="alert_entropy"><span class="stat-n">(\d+)</, page,
+          capture: :all_but_first
+        )
+
+      assert String.to_integer(alerts) >= 1
+    end
+
     test "a reload lists what the last page listed; a recovered session is not listed" do
       sid = unique_session("sess-reload")
       record_all(sid, List.duplicate(@loop_step, 5))
