@@ -98,6 +98,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
       # one listing.
       |> Socket.assign(:alerts, Alerts.replace(Alerts.new(), alert_list()))
       |> Socket.assign(:fleet, fleet_snapshot())
+      |> Socket.assign(:held, held())
       |> Socket.assign(:steps, step_list())
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:expanded, [])
@@ -193,6 +194,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> Socket.assign(:alert_source, AlertSource.current())
     |> Socket.assign(:alerts, Alerts.replace(socket.assigns.alerts, alerts_snapshot()))
     |> Socket.assign(:fleet, snapshot())
+    |> Socket.assign(:held, SnapshotCache.fetch({__MODULE__, :held}, max_age(), &held/0))
     |> Socket.assign(:steps, steps())
     |> schedule_reload(inspected(socket))
     |> noreply()
@@ -464,6 +466,14 @@ defmodule ObservatoryWeb.SessionClusterManager do
       }
     end
   end
+
+  # How many sessions every member holds: the topology shows only the newest
+  # @snapshot_limit of them (and the alerted and paused ones), the summary says so.
+  defp held, do: Cluster.gather(__MODULE__, :held_here, []) |> Enum.sum()
+
+  @doc false
+  # This member's count, as a list for `Cluster.gather/3`.
+  def held_here, do: [EntropyTracker.session_count()]
 
   # With the verdict as the alert source, a node's state follows the verdict.
   defp by_verdict(sessions, verdicts) do

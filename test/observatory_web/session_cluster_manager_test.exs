@@ -429,7 +429,7 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert page =~ "5 of 5 steps in the window"
     end
 
-    test "an alerted session quieter than 500 newer ones is still a node, counted in the summary" do
+    test "an alerted session quieter than 500 newer ones is still a node, counted in the summary, which says how many are shown" do
       sid = unique_session("sess-buried")
       record_all(sid, List.duplicate(@loop_step, 5), agent_id: "agent-loop")
 
@@ -463,6 +463,18 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
         )
 
       assert String.to_integer(alerts) >= 1
+
+      # The summary counts what the gateway holds, and says how many are shown.
+      [held, shown] =
+        Regex.run(
+          ~r/<span class="stat-n">(\d+)<\/span><span class="stat-label">sessions · (\d+) shown/,
+          page,
+          capture: :all_but_first
+        )
+
+      assert String.to_integer(held) >= 501
+      assert String.to_integer(shown) == map_size(socket.assigns.fleet)
+      assert String.to_integer(held) > String.to_integer(shown)
     end
 
     test "a reload lists what the last page listed; a recovered session is not listed" do

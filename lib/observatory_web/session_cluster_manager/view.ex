@@ -44,7 +44,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
     [
       html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
-      html_summary: summary(fleet, source),
+      html_summary: summary(fleet, source, Map.get(assigns, :held, 0)),
       html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet, source)],
       html_inspect: [
         inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, []), source),
@@ -78,16 +78,21 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Summary
 
-  defp summary(fleet, source) do
+  # `held`: the sessions the gateway holds, of which the fleet shows the most recently
+  # active (and every alerted or paused one); the state counts are of those shown.
+  defp summary(fleet, source, held) do
     counts = Fleet.counts(fleet)
+    shown = map_size(fleet)
 
     [
       ~s(<section id="scm-summary" class="summary" aria-label="Fleet summary" data-alert-source="),
       escape(source),
       ~s(">),
       ~s(<div class="stat stat-total"><span class="stat-n">),
-      escape(map_size(fleet)),
-      ~s(</span><span class="stat-label">sessions</span></div>),
+      escape(max(held, shown)),
+      ~s(</span><span class="stat-label">sessions),
+      if(held > shown, do: [" · ", escape(shown), " shown"], else: ""),
+      "</span></div>",
       for state <- Fleet.states() do
         [
           ~s(<div class="stat state-),
