@@ -52,6 +52,7 @@ type EntropyArgs<'a> = (
 /// Returns `{entropy, verdict, step}`: each what its own NIF returns, `{:error,
 /// reason}` when that part failed, and `step` nil when not analysed.
 #[rustler::nif]
+#[allow(clippy::too_many_arguments)]
 fn score_step<'a>(
     env: Env<'a>,
     stores: Stores,
