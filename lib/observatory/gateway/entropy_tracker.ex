@@ -162,8 +162,26 @@ defmodule Observatory.Gateway.EntropyTracker do
   end
 
   @doc false
-  # The tracker's store (`:tracker` a tracker's name), or nil when it is not running.
-  def store_of(tracker), do: NativeStores.get({__MODULE__, tracker}, nil)
+  # The ingest's one NIF call per step (`Observatory.Gateway.StepScore`): the step's
+  # tuple recorded in `tracker`'s window and, in the same call, the loop verdict and the
+  # step detector over their own stores (`others`: `{verdict_store, step_store, keys,
+  # verdict_config, step, step_settings}`). Made here so that the tracker's store never
+  # leaves this module (FR-9.1). Returns `Native.score_step/7`'s answer; raises what
+  # the NIF raises for arguments of the wrong shape.
+  def score_step(tracker, session_id, entropy, others) do
+    {verdict_store, step_store, keys, verdict_config, step, step_settings} = others
+    store = NativeStores.get({__MODULE__, tracker}, nil)
+
+    Native.score_step(
+      {store, verdict_store, step_store},
+      session_id,
+      entropy,
+      keys,
+      verdict_config,
+      step,
+      step_settings
+    )
+  end
 
   defp emit_score({:ok, score, severity} = result, session_id, agent_id) do
     Observatory.Telemetry.execute([:observatory, :entropy, :score], %{score: score}, %{

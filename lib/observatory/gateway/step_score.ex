@@ -7,14 +7,13 @@ defmodule Observatory.Gateway.StepScore do
   # their arithmetic); together a step pays once.
   #
   # The stores stay where they are, one per owner process: each starts, sweeps,
-  # forgets and restarts on its own, and the dashboard reads each alone. The answers
+  # forgets and restarts on its own, and the dashboard reads each alone. The call is
+  # made by EntropyTracker.score_step/4, so the tracker's store never leaves it (FR-9.1). The answers
   # are the NIF's raw answers, as `Native.entropy_record/9`, `Native.verdict_observe/5`
   # and `Native.step_analyze/6` give them; the caller settles each with its module's
   # `settle` (alerts, broadcasts, the durable block), in the order the ingest acts.
 
   alias Observatory.Gateway.{ActionStatus, EntropyTracker, LoopVerdict, StepDetector}
-  alias Observatory.Native
-
   require Logger
 
   @typedoc "Each part as its own NIF answers, or `{:error, reason}`; `step` nil: not analysed."
@@ -35,28 +34,23 @@ defmodule Observatory.Gateway.StepScore do
     {thresholds, _history} = step_settings = StepDetector.step_settings()
     step = if fields.outcome, do: {fields.approach, fields.outcome}
 
-    # A status outside ActionStatus's (the parse never gives one) is not recorded: no
-    # entropy store for the call, and the tracker's error in its place.
-    {entropy_store, code, entropy_error} =
+    # A status outside ActionStatus's (the parse never gives one) is not recorded:
+    # no tracker for the call, and the tracker's error in its place.
+    {tracker, code, entropy_error} =
       case ActionStatus.to_code(fields.status) do
-        {:ok, code} -> {EntropyTracker.store_of(tracker), code, nil}
+        {:ok, code} -> {tracker, code, nil}
         {:error, reason} -> {nil, 0, {:error, reason}}
       end
 
-    stores = {entropy_store, LoopVerdict.store_or_nil(), StepDetector.store_or_nil()}
     entropy = {fields.intent, fields.tool_call, code, fields.agent_id, entropy_config, alerts?}
+
+    others =
+      {LoopVerdict.store_or_nil(), StepDetector.store_or_nil(), fields.verdict_keys,
+       LoopVerdict.config(), step, step_settings}
 
     {e, v, s} =
       try do
-        Native.score_step(
-          stores,
-          fields.session_id,
-          entropy,
-          fields.verdict_keys,
-          LoopVerdict.config(),
-          step,
-          step_settings
-        )
+        EntropyTracker.score_step(tracker, fields.session_id, entropy, others)
       rescue
         e in [ArgumentError, ErlangError] ->
           Logger.error("StepScore NIF score_step failed: #{Exception.message(e)}")
