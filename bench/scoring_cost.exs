@@ -115,7 +115,7 @@ rows = [
        step_settings
      )
    end},
-  {"EntropyTracker.record_and_score/3 (reads FR-9.11's settings)",
+  {"EntropyTracker.record_and_score/3 (reads the three entropy settings)",
    fn f ->
      EntropyTracker.record_and_score(f.session_id, {f.intent, f.tool_call, f.status},
        agent_id: f.agent_id
