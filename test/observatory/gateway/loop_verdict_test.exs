@@ -9,12 +9,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   doctest LoopVerdict
 
   setup do
-    saved = Application.get_env(:observatory, :loop_verdict)
-
-    on_exit(fn ->
-      Application.put_env(:observatory, :loop_verdict, saved)
-      LoopVerdict.reload_rules()
-    end)
+    # on_exit runs last first: the settings are put back, then the rules rebuilt.
+    on_exit(&LoopVerdict.reload_rules/0)
+    restore_env_on_exit([:loop_verdict])
 
     :ok = Events.subscribe(LoopVerdict.topic())
     %{sid: unique_session("sess-verdict")}
