@@ -255,11 +255,48 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     end
   end
 
-  defp status_line({1, 0}, status),
-    do: ["HTTP/1.0 ", Integer.to_string(status), " ", :httpd_util.reason_phrase(status), "\r\n"]
+  defp status_line({1, 0}, status), do: ["HTTP/1.0 ", status_text(status), "\r\n"]
+  defp status_line(_version, status), do: ["HTTP/1.1 ", status_text(status), "\r\n"]
 
-  defp status_line(_version, status),
-    do: ["HTTP/1.1 ", Integer.to_string(status), " ", :httpd_util.reason_phrase(status), "\r\n"]
+  # RFC 9110's reason phrases for the statuses the gateway answers (OTP's table,
+  # which MochiWeb used, has older ones: "Object Not Found"), else OTP's.
+  for {status, reason} <- [
+        {200, "OK"},
+        {201, "Created"},
+        {202, "Accepted"},
+        {204, "No Content"},
+        {301, "Moved Permanently"},
+        {302, "Found"},
+        {303, "See Other"},
+        {304, "Not Modified"},
+        {307, "Temporary Redirect"},
+        {400, "Bad Request"},
+        {401, "Unauthorized"},
+        {403, "Forbidden"},
+        {404, "Not Found"},
+        {405, "Method Not Allowed"},
+        {406, "Not Acceptable"},
+        {408, "Request Timeout"},
+        {409, "Conflict"},
+        {410, "Gone"},
+        {411, "Length Required"},
+        {413, "Content Too Large"},
+        {414, "URI Too Long"},
+        {415, "Unsupported Media Type"},
+        {422, "Unprocessable Content"},
+        {429, "Too Many Requests"},
+        {431, "Request Header Fields Too Large"},
+        {500, "Internal Server Error"},
+        {501, "Not Implemented"},
+        {502, "Bad Gateway"},
+        {503, "Service Unavailable"},
+        {504, "Gateway Timeout"}
+      ] do
+    defp status_text(unquote(status)), do: unquote("#{status} #{reason}")
+  end
+
+  defp status_text(status),
+    do: [Integer.to_string(status), " ", :httpd_util.reason_phrase(status)]
 
   defp header_text(value) when is_binary(value), do: value
   defp header_text(value), do: to_string(value)
