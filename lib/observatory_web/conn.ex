@@ -218,8 +218,11 @@ defmodule ObservatoryWeb.Conn do
   # around them (not part of a field's value, RFC 9110 §5.5), else `:invalid`.
   @spec parse_content_length(binary()) :: non_neg_integer() | :invalid
   def parse_content_length(value) do
-    digits = String.trim(value)
-    if decimal?(digits), do: String.to_integer(digits), else: :invalid
+    cond do
+      decimal?(value) -> String.to_integer(value)
+      decimal?(digits = String.trim(value)) -> String.to_integer(digits)
+      true -> :invalid
+    end
   end
 
   defp decimal?(<<>>), do: false
