@@ -1,7 +1,9 @@
 defmodule ObservatoryWeb.Endpoint do
   @moduledoc """
   The HTTP server: Debian's MochiWeb (an acceptor pool, one process per connection)
-  with `ObservatoryWeb.Router` as its request loop.
+  with this module's HTTP/1.1 loop — each request head read in one go and parsed
+  with `:erlang.decode_packet/3`, keep-alive, pipelining — and
+  `ObservatoryWeb.Router` answering each request.
 
       config :observatory, ObservatoryWeb.Endpoint,
         server: true,              # default false: a host app gets no second HTTP server
@@ -16,9 +18,10 @@ defmodule ObservatoryWeb.Endpoint do
 
   ## Idle connections
 
-  MochiWeb waits 300 s for a connection's first request line (and for the next one
-  on a kept-alive connection), and stops accepting at `max_connections`: two
-  thousand sockets that send nothing were enough to keep everyone else out. So each
+  MochiWeb's own loop waited 300 s for a connection's first request line (and for
+  the next one on a kept-alive connection), and MochiWeb stops accepting at
+  `max_connections`: two thousand sockets that send nothing were enough to keep
+  everyone else out. So each
   connection is given `idle_timeout_ms` to *complete* its request's headers (a
   slow-header client is cut off too), the same again to send its whole body once a
   handler reads it (MochiWeb would wait 300 s for each piece), and, between
