@@ -21,11 +21,10 @@ defmodule ObservatoryWeb.Endpoint do
   MochiWeb's own loop waited 300 s for a connection's first request line (and for
   the next one on a kept-alive connection), and MochiWeb stops accepting at
   `max_connections`: two thousand sockets that send nothing were enough to keep
-  everyone else out. So each
-  connection is given `idle_timeout_ms` to *complete* its request's headers (a
-  slow-header client is cut off too), the same again to send its whole body once a
-  handler reads it (MochiWeb would wait 300 s for each piece), and, between
-  requests, to start the next one; past that it is closed. A request under way —
+  everyone else out. So each connection is given `idle_timeout_ms` to *complete*
+  its request's headers (a slow-header client is cut off too), the same again to
+  send its whole body once a handler reads it (MochiWeb would wait 300 s for each
+  piece), and, between requests, to start the next one; past that it is closed. A request under way —
   a handler's work, a dashboard's event stream — is not cut.
 
   The deadline costs no process and no message per request: a BIF timer that each
@@ -204,9 +203,9 @@ defmodule ObservatoryWeb.Endpoint do
 
   # `buffer` and what the client sent next, once that holds a line end (until one
   # comes the parser has nothing new to say: a head ends with one) or the buffer is
-  # over `limit`: a head sent a byte at a time is parsed once a line, not once a byte. The connection ends
-  # when the client is gone. (The idle deadline, not this timeout, is what cuts a
-  # slow client off.)
+  # over `limit`: a head sent a byte at a time is parsed once a line, not once a
+  # byte. The connection ends when the client is gone. (The idle deadline, not this
+  # timeout, is what cuts a slow client off.)
   defp more(socket, buffer, limit, timeout_reason) do
     case :gen_tcp.recv(socket, 0, 300_000) do
       {:ok, data} ->
@@ -230,13 +229,16 @@ defmodule ObservatoryWeb.Endpoint do
   # An error with a JSON body saying what was wrong, then the connection is closed:
   # what follows on it cannot be trusted to start a request.
   defp invalid(socket, opts, request, acc, status, reason) do
-    req = :mochiweb.new_request({socket, opts, request, Enum.reverse(acc)})
+    alias ObservatoryWeb.Conn.MochiWeb, as: Adapter
+    req = Adapter.new_request(socket, opts, request, Enum.reverse(acc))
     body = Observatory.JSON.encode!(%{error: error_code(status), message: reason})
-    headers = [{"Content-Type", "application/json"}, {"Connection", "close"}]
+    Adapter.close_after(req)
 
-    :mochiweb_request.respond(
-      {status, headers ++ ObservatoryWeb.Conn.security_headers(), body},
-      req
+    Adapter.send_resp(
+      req,
+      status,
+      [{"Content-Type", "application/json"} | ObservatoryWeb.Conn.security_headers()],
+      body
     )
 
     close(socket, :invalid_request)

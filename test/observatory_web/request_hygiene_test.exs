@@ -624,7 +624,8 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     test "a request line over 8 KiB is a 414 and the connection closes" do
       path = "/" <> String.duplicate("a", ObservatoryWeb.Endpoint.limits().max_request_line)
       {answer, state} = exchange("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-      assert answer =~ ~r"^HTTP/1.1 414 "
+      assert answer =~ ~r"^HTTP/1.1 414 URI Too Long\r\n"
+      assert answer =~ "\r\nConnection: close\r\n"
       assert answer =~ "uri_too_long"
       assert state == :closed
     end
@@ -632,7 +633,7 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     test "more than 100 headers is a 431 and the connection closes" do
       headers = for i <- 1..101, do: "X-H#{i}: v"
       {answer, state} = exchange(Enum.join(["GET / HTTP/1.1" | headers], "\r\n") <> "\r\n\r\n")
-      assert answer =~ ~r"^HTTP/1.1 431 "
+      assert answer =~ ~r"^HTTP/1.1 431 Request Header Fields Too Large\r\n"
       assert answer =~ "request_header_fields_too_large"
       assert state == :closed
 

@@ -352,9 +352,13 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     end
   end
 
+  # MochiWeb writes a chunked answer's head; it is told to announce the close this
+  # adapter will make (MochiWeb's own rule misses `Connection: TE, close`).
   @impl true
-  def send_chunked(req, status, headers),
-    do: :mochiweb_request.respond({status, headers, :chunked}, req)
+  def send_chunked(req, status, headers) do
+    headers = if should_close?(req), do: [{"Connection", "close"} | headers], else: headers
+    :mochiweb_request.respond({status, headers, :chunked}, req)
+  end
 
   # MochiWeb exits the process when a write fails; here that is the client gone.
   @impl true
