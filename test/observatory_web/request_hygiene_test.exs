@@ -786,6 +786,38 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       :gen_tcp.close(socket)
     end
 
+    test "a chunked answer (MochiWeb writes its head) announces the close the adapter makes" do
+      {:ok, listen} = :gen_tcp.listen(0, [:binary, active: false])
+      {:ok, port} = :inet.port(listen)
+      {:ok, client} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false])
+      {:ok, server} = :gen_tcp.accept(listen)
+      line = {:GET, {:abs_path, ~c"/events"}, {1, 1}}
+
+      for {connection, closes?} <- [{"TE, close", true}, {"keep-alive", false}] do
+        adapter = ObservatoryWeb.Conn.MochiWeb
+        req = adapter.new_request(server, [], line, [{:Connection, connection}])
+        assert adapter.should_close?(req) == closes?
+        resp = adapter.send_chunked(req, 200, [{"Content-Type", "text/plain"}])
+        :ok = adapter.end_chunked(resp)
+        {head, rest} = head_only(client)
+        assert head =~ "transfer-encoding: chunked"
+        assert String.contains?(head, "connection: close") == closes?, connection
+        # The last chunk, read off before the next answer.
+        assert last_chunk(client, rest) == "0\r\n\r\n"
+      end
+
+      Enum.each([client, server, listen], &:gen_tcp.close/1)
+    end
+
+    defp last_chunk(socket, acc) do
+      if String.ends_with?(acc, "\r\n\r\n") do
+        acc
+      else
+        {:ok, data} = :gen_tcp.recv(socket, 0, 1_000)
+        last_chunk(socket, acc <> data)
+      end
+    end
+
     test "HEAD: the head with the body's Content-Length, no body" do
       socket = connect()
       :ok = :gen_tcp.send(socket, "HEAD /no-such-page HTTP/1.1\r\nHost: localhost\r\n\r\n")
