@@ -327,7 +327,7 @@ pub struct StepKeys {
     /// The word pairs of the collapsed input, one bit of 64 each ([`keys::call_shape`]):
     /// nearly identical inputs share most of their bits.
     pub shape: u64,
-    /// The input's words in order with their digits left out ([`keys::call_shape_and_wording`]):
+    /// The input with its digits zeroed, hashed ([`keys::wording`]):
     /// two different calls with the same wording differ only in numbers, a new target.
     pub wording: u64,
     /// Status and normalized canonical result (the status alone without a result).
