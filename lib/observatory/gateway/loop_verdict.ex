@@ -159,14 +159,16 @@ defmodule Observatory.Gateway.LoopVerdict do
           | :entropy
   @typedoc """
   What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  sketches, flags, {tool, shape, exact}}` (64-bit hashes, the result's line and number
-  sketches, flag bits: has a result, failed, blank; the tool's hash, the input's
-  word-pair set and the result's hash before normalization).
+  sketches, flags, {tool, shape, exact, wording}}` (64-bit hashes, the result's line and
+  number sketches, flag bits: has a result, failed, blank; the tool's hash, the input's
+  word-pair set, the result's hash before normalization and the input's words without
+  their digits).
   Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
   @type keys ::
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
-           non_neg_integer(), {non_neg_integer(), non_neg_integer(), non_neg_integer()}}
+           non_neg_integer(),
+           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer()}}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,

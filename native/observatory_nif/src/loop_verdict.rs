@@ -42,9 +42,9 @@ pub(crate) type ConfigTuple = (
 );
 
 /// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
-/// flags, {tool, shape, exact}}`, `sketches` the line and number sketches (see
+/// flags, {tool, shape, exact, wording}}`, `sketches` the line and number sketches (see
 /// [`sketches_to_bytes`]), `flags` has_result (1), failure (2), blank (4).
-pub(crate) type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64));
+pub(crate) type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64, u64));
 
 const HAS_RESULT: u8 = 1;
 const FAILURE: u8 = 2;
@@ -67,18 +67,19 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         keys.skeleton,
         crate::json::binary(env, &sketches_to_bytes(keys)),
         flags,
-        (keys.tool, keys.shape, keys.exact),
+        (keys.tool, keys.shape, keys.exact, keys.wording),
     )
         .encode(env)
 }
 
 pub(crate) fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
-    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact)) = t;
+    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact, wording)) = t;
     let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
         tool,
         shape,
+        wording,
         outcome,
         exact,
         gist,

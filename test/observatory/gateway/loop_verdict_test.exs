@@ -28,8 +28,10 @@ defmodule Observatory.Gateway.LoopVerdictTest do
 
   # The keys but the result word for word (before normalization, so ids stay in it).
   defp normalized_keys(action) do
-    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact}} = keys(action)
-    {call, outcome, gist, skeleton, sketches, flags, {tool, shape}}
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact, wording}} =
+      keys(action)
+
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, wording}}
   end
 
   defp ingest(sid, action) do
@@ -402,10 +404,11 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and the exact result" do
-      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact}} = keys(@fail)
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and wording and the exact result" do
+      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact, wording}} =
+               keys(@fail)
 
-      for hash <- [call, outcome, gist, skeleton, tool, shape, exact],
+      for hash <- [call, outcome, gist, skeleton, tool, shape, exact, wording],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
       # 1024 bits of lines, 256 bits and a count of numbers
