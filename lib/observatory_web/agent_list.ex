@@ -17,7 +17,7 @@ defmodule ObservatoryWeb.AgentList do
 
   require Logger
 
-  import ObservatoryWeb.HTML, only: [escape: 1]
+  import ObservatoryWeb.HTML, only: [escape: 1, escape_exact: 1]
 
   alias ObservatoryWeb.LivePage
   alias Observatory.Gateway.Events
@@ -125,7 +125,7 @@ defmodule ObservatoryWeb.AgentList do
       ~s(<tr id="),
       View.dom_id("agent", agent.id),
       ~s(" class="agent-row" data-agent-id="),
-      id,
+      escape_exact(agent.id),
       ~s("><td class="who"><a class="mono agent-link" href="),
       escape(DetailView.agent_path(path, agent.id)),
       ~s("),

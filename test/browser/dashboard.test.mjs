@@ -163,6 +163,47 @@ describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
     await page.locator("#inspector").getByRole("button", { name: "Close" }).click();
   });
 
+  test("a session id with a right-to-left override reads as sent, the control shown as a marker", async () => {
+    // U+202E RIGHT-TO-LEFT OVERRIDE: obeyed, "sess-\u202ELTR-spoof" would read "sess-foops-RTL".
+    const sid = "sess-\u202ELTR-spoof";
+    await gateway.steps(sid, "agent-\u202Ebidi", loop(5));
+    await page.waitForSelector(alertRow(sid));
+
+    const row = page.locator(alertRow(sid));
+    assert.equal(await row.locator(".sid").innerText(), "sess-⟨U+202E⟩LTR-spoof");
+    assert.equal(await row.locator(".agent").innerText(), "agent-⟨U+202E⟩bidi");
+    assert.equal(await page.locator(`${fleetNode(sid)} .node-sid`).innerText(), "sess-⟨U+202E⟩LTR-spoof");
+    const shown = await page.locator("[data-live-root]").innerText();
+    assert.ok(!/[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/.test(shown), "no bidi control is displayed");
+
+    // On screen, "LTR" is drawn left to right: L left of T left of R (not reversed).
+    const x = await row.locator(".sid").evaluate((el) => {
+      const text = el.firstChild;
+      const at = (i) => {
+        const range = document.createRange();
+        range.setStart(text, i);
+        range.setEnd(text, i + 1);
+        return range.getBoundingClientRect().left;
+      };
+      const i = text.data.indexOf("LTR");
+      return [at(i), at(i + 1), at(i + 2)];
+    });
+    assert.ok(x[0] < x[1] && x[1] < x[2], `LTR is drawn reversed: ${x}`);
+    await row.screenshot({ path: path.join(ARTIFACTS, "bidi-row.png") });
+
+    // The buttons carry the exact id: Pause and Inspect pauses this session.
+    await row.getByRole("button", { name: "Pause and Inspect" }).click();
+    await page.waitForSelector(`#inspector[data-paused="true"]`);
+    const api = await gateway.session(sid);
+    assert.equal(api.status, 200);
+    assert.equal(api.body.paused, true, "the id round-trips intact");
+    assert.equal(api.body.session_id, sid, "the API's JSON keeps the exact bytes");
+    assert.match(await page.locator("#inspector").innerText(), /sess-⟨U\+202E⟩LTR-spoof/);
+    await page.locator("#inspector").getByRole("button", { name: "Resume" }).click();
+    await page.waitForSelector(`#inspector[data-paused="false"]`);
+    await page.locator("#inspector").getByRole("button", { name: "Close" }).click();
+  });
+
   test("a 200-byte session id is cut in the step detector: every row keeps its streaks and Reset in view", async () => {
     const long = `sess-${"x".repeat(195)}`;
     await gateway.calls(long, "agent-long-id", pytestLoop(5));

@@ -388,6 +388,44 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert length(Regex.scan(~r/data-session-id="#{escaped}"/, page)) == 3
     end
 
+    test "bidi controls in a session id, agent id, intent or tool show as markers; buttons keep the exact id" do
+      socket = mount!()
+      # Displayed as-is, "sess-\u202ELTR" would read "sess-RTL": another session's id.
+      sid = unique_session("sess-\u202ELTR-")
+      on_exit(fn -> unpause(sid) end)
+
+      record_all(sid, List.duplicate({"fix \u2067it\u2069", "run\u200F_tests", :failure}, 5),
+        agent_id: "agent-\u202Dx"
+      )
+
+      socket = feed(socket, collect_alerts(sid))
+      {:noreply, socket} = Manager.handle_event("pause_inspect", %{"session_id" => sid}, socket)
+      assert HITL.paused?(sid)
+      page = html(socket)
+
+      shown = String.replace(sid, "\u202E", "⟨U+202E⟩")
+      # Displayed: alert row (title and text), Inspect's Session fact, node (title, text).
+      assert length(Regex.scan(~r/>#{Regex.escape(shown)}</, page)) >= 3
+      assert page =~ ~s(title="#{shown}")
+      assert page =~ "agent-⟨U+202D⟩x"
+      assert page =~ "fix ⟨U+2067⟩it⟨U+2069⟩"
+      assert page =~ "run⟨U+200F⟩_tests"
+
+      # Every occurrence of a control is inside a value the page sends back (or matches
+      # on), never in displayed text or a title.
+      for [attribute] <- Regex.scan(~r/[a-z_-]+="[^"]*\x{202E}[^"]*"/u, page) do
+        assert attribute =~ ~r/\A(data-session-id|phx-value-session_id)="/
+      end
+
+      visible = Regex.replace(~r/\s(data-session-id|phx-value-session_id)="[^"]*"/, page, "")
+      refute visible =~ ~r/[\x{061C}\x{200E}\x{200F}\x{202A}-\x{202E}\x{2066}-\x{2069}]/u
+
+      # The buttons name the session exactly: Resume acts on it.
+      assert page =~ ~s(phx-click="resume" phx-value-session_id="#{sid}")
+      {:noreply, _} = Manager.handle_event("resume", %{"session_id" => sid}, socket)
+      refute HITL.paused?(sid)
+    end
+
     test "a 1 KiB intent or tool name shows its start in the alert row, the whole in its title" do
       socket = mount!()
       sid = unique_session("sess-long-intent")

@@ -20,7 +20,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
   a `<meter>`. Styles are in `priv/static/manager.css`, under `.scm`.
   """
 
-  import ObservatoryWeb.HTML, only: [escape: 1, spend: 1]
+  import ObservatoryWeb.HTML, only: [escape: 1, escape_exact: 1, spend: 1]
 
   alias Observatory.KillSwitch.{Settings, WebhookURL}
   alias ObservatoryWeb.API.Agents, as: AgentJSON
@@ -47,7 +47,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
     [
       html_notice: [
         ~s(<div id="agent-detail" class="scm agent-detail" data-live-root data-agent-id="),
-        escape(assigns.agent_id),
+        escape_exact(assigns.agent_id),
         ~s(">),
         notice(assigns.notice)
       ],
@@ -382,7 +382,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
           ~s(<tr class="ad-session),
           if(s.exhausted, do: " exhausted", else: ""),
           ~s(" data-session-id="),
-          escape(s.session_id),
+          escape_exact(s.session_id),
           ~s("><td class="mono">),
           escape(s.session_id),
           if(s.exhausted, do: ~s( <span class="pill ad-missing">exhausted</span>), else: ""),
@@ -401,7 +401,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
             since -> spend(since)
           end,
           ~s(</td><td><button type="button" class="btn btn-ghost" phx-click="reset_budget" phx-value-session_id="),
-          escape(s.session_id),
+          escape_exact(s.session_id),
           ~s(">Reset</button></td></tr>)
         ]
       end),
@@ -870,7 +870,7 @@ defmodule ObservatoryWeb.AgentDetail.View do
       ~s(" ),
       attrs,
       ~s( value="),
-      escape(value),
+      escape_exact(value),
       ~s("),
       if(described == "", do: "", else: [~s( aria-describedby="), described, ~s(")]),
       if(error, do: ~s( aria-invalid="true"), else: ""),

@@ -13,7 +13,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   (`state-alert_entropy` flashes red, `state-blocked` is amber `#f59e0b`).
   """
 
-  import ObservatoryWeb.HTML, only: [escape: 1, spend: 1]
+  import ObservatoryWeb.HTML, only: [escape: 1, escape_exact: 1, spend: 1]
 
   alias Observatory.Gateway.AlertSource
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet}
@@ -208,7 +208,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(<tr id="),
       dom_id("alert", row.session_id),
       ~s(" class="alert-row" data-session-id="),
-      sid,
+      escape_exact(row.session_id),
       ~s(" data-alerts="),
       escape(row.alerts),
       ~s(" data-rule="),
@@ -264,7 +264,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   # A paused session is inspected and resumed; a running one paused (FR-9.10) or
   # looked at first.
   defp row_actions(session_id, true = _paused?) do
-    sid = escape(session_id)
+    sid = escape_exact(session_id)
 
     [
       ~s(<button type="button" class="btn btn-ghost" phx-click="inspect" phx-value-session_id="),
@@ -277,7 +277,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   end
 
   defp row_actions(session_id, false) do
-    sid = escape(session_id)
+    sid = escape_exact(session_id)
 
     [
       ~s(<button type="button" class="btn btn-ghost" phx-click="inspect" phx-value-session_id="),
@@ -340,7 +340,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   end
 
   defp inspector(info, fleet, expanded, source) do
-    sid = escape(info.session_id)
+    sid = escape_exact(info.session_id)
     paused? = info.pause != nil
 
     [
@@ -354,7 +354,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       sid,
       ~s(" aria-label="Close the Inspect panel">Close</button></header>),
       ~s(<dl class="facts">),
-      fact("Session", [~s(<span class="mono">), sid, "</span>"]),
+      fact("Session", [~s(<span class="mono">), escape(info.session_id), "</span>"]),
       fact("Agent", escape(info.agent_id || "unknown")),
       fact("Node", badge(Fleet.state_of(fleet, info.session_id) || state_of_info(info))),
       fact("Alert", alert_fact(Map.get(info, :alert))),
@@ -460,7 +460,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
     [
       ~s(<div class="pause-box running"><p><strong>Running.</strong> The agent is not paused.</p>),
       ~s(<button type="button" class="btn btn-pause" phx-click="pause_inspect" phx-value-session_id="),
-      escape(info.session_id),
+      escape_exact(info.session_id),
       ~s(">Pause</button></div>)
     ]
   end
@@ -474,7 +474,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       reason(pause.reason),
       ~s(. Its next steps are stored and answered with a pause directive.</p>),
       ~s(<button type="button" class="btn btn-resume" phx-click="resume" phx-value-session_id="),
-      escape(info.session_id),
+      escape_exact(info.session_id),
       ~s(">Resume</button></div>)
     ]
   end
@@ -827,7 +827,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
   defp toggle(session_id, number, label) do
     [
       ~s(<button type="button" class="btn btn-link" phx-click="toggle_step" phx-value-session_id="),
-      escape(session_id),
+      escape_exact(session_id),
       ~s(" phx-value-step="),
       escape(number),
       ~s(">),
@@ -893,7 +893,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
           ~s(<tr id="),
           dom_id("step", step.session_id),
           ~s(" data-session-id="),
-          sid,
+          escape_exact(step.session_id),
           ~s(" data-blocked="),
           to_string(step.blocked),
           ~s("><td class="mono sid" title="),
@@ -911,7 +911,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
             else: ~s(<span class="badge state-blocked"><span class="dot"></span>streak</span>)
           ),
           ~s(</td><td class="action"><button type="button" class="btn btn-resume" phx-click="reset_step" phx-value-session_id="),
-          sid,
+          escape_exact(step.session_id),
           ~s(">Reset</button></td></tr>)
         ]
       end,
@@ -933,7 +933,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(" class="node state-),
       state,
       ~s(" data-session-id="),
-      sid,
+      escape_exact(node.session_id),
       ~s(" data-state="),
       state,
       ~s(" title="),
@@ -951,7 +951,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       score(node.score),
       "</span></span></span>",
       ~s(<span class="node-actions"><button type="button" class="btn btn-ghost btn-node" phx-click="inspect" phx-value-session_id="),
-      sid,
+      escape_exact(node.session_id),
       ~s(">Inspect</button></span></li>)
     ]
   end
