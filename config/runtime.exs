@@ -1,5 +1,18 @@
 import Config
 
+# A bad setting stops the start with its one line on standard error and exit status 1,
+# like every start-up error (Observatory.StartupError, which cannot run yet: this file
+# is read before the application loads). A stack trace of this file would say nothing
+# more; OBSERVATORY_STARTUP_TRACE=1 raises instead, trace and all.
+bad_setting = fn message ->
+  if System.get_env("OBSERVATORY_STARTUP_TRACE") in [nil, "", "0", "false"] do
+    IO.puts(:stderr, "error: " <> message)
+    System.halt(1)
+  else
+    raise message
+  end
+end
+
 # Keys and tokens from the environment override the config files:
 #   OBSERVATORY_AGENT_KEYS="key1,key2"  shared agent keys (insecure: any agent can act as
 #     any other); refused at start unless OBSERVATORY_INSECURE_SHARED_AGENT_KEYS=1.
@@ -25,8 +38,10 @@ if tokens = System.get_env("OBSERVATORY_OPERATOR_TOKENS") do
           {token, name}
 
         _ ->
-          raise "OBSERVATORY_OPERATOR_TOKENS is name:token pairs separated by commas " <>
-                  "(alice:t1,bob:t2); one pair has no name or no token"
+          bad_setting.(
+            "OBSERVATORY_OPERATOR_TOKENS is name:token pairs separated by commas " <>
+              "(alice:t1,bob:t2); one pair has no name or no token"
+          )
       end
     end
 
@@ -36,14 +51,17 @@ end
 if port = System.get_env("OBSERVATORY_PORT") do
   case Integer.parse(port) do
     {n, ""} when n in 0..65_535 -> config :observatory, ObservatoryWeb.Endpoint, port: n
-    _ -> raise "OBSERVATORY_PORT must be a port number (0..65535), got: #{inspect(port)}"
+    _ -> bad_setting.("OBSERVATORY_PORT must be a port number (0..65535), got: #{inspect(port)}")
   end
 end
 
 if ip = System.get_env("OBSERVATORY_IP") do
   case :inet.parse_address(String.to_charlist(ip)) do
-    {:ok, address} -> config :observatory, ObservatoryWeb.Endpoint, ip: address
-    _ -> raise "OBSERVATORY_IP must be an IP address such as 127.0.0.1, got: #{inspect(ip)}"
+    {:ok, address} ->
+      config :observatory, ObservatoryWeb.Endpoint, ip: address
+
+    _ ->
+      bad_setting.("OBSERVATORY_IP must be an IP address such as 127.0.0.1, got: #{inspect(ip)}")
   end
 end
 
@@ -87,8 +105,10 @@ if source = System.get_env("OBSERVATORY_ALERT_SOURCE") do
         :verdict
 
       _other ->
-        raise "OBSERVATORY_ALERT_SOURCE must be \"entropy\" or \"verdict\", got: " <>
-                inspect(source)
+        bad_setting.(
+          "OBSERVATORY_ALERT_SOURCE must be \"entropy\" or \"verdict\", got: " <>
+            inspect(source)
+        )
     end
 
   config :observatory, alert_source: alert_source
@@ -104,7 +124,7 @@ for {var, key} <- [
     value = System.get_env(var) do
   case Integer.parse(value) do
     {n, ""} when n > 0 -> config :observatory, [{key, n}]
-    _ -> raise "#{var} must be a positive integer, got: #{inspect(value)}"
+    _ -> bad_setting.("#{var} must be a positive integer, got: #{inspect(value)}")
   end
 end
 
@@ -120,7 +140,9 @@ if prompt = System.get_env("OBSERVATORY_KILL_SWITCH_PROMPT") do
         :last_user_message
 
       other ->
-        raise "OBSERVATORY_KILL_SWITCH_PROMPT must be newest_input or last_user_message, got: #{inspect(other)}"
+        bad_setting.(
+          "OBSERVATORY_KILL_SWITCH_PROMPT must be newest_input or last_user_message, got: #{inspect(other)}"
+        )
     end
 
   config :observatory, :kill_switch, prompt: source
@@ -141,7 +163,9 @@ if mode = System.get_env("OBSERVATORY_KILL_SWITCH_MODE") do
         :shadow
 
       other ->
-        raise "OBSERVATORY_KILL_SWITCH_MODE must be enforce, warn or shadow, got: #{inspect(other)}"
+        bad_setting.(
+          "OBSERVATORY_KILL_SWITCH_MODE must be enforce, warn or shadow, got: #{inspect(other)}"
+        )
     end
 
   config :observatory, :kill_switch, mode: mode
@@ -154,7 +178,7 @@ if guidance = System.get_env("OBSERVATORY_GUIDANCE") do
     case guidance do
       on when on in ["on", "1", "true"] -> true
       off when off in ["off", "0", "false"] -> false
-      other -> raise "OBSERVATORY_GUIDANCE must be on or off, got: #{inspect(other)}"
+      other -> bad_setting.("OBSERVATORY_GUIDANCE must be on or off, got: #{inspect(other)}")
     end
 
   config :observatory, :guidance, enabled: enabled
@@ -173,7 +197,7 @@ end
 
 if secret = System.get_env("OBSERVATORY_SECRET_KEY_BASE") do
   if byte_size(secret) < 32 do
-    raise "OBSERVATORY_SECRET_KEY_BASE must be at least 32 bytes long"
+    bad_setting.("OBSERVATORY_SECRET_KEY_BASE must be at least 32 bytes long")
   end
 
   config :observatory, secret_key_base: secret
@@ -203,13 +227,19 @@ if nameservers = System.get_env("OBSERVATORY_CLUSTER_DNS_NAMESERVERS") do
     for server <- String.split(nameservers, ",", trim: true) do
       {host, port} =
         case String.split(server, ":") do
-          [host] -> {host, 53}
-          [host, port] -> {host, String.to_integer(port)}
+          [host] -> {host, "53"}
+          [host, port] -> {host, port}
+          _ -> {"", ""}
         end
 
-      case :inet.parse_address(String.to_charlist(host)) do
-        {:ok, ip} -> {ip, port}
-        _ -> raise "OBSERVATORY_CLUSTER_DNS_NAMESERVERS: #{inspect(server)} is not <ip>[:port]"
+      with {:ok, ip} <- :inet.parse_address(String.to_charlist(host)),
+           {port, ""} when port in 1..65_535 <- Integer.parse(port) do
+        {ip, port}
+      else
+        _ ->
+          bad_setting.(
+            "OBSERVATORY_CLUSTER_DNS_NAMESERVERS: #{inspect(server)} is not <ip>[:port]"
+          )
       end
     end
 
@@ -230,6 +260,6 @@ for {env, key} <- [
     value = System.get_env(env) do
   case Integer.parse(value) do
     {ms, ""} when ms > 0 -> config :observatory, :cluster, [{key, ms}]
-    _ -> raise "#{env} must be a positive number of milliseconds, got: #{inspect(value)}"
+    _ -> bad_setting.("#{env} must be a positive number of milliseconds, got: #{inspect(value)}")
   end
 end

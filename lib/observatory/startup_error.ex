@@ -12,7 +12,9 @@ defmodule Observatory.StartupError do
   When Observatory runs as its own server (`config :observatory,
   halt_on_start_error: true`, set by its own `config/config.exs`: `bin/start`, a
   release) the line is printed on standard error and the VM ends with status 1,
-  nothing else. `OBSERVATORY_STARTUP_TRACE=1` keeps OTP's full report instead. In a
+  nothing else. `OBSERVATORY_STARTUP_TRACE=1` keeps OTP's full report instead. A bad
+  environment variable is found earlier, by `config/runtime.exs`, which ends the start
+  the same way (one `error:` line, status 1) before this module can run. In a
   host application the error is logged as the same line and returned to the host's
   supervisor unchanged.
   """

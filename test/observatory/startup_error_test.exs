@@ -115,6 +115,90 @@ defmodule Observatory.StartupErrorTest do
       assert [line] = lines(output)
       assert line =~ ~r/^error: .*alert_source/
     end
+
+    test "every other setting the application checks at start: its one line, status 1" do
+      for {key, value, named} <- [
+            {:budgets, [nope: 1], ":budgets"},
+            {:notifications, [max_per_minute: 0], ":notifications"},
+            {:guidance, [enabled: :maybe], ":guidance"},
+            {:agent_keys, ["shared"], ":agent_keys"}
+          ] do
+        {output, status} = start_vm([{key, value}])
+        assert {status, [line]} = {1, lines(output)}, "#{key}: #{output}"
+        assert line =~ ~r/^error: .*#{Regex.escape(named)}/
+      end
+    end
+  end
+
+  # The environment variables config/runtime.exs reads, each with a value it refuses
+  # and a value it takes. bin/start runs `mix run`, which reads that file before the
+  # application loads.
+  @env_settings [
+                  {"OBSERVATORY_OPERATOR_TOKENS", "alice", "alice:t1"},
+                  {"OBSERVATORY_PORT", "http", "4750"},
+                  {"OBSERVATORY_IP", "localhost", "127.0.0.1"},
+                  {"OBSERVATORY_ALERT_SOURCE", "verdit", "verdict"},
+                  {"OBSERVATORY_LLM_TIMEOUT_MS", "-1", "1000"},
+                  {"OBSERVATORY_LLM_MAX_STREAM_MS", "1h", "1000"},
+                  {"OBSERVATORY_LLM_MAX_REQUEST_BYTES", "32MB", "1000"},
+                  {"OBSERVATORY_KILL_SWITCH_PROMPT", "last", "newest_input"},
+                  {"OBSERVATORY_KILL_SWITCH_MODE", "block", "warn"},
+                  {"OBSERVATORY_GUIDANCE", "maybe", "off"},
+                  {"OBSERVATORY_SECRET_KEY_BASE", "short", String.duplicate("k", 32)},
+                  {"OBSERVATORY_CLUSTER_DNS_NAMESERVERS", "10.0.0.2:dns", "10.0.0.2:53"}
+                ] ++
+                  for(
+                    # One loop checks all nine cluster timings: its first and last.
+                    name <- ~w(POLL VERIFY),
+                    do: {"OBSERVATORY_CLUSTER_#{name}_MS", "0", "1000"}
+                  )
+
+  # `mix run` as bin/start runs it (without starting the application: the test's own
+  # gateway holds the data directory), with `env` over this environment.
+  defp mix_run(env) do
+    System.cmd(
+      "mix",
+      ["run", "--no-compile", "--no-deps-check", "--no-start", "-e", ~s[IO.puts("read")]],
+      stderr_to_stdout: true,
+      env: [{"MIX_ENV", "test"}, {"OBSERVATORY_STARTUP_TRACE", nil} | env]
+    )
+  end
+
+  describe "a bad environment variable under bin/start (mix run)" do
+    test "OBSERVATORY_ALERT_SOURCE=verdit: the documented line alone, no stack trace, status 1" do
+      assert mix_run([{"OBSERVATORY_ALERT_SOURCE", "verdit"}]) ==
+               {~s(error: OBSERVATORY_ALERT_SOURCE must be "entropy" or "verdict", got: "verdit"\n),
+                1}
+    end
+
+    test "every variable config/runtime.exs checks: one line naming it, status 1" do
+      @env_settings
+      |> Task.async_stream(fn {var, bad, _good} -> {var, mix_run([{var, bad}])} end,
+        max_concurrency: 2,
+        timeout: 60_000
+      )
+      |> Enum.each(fn {:ok, {var, {output, status}}} ->
+        assert {status, [line]} = {status, lines(output)}, "#{var}: #{output}"
+        assert status == 1, "#{var}: #{output}"
+        assert String.starts_with?(line, "error: #{var}"), "#{var}: #{output}"
+      end)
+    end
+
+    test "good values of every variable are taken: the run goes on" do
+      assert mix_run(for {var, _bad, good} <- @env_settings, do: {var, good}) == {"read\n", 0}
+    end
+
+    test "OBSERVATORY_STARTUP_TRACE=1 keeps the exception and its stack trace" do
+      {output, status} =
+        mix_run([{"OBSERVATORY_ALERT_SOURCE", "verdit"}, {"OBSERVATORY_STARTUP_TRACE", "1"}])
+
+      assert status == 1
+
+      assert output =~
+               ~s[** (RuntimeError) OBSERVATORY_ALERT_SOURCE must be "entropy" or "verdict"]
+
+      assert output =~ "Config.Reader.read!"
+    end
   end
 
   describe "StartupError.message/1" do
