@@ -2,10 +2,14 @@ import Config
 
 # A bad setting stops the start with its one line on standard error and exit status 1,
 # like every start-up error (Observatory.StartupError, which cannot run yet: this file
-# is read before the application loads). A stack trace of this file would say nothing
-# more; OBSERVATORY_STARTUP_TRACE=1 raises instead, trace and all.
+# is read before the application starts). A stack trace of this file would say nothing
+# more; OBSERVATORY_STARTUP_TRACE=1 raises instead, trace and all. Read in a VM where
+# Observatory already runs (a test, a remote console) it raises too: that is no start
+# to stop.
 bad_setting = fn message ->
-  if System.get_env("OBSERVATORY_STARTUP_TRACE") in [nil, "", "0", "false"] do
+  starting? = not List.keymember?(Application.started_applications(), :observatory, 0)
+
+  if starting? and System.get_env("OBSERVATORY_STARTUP_TRACE") in [nil, "", "0", "false"] do
     IO.puts(:stderr, "error: " <> message)
     System.halt(1)
   else
