@@ -183,9 +183,15 @@ pub enum Reason {
     /// (e) `times` nearly identical calls in a row with the same result (each time
     /// blank: `blank`).
     NearRepeat { times: u32, blank: bool },
+    /// (e) `times` similar calls in a row (the same tool, a good part of the input the
+    /// same), each answered with nothing.
+    BlankDrift { times: u32 },
     /// (f) `times` calls in a row failed with the same error, `quiet` steps with an
     /// empty answer between them.
     FailureRun { times: u32, quiet: u32 },
+    /// (f) `times` answers in a row opened with the same line, `failed` of them failures
+    /// and the others successes.
+    SameOpening { times: u32, failed: u32 },
     /// (g) `revisits` of the last `window` steps repeated an earlier call with the same
     /// result.
     Revisit { revisits: u32, window: u32 },
@@ -240,12 +246,21 @@ impl fmt::Display for Reason {
                 f,
                 "{times} nearly identical calls in a row, each with an empty result"
             ),
+            Reason::BlankDrift { times } => write!(
+                f,
+                "{times} similar calls in a row (the same tool, most word pairs of each kept from the one before) and not one answered with anything"
+            ),
             Reason::FailureRun { times, quiet: 0 } => {
                 write!(f, "{times} calls in a row failed with the same error")
             }
             Reason::FailureRun { times, quiet } => write!(
                 f,
                 "{times} calls failed with the same error, with only {quiet} empty answers between them"
+            ),
+            Reason::SameOpening { times, failed } => write!(
+                f,
+                "{times} calls in a row got answers opening with the same line, {failed} failed and {} succeeded: something in front of every call rejects it",
+                times - failed
             ),
             Reason::Revisit { revisits, window } => write!(
                 f,
@@ -348,6 +363,9 @@ pub struct StepKeys {
     pub blank: bool,
     /// The result's numbers, for "did most of them change?".
     pub numbers: NumberSketch,
+    /// The first line of the result's text that holds a letter, digits masked, hashed
+    /// without the status ([`shape`]); 0 when there is none.
+    pub opening: u64,
 }
 
 impl StepKeys {
@@ -373,6 +391,7 @@ impl StepKeys {
             failure,
             blank: !has_result,
             numbers: NumberSketch::default(),
+            opening: if has_result { outcome } else { 0 },
         }
     }
 }
@@ -512,6 +531,17 @@ struct Entry {
     stale: bool,
 }
 
+/// The share of word pairs two *similar* calls have in common: half-way between
+/// `near_share` and 50 (62 at the default 75); 100 when `near_share` is (rules (e)–(g)
+/// off).
+fn similar_share(config: &Config) -> u32 {
+    if config.near_share >= 100 {
+        100
+    } else {
+        (config.near_share + 50) / 2
+    }
+}
+
 /// A 64-bit hash folded to 32 bits, for compact scans (a match is confirmed in full).
 fn fold(hash: u64) -> u32 {
     (hash ^ (hash >> 32)) as u32
@@ -602,6 +632,14 @@ pub struct VerdictState {
     same_run: u32,
     stale_run: u32,
     stale_blank: bool,
+    /// Rule (f)'s other run: the newest steps whose answers open with the same line
+    /// (`opening`), how many of them, and how many of those failed.
+    opening: u64,
+    opening_run: u32,
+    opening_failed: u32,
+    /// Rule (e)'s run of empty answers: the newest steps answered with nothing, each a
+    /// call of the same tool sharing at least half its word pairs with the one before.
+    blank_run: u32,
 }
 
 impl VerdictState {
@@ -651,6 +689,7 @@ impl VerdictState {
         };
         entry.revisit_back = self.revisit_back(&entry, config);
         self.extend_runs(&entry, config);
+        self.extend_opening_run(&keys);
         self.outcomes.push_back(fold(entry.outcome));
         self.ring.push_back(entry);
 
@@ -659,6 +698,7 @@ impl VerdictState {
             self.cycle(config),
             self.near_repeat(config),
             self.failure_run(config),
+            self.opening_run(config),
             self.revisit(config),
             self.same_failure(config),
         ]
@@ -827,6 +867,16 @@ impl VerdictState {
     /// the same answer (or the same call saying nothing new), at least one of them not
     /// identical (identical calls alone are rule (a)'s).
     fn near_repeat(&self, config: &Config) -> Option<Finding> {
+        let drift = self.blank_run.min(self.ring.len() as u32);
+        let drift_loop = config.blank_near_repeat_loop.max(config.near_repeat_loop);
+        if drift >= drift_loop && !(self.near_run_near && self.near_run >= drift) {
+            return Some(Finding {
+                level: Level::Loop,
+                rule: Rule::NearRepeat,
+                reason: Reason::BlankDrift { times: drift },
+                evidence: self.newest(drift as usize),
+            });
+        }
         if !self.near_run_near {
             return None;
         }
@@ -873,6 +923,12 @@ impl VerdictState {
             self.near_run_near = false;
             self.near_run_blank = entry.blank;
         }
+        let similar = prev.is_some_and(|p| p.blank && p.near(entry, similar_share(config)));
+        self.blank_run = match (entry.blank, similar) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => self.blank_run + 1,
+        };
         let same_call = prev.is_some_and(|p| p.call == entry.call);
         self.same_run = if same_call { self.same_run + 1 } else { 1 };
         if entry.stale {
@@ -887,6 +943,55 @@ impl VerdictState {
             self.stale_run = 0;
             self.stale_blank = entry.blank;
         }
+    }
+
+    /// Extends or restarts the run of answers opening with the same line with `keys`.
+    /// A blank answer, or one without a line of text, ends it: an edit that prints
+    /// nothing between two runs of a test is work between them.
+    fn extend_opening_run(&mut self, keys: &StepKeys) {
+        if keys.blank || keys.opening == 0 {
+            self.opening = 0;
+            self.opening_run = 0;
+            self.opening_failed = 0;
+            return;
+        }
+        if keys.opening != self.opening {
+            self.opening = keys.opening;
+            self.opening_run = 0;
+            self.opening_failed = 0;
+        }
+        self.opening_run += 1;
+        self.opening_failed += u32::from(keys.failure);
+    }
+
+    /// Rule (f), its other half: the newest answers all open with the same line, some
+    /// of them failures and some successes — the newest a failure, or two of them
+    /// successes. A line that comes first whether the call failed or not is not the
+    /// command's answer but something in front of every call (a wrapper the shell
+    /// cannot run, a broken environment): the calls never ran.
+    fn opening_run(&self, config: &Config) -> Option<Finding> {
+        let times = self.opening_run.min(self.ring.len() as u32);
+        let failed = self.opening_failed.min(times);
+        // All failures (a traceback's header) or all successes (a listing's header)
+        // are rule (f)'s or nobody's; one success after failures that open alike may
+        // be the call that finally worked (a test runner's banner, then a pass).
+        let succeeded = times - failed;
+        if failed == 0 || succeeded == 0 || (!self.at(0).failure && succeeded < 2) {
+            return None;
+        }
+        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
+            Level::Loop
+        } else if times >= config.failure_run_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::FailureRun,
+            reason: Reason::SameOpening { times, failed },
+            evidence: self.newest(times as usize),
+        })
     }
 
     /// Rule (f): the newest steps failed, each with the same error as the failure after

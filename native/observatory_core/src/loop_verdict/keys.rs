@@ -174,6 +174,7 @@ pub fn keys_from_canonical(
             failure,
             blank: result_shape.is_none_or(|s| s.blank),
             numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
+            opening: result_shape.map_or(0, |s| s.opening),
         }
     })
 }

@@ -805,6 +805,151 @@ fn e_blank_answers_need_six_and_identical_calls_are_rule_a() {
     assert!(v.iter().all(|v| v.rule != Rule::NearRepeat));
 }
 
+/// Twelve words in common with every other and three of its own: two of these share
+/// 12 of 18 bits (67 %), similar but not nearly identical (75 %).
+fn drifting(n: u32) -> u64 {
+    0xFFF | 0b111 << (12 + 3 * (n % 16))
+}
+
+#[test]
+fn e_similar_calls_answered_with_nothing_six_times_in_a_row_are_a_loop() {
+    // Files deleted six ways (`find … -delete`, `-exec rm {} +`, `-exec rm -f {} \;`),
+    // every answer empty: each call keeps most of the one before, none nearly identical.
+    let steps: Vec<_> = (1..=7)
+        .map(|k| blank(shaped(k, drifting(k as u32), 5 + k % 2, k % 3 == 0)))
+        .collect();
+    let v = run(&steps);
+    assert!(v[..5].iter().all(|v| v.level == Progress), "{v:?}");
+    assert_eq!(v[5].level, Loop);
+    assert_eq!(v[5].rule, Rule::NearRepeat);
+    assert_eq!(v[5].reason, Reason::BlankDrift { times: 6 });
+    assert_eq!(v[5].evidence.as_slice(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        v[5].reason.to_string(),
+        "6 similar calls in a row (the same tool, most word pairs of each kept from the one before) and not one answered with anything"
+    );
+    assert_eq!(v[6].reason, Reason::BlankDrift { times: 7 });
+    // With near_share 100 (rules (e)–(g) off) only identical calls compare.
+    let off = Config {
+        near_share: 100,
+        ..Config::default()
+    };
+    assert!(run_with(&steps, &off).iter().all(|v| v.level == Progress));
+}
+
+#[test]
+fn e_the_near_miss_writes_to_different_targets_or_an_answer_between_are_not_a_blank_drift() {
+    // Ten files written, each answer empty: half the input is the target (50 %).
+    let own = |n: u32| 0x3F | 0b11_1111 << (6 + 6 * (n % 9));
+    let writes: Vec<_> = (1..=10)
+        .map(|k| blank(shaped(k, own(k as u32), 5, false)))
+        .collect();
+    assert!(run(&writes).iter().all(|v| v.level == Progress));
+    // Another tool in the middle, or a non-empty answer, restarts the run.
+    let mut steps: Vec<_> = (1..=10)
+        .map(|k| blank(shaped(k, drifting(k as u32), 5, false)))
+        .collect();
+    steps[4] = blank(ok(99, 5));
+    steps[8] = shaped(9, drifting(9), 6, false);
+    assert!(
+        run(&steps).iter().all(|v| v.level == Progress),
+        "{:?}",
+        run(&steps)
+    );
+}
+
+/// A step whose answer opens with the line `line` (hashed), whatever follows it.
+fn opening(line: u64, mut keys: StepKeys) -> StepKeys {
+    keys.opening = line;
+    keys
+}
+
+#[test]
+fn f_answers_opening_alike_whether_the_call_failed_or_not_loop_at_4() {
+    // Every command in a fence the shell cannot run: "BASH: command not found" first,
+    // then the command's own output, the status following that output.
+    let steps = [
+        opening(42, fail(1, 1)),
+        opening(42, fail(2, 2)),
+        opening(42, ok(3, 3)),
+        opening(42, fail(4, 4)),
+        opening(42, ok(5, 5)),
+        opening(42, ok(6, 6)),
+    ];
+    let v = run(&steps);
+    // The third alone, a success after two failures, may be the call that worked.
+    assert_eq!(levels(&v), [Progress, Progress, Progress, Loop, Loop, Loop]);
+    assert_eq!(v[3].rule, Rule::FailureRun);
+    assert_eq!(
+        v[3].reason,
+        Reason::SameOpening {
+            times: 4,
+            failed: 3
+        }
+    );
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    assert_eq!(
+        v[3].reason.to_string(),
+        "4 calls in a row got answers opening with the same line, 3 failed and 1 succeeded: something in front of every call rejects it"
+    );
+    assert_eq!(
+        v[5].reason,
+        Reason::SameOpening {
+            times: 6,
+            failed: 3
+        }
+    );
+    // failure_run_loop never: amber only.
+    let amber = Config {
+        failure_run_loop: None,
+        ..Config::default()
+    };
+    assert_eq!(run_with(&steps, &amber)[3].level, Suspect);
+    // Three, the newest failed: suspect.
+    assert_eq!(run(&steps[..4])[2].level, Progress);
+    let three = [steps[0], steps[2], steps[3]];
+    assert_eq!(run(&three)[2].level, Suspect);
+    // Three, the newest failed: suspect.
+    let three = [steps[0], steps[2], steps[3]];
+    assert_eq!(run(&three)[2].level, Suspect);
+}
+
+#[test]
+fn f_the_near_miss_a_banner_then_a_pass_or_answers_of_one_status_are_not_a_same_opening() {
+    // A test runner's banner on three failures, then the pass: the call that worked.
+    let banner = [
+        opening(42, fail(1, 1)),
+        opening(42, fail(2, 2)),
+        opening(42, fail(3, 3)),
+        opening(42, ok(4, 4)),
+    ];
+    assert!(run(&banner).iter().all(|v| v.rule != Rule::FailureRun));
+    // Tracebacks (every one a failure) or listings (every one a success) open alike.
+    let tracebacks: Vec<_> = (1..=5).map(|k| opening(42, fail(k, k))).collect();
+    assert!(run(&tracebacks).iter().all(|v| v.level == Progress));
+    let listings: Vec<_> = (1..=5).map(|k| opening(42, ok(k, k))).collect();
+    assert!(run(&listings).iter().all(|v| v.level == Progress));
+    // An empty answer (an edit printing nothing) between them is work: it ends the run.
+    let edited = [
+        opening(42, fail(1, 1)),
+        opening(42, ok(2, 2)),
+        blank(ok(9, 0)),
+        opening(42, fail(3, 3)),
+        opening(42, ok(4, 4)),
+        opening(42, ok(5, 5)),
+    ];
+    assert!(run(&edited).iter().all(|v| v.level < Loop));
+    // Another first line ends it too.
+    let varied = [
+        opening(42, fail(1, 1)),
+        opening(42, ok(2, 2)),
+        opening(43, fail(3, 3)),
+        opening(42, ok(4, 4)),
+        opening(42, fail(5, 5)),
+    ];
+    assert!(run(&varied).iter().all(|v| v.level < Loop));
+}
+
 #[test]
 fn f_calls_in_a_row_failing_with_the_same_error_loop_at_4() {
     // Differently worded calls, one identical rejection.
