@@ -183,9 +183,6 @@ pub enum Reason {
     /// (e) `times` nearly identical calls in a row with the same result (each time
     /// blank: `blank`).
     NearRepeat { times: u32, blank: bool },
-    /// (e) `times` similar calls in a row (the same tool, a good part of the input the
-    /// same), each answered with nothing.
-    BlankDrift { times: u32 },
     /// (f) `times` calls in a row failed with the same error, `quiet` steps with an
     /// empty answer between them.
     FailureRun { times: u32, quiet: u32 },
@@ -245,10 +242,6 @@ impl fmt::Display for Reason {
             Reason::NearRepeat { times, blank: true } => write!(
                 f,
                 "{times} nearly identical calls in a row, each with an empty result"
-            ),
-            Reason::BlankDrift { times } => write!(
-                f,
-                "{times} similar calls in a row (the same tool, most word pairs of each kept from the one before) and not one answered with anything"
             ),
             Reason::FailureRun { times, quiet: 0 } => {
                 write!(f, "{times} calls in a row failed with the same error")
@@ -531,16 +524,9 @@ struct Entry {
     stale: bool,
 }
 
-/// The share of word pairs two *similar* calls have in common: half-way between
-/// `near_share` and 50 (62 at the default 75); 100 when `near_share` is (rules (e)–(g)
-/// off).
-fn similar_share(config: &Config) -> u32 {
-    if config.near_share >= 100 {
-        100
-    } else {
-        (config.near_share + 50) / 2
-    }
-}
+/// Most different lines an answer may have to count in a run of answers opening with
+/// the same line: the rejection and one line more (what the shell made of the rest).
+const OPENING_LINES: u32 = 2;
 
 /// A 64-bit hash folded to 32 bits, for compact scans (a match is confirmed in full).
 fn fold(hash: u64) -> u32 {
@@ -637,9 +623,6 @@ pub struct VerdictState {
     opening: u64,
     opening_run: u32,
     opening_failed: u32,
-    /// Rule (e)'s run of empty answers: the newest steps answered with nothing, each a
-    /// call of the same tool sharing at least half its word pairs with the one before.
-    blank_run: u32,
 }
 
 impl VerdictState {
@@ -867,16 +850,6 @@ impl VerdictState {
     /// the same answer (or the same call saying nothing new), at least one of them not
     /// identical (identical calls alone are rule (a)'s).
     fn near_repeat(&self, config: &Config) -> Option<Finding> {
-        let drift = self.blank_run.min(self.ring.len() as u32);
-        let drift_loop = config.blank_near_repeat_loop.max(config.near_repeat_loop);
-        if drift >= drift_loop && !(self.near_run_near && self.near_run >= drift) {
-            return Some(Finding {
-                level: Level::Loop,
-                rule: Rule::NearRepeat,
-                reason: Reason::BlankDrift { times: drift },
-                evidence: self.newest(drift as usize),
-            });
-        }
         if !self.near_run_near {
             return None;
         }
@@ -923,12 +896,6 @@ impl VerdictState {
             self.near_run_near = false;
             self.near_run_blank = entry.blank;
         }
-        let similar = prev.is_some_and(|p| p.blank && p.near(entry, similar_share(config)));
-        self.blank_run = match (entry.blank, similar) {
-            (false, _) => 0,
-            (true, false) => 1,
-            (true, true) => self.blank_run + 1,
-        };
         let same_call = prev.is_some_and(|p| p.call == entry.call);
         self.same_run = if same_call { self.same_run + 1 } else { 1 };
         if entry.stale {
@@ -947,9 +914,11 @@ impl VerdictState {
 
     /// Extends or restarts the run of answers opening with the same line with `keys`.
     /// A blank answer, or one without a line of text, ends it: an edit that prints
-    /// nothing between two runs of a test is work between them.
+    /// nothing between two runs of a test is work between them. So does an answer of
+    /// more than [`OPENING_LINES`] different lines: the call ran and said something of
+    /// its own (a test runner's banner, then its report).
     fn extend_opening_run(&mut self, keys: &StepKeys) {
-        if keys.blank || keys.opening == 0 {
+        if keys.blank || keys.opening == 0 || keys.lines.len() > OPENING_LINES {
             self.opening = 0;
             self.opening_run = 0;
             self.opening_failed = 0;

@@ -222,6 +222,8 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "re-reading a file after each edit, its content changed",
         "a pipeline grown by a stage each time, the same quoting error echoing it",
         "a path walked up, each 'cannot access' quoting another path",
+        "every command sent inside a fence the shell cannot run, the status following what comes after",
+        "a test runner's banner on every run, some files failing, some passing",
     ];
     assert_eq!(names, tested);
 }
@@ -573,6 +575,36 @@ fn must_flag_a_pipeline_grown_by_a_stage_each_time_the_same_quoting_error_echoin
 fn must_not_flag_a_path_walked_up_each_cannot_access_quoting_another_path() {
     check(
         "a path walked up, each 'cannot access' quoting another path",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_every_command_inside_a_fence_the_shell_cannot_run_the_status_flipping() {
+    let run = check(
+        "every command sent inside a fence the shell cannot run, the status following what comes after",
+        "must-flag",
+    );
+    let first = run
+        .verdicts
+        .iter()
+        .find(|v| v.level == Level::Loop)
+        .unwrap();
+    assert_eq!(first.rule, Rule::FailureRun);
+    assert_eq!(
+        first.reason,
+        Reason::SameOpening {
+            times: 4,
+            failed: 3
+        }
+    );
+    assert_eq!(first.evidence.as_slice(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn must_not_flag_a_test_runner_s_banner_on_every_run_some_files_failing_some_passing() {
+    check(
+        "a test runner's banner on every run, some files failing, some passing",
         "must-not-flag",
     );
 }
