@@ -59,6 +59,14 @@
 //!   call ([`StepKeys::exact`]) — is the same and the later call is the earlier one
 //!   with words added (nearly identical, every word pair kept): a call that dropped or
 //!   changed words changed its target, and a "not found" for the new target is news.
+//!   The rule has a second half: the newest answers all *open* with the same line
+//!   (digits masked: [`StepKeys::opening`]), some of them failures and some successes —
+//!   the newest a failure, or two of them successes — and none has more than one line
+//!   besides (a blank answer or a longer one ends the run). A line that comes first
+//!   whether the call failed or not is something in front of every call (a Markdown
+//!   fence the shell runs as a command, a wrapper that is not installed, a broken
+//!   environment): the calls never ran. A runner's banner followed by its own report,
+//!   or a pass after failures with the same banner, does not count.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
 //!   same or a nearly identical call and the same non-blank answer, or the identical
 //!   call and a blank answer again with nothing but failures and blank answers since

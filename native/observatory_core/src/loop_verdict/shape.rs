@@ -25,7 +25,10 @@
 //! * `numbers`: a sketch of its first [`MAX_NUMBERS`] runs of digits with their
 //!   positions, so that two results with the same skeleton can tell how many of their
 //!   numbers differ: one of many (a timing, a speed, a size in a long log) is a detail,
-//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving.
+//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving;
+//! * `opening`: a hash of its first line inside a value (not an object key) that holds
+//!   a letter, without the status: an answer that opens with the same line whether the
+//!   call failed or succeeded has something in front of every call.
 
 use super::keys::hash64;
 
@@ -35,6 +38,8 @@ pub const SKETCH_BITS: usize = 1024;
 pub const MAX_NUMBERS: u32 = 64;
 /// Lines of a result looked at for its gist and sketch (the first ones).
 pub const MAX_LINES: usize = 512;
+/// Bytes of a result's opening line (digits masked) its `opening` hashes.
+pub const OPENING_BYTES: usize = 128;
 
 const LINE_SEED: u64 = 0x0801_f2e2_8a3c_1d55;
 const GIST_SEED: u64 = 0xa409_3822_299f_31d0;
@@ -154,7 +159,8 @@ pub struct Shape {
     pub numbers: NumberSketch,
     pub blank: bool,
     /// The hash of the first line of a string value that holds a letter (digits
-    /// masked), 0 if none: what an answer opens with, whatever its status.
+    /// masked, its first [`OPENING_BYTES`] bytes), 0 if none: what an answer opens
+    /// with, whatever its status.
     pub opening: u64,
 }
 
@@ -389,9 +395,14 @@ impl Reader<'_> {
 
     fn end_line(&mut self) {
         if self.masked.len() > self.line_start {
-            let line = &self.masked[self.line_start..];
-            if self.opening == 0 && self.in_value && line.iter().any(u8::is_ascii_alphabetic) {
-                self.opening = hash64(line, OPENING_SEED) | 1;
+            if self.opening == 0 && self.in_value {
+                // Its first bytes: an error line is short, and a long one-line result
+                // costs no second pass over all of it.
+                let line = &self.masked[self.line_start..];
+                let line = &line[..line.len().min(OPENING_BYTES)];
+                if line.iter().any(u8::is_ascii_alphabetic) {
+                    self.opening = hash64(line, OPENING_SEED) | 1;
+                }
             }
             if self.lines.len() < MAX_LINES {
                 self.lines
