@@ -19,8 +19,8 @@
 Code.require_file("reference_tracker.exs", __DIR__)
 
 alias Observatory.Bench.ReferenceTracker
-alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
-alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionLog, StepDetector}
+alias Observatory.Gateway.{DecisionLog, EntropyConfig, EntropyTracker, Events, HITL, Idempotency}
+alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionLog, StepDetector, StepScore}
 alias Observatory.Metrics
 
 Logger.configure(level: :error)
@@ -156,29 +156,19 @@ end
 stages = [
   {"decode + validate (parse NIF)",
    fn size -> {&message.(size, &1, fresh.()), &DecisionLog.parse/1} end},
-  {"entropy (record_and_score)",
+  # The entropy window, the loop verdict and the step detector: one NIF call
+  # (StepScore), its answers settled as the ingest settles them, with FR-9.11's
+  # settings read for the step.
+  {"scoring: entropy + verdict + step detector (one NIF call)",
    fn size ->
      {&parsed.(size, &1),
       fn {_e, f} ->
-        EntropyTracker.record_and_score(f.session_id, {f.intent, f.tool_call, f.status},
-          agent_id: f.agent_id
-        )
+        config = EntropyConfig.read()
+        {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, config, true)
+        EntropyTracker.settle(e, f.session_id, f.agent_id, true)
+        LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
+        s && StepDetector.settle(s, f.session_id, thresholds)
       end}
-   end},
-  {"loop verdict",
-   fn size ->
-     {&parsed.(size, &1),
-      fn {_e, f} ->
-        LoopVerdict.observe(f.session_id, f.verdict_keys, :normal,
-          agent_id: f.agent_id,
-          step_id: f.step_id
-        )
-      end}
-   end},
-  {"step detector",
-   fn size ->
-     {&parsed.(size, &1),
-      fn {_e, f} -> StepDetector.analyze(f.session_id, f.approach, f.outcome) end}
    end},
   {"safety reads (pause, block, kill switch)",
    fn size ->

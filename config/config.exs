@@ -17,35 +17,10 @@ config :observatory,
   session_log_max_bytes: 268_435_456,
   # Who raises EntropyAlertEvents and topology states: :entropy (FRD-009) or :verdict.
   alert_source: :entropy,
-  # The loop verdict (issue 8): thresholds read per step, normalization at start.
-  loop_verdict: [
-    history: 16,
-    max_period: 5,
-    repeat_suspect: 2,
-    repeat_loop: 3,
-    blank_repeat_loop: 4,
-    cycle_suspect: 2,
-    cycle_loop: 3,
-    failure_suspect: 3,
-    failure_loop: :never,
-    entropy_rule: true,
-    near_share: 75,
-    near_repeat_suspect: 3,
-    near_repeat_loop: 4,
-    blank_near_repeat_loop: 6,
-    failure_run_suspect: 3,
-    failure_run_loop: 4,
-    revisit_window: 6,
-    revisit_suspect: 2,
-    revisit_loop: 3,
-    volatile_keys: :default,
-    extra_volatile_keys: [],
-    hex_ids: true,
-    epoch_timestamps: true,
-    normalize_input_numbers: false,
-    normalize_result_numbers: false,
-    max_sessions: 100_000
-  ],
+  # The loop verdict's settings (thresholds read per step, normalization at start) are
+  # its defaults, Observatory.Gateway.LoopVerdict.defaults/0; set only the ones you
+  # change, e.g. `loop_verdict: [repeat_loop: 4]`: every step copies this list out of
+  # the application environment to see whether it changed.
   # Durable state (Mnesia: agents and kill switch events) lives in <data_dir>/mnesia/<node>.
   data_dir: "data/#{config_env()}",
   # The OpenAI-compatible API the chat-completions proxy forwards to (base URL).

@@ -92,6 +92,11 @@ defmodule Observatory.Native do
   def verdict_forget(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def verdict_sweep(_store, _now_ms, _ttl_ms), do: :erlang.nif_error(:nif_not_loaded)
 
+  # The entropy window, the loop verdict and the step detector of one step, in one call
+  # (Observatory.Gateway.StepScore).
+  def score_step(_stores, _session_id, _entropy, _keys, _verdict_config, _step, _step_settings),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def breaker_new(_max_calls, _window_ms, _max_keys), do: :erlang.nif_error(:nif_not_loaded)
 
   def breaker_check(_breaker, _session_id, _tool, _args_hash, _now_ms),

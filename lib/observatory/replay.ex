@@ -183,7 +183,8 @@ defmodule Observatory.Replay do
   defp merge_env(_key, []), do: :ok
 
   defp merge_env(key, changes) do
-    configured = Application.get_env(:observatory, key, [])
+    # Unset, or set to nil by hand: the defaults.
+    configured = Application.get_env(:observatory, key) || []
     Application.put_env(:observatory, key, Keyword.merge(configured, changes))
   end
 

@@ -197,6 +197,11 @@ defmodule ObservatoryWeb.AuthThrottle do
   # An IPv6 client is its /64: one host or subscriber is given a whole /64, and would
   # otherwise have 2^64 entries (IPv4-mapped addresses are their IPv4 address).
   defp key(client) do
+    # An IPv4 address (no ":") is its own key: nothing to parse on every request.
+    if :binary.match(client, ":") == :nomatch, do: client, else: ipv6_key(client)
+  end
+
+  defp ipv6_key(client) do
     case :inet.parse_address(String.to_charlist(client)) do
       {:ok, {0, 0, 0, 0, 0, 0xFFFF, ab, cd}} ->
         :inet.ntoa({div(ab, 256), rem(ab, 256), div(cd, 256), rem(cd, 256)}) |> to_string()

@@ -1,7 +1,9 @@
 defmodule ObservatoryWeb.Endpoint do
   @moduledoc """
   The HTTP server: Debian's MochiWeb (an acceptor pool, one process per connection)
-  with `ObservatoryWeb.Router` as its request loop.
+  with this module's HTTP/1.1 loop — each request head read in one go and parsed
+  with `:erlang.decode_packet/3`, keep-alive, pipelining — and
+  `ObservatoryWeb.Router` answering each request.
 
       config :observatory, ObservatoryWeb.Endpoint,
         server: true,              # default false: a host app gets no second HTTP server
@@ -16,13 +18,13 @@ defmodule ObservatoryWeb.Endpoint do
 
   ## Idle connections
 
-  MochiWeb waits 300 s for a connection's first request line (and for the next one
-  on a kept-alive connection), and stops accepting at `max_connections`: two
-  thousand sockets that send nothing were enough to keep everyone else out. So each
-  connection is given `idle_timeout_ms` to *complete* its request's headers (a
-  slow-header client is cut off too), the same again to send its whole body once a
-  handler reads it (MochiWeb would wait 300 s for each piece), and, between
-  requests, to start the next one; past that it is closed. A request under way —
+  MochiWeb's own loop waited 300 s for a connection's first request line (and for
+  the next one on a kept-alive connection), and MochiWeb stops accepting at
+  `max_connections`: two thousand sockets that send nothing were enough to keep
+  everyone else out. So each connection is given `idle_timeout_ms` to *complete*
+  its request's headers (a slow-header client is cut off too), the same again to
+  send its whole body once a handler reads it (MochiWeb would wait 300 s for each
+  piece), and, between requests, to start the next one; past that it is closed. A request under way —
   a handler's work, a dashboard's event stream — is not cut.
 
   The deadline costs no process and no message per request: a BIF timer that each
@@ -113,109 +115,144 @@ defmodule ObservatoryWeb.Endpoint do
     end)
   end
 
-  # MochiWeb's HTTP/1.1 loop (`mochiweb_http:loop/3` of 3.1.1: request line, headers,
-  # keep-alive), with one difference: a line its parser rejects — a request line or a
-  # header that is not HTTP, such as `Content-Length : 7` (RFC 9112 forbids the space
-  # and requires a 400) — is answered `400` at once and the connection closed, where
-  # MochiWeb's loop left the parser's error unread and waited for its timeout.
-  defp serve(socket, opts, handle) do
-    setopts(socket, packet: :http)
-    request_line(socket, opts, handle)
-  end
+  # The request head — its request line and header lines — read into a buffer in as
+  # few reads of the socket as it arrives in (one, for a head that comes in one
+  # packet) and parsed there by Erlang's own HTTP parser (`:erlang.decode_packet/3`,
+  # the parser behind the socket's `{packet, http}` mode). MochiWeb's loop set that
+  # mode and took the head one line at a time, a round trip to the socket driver and
+  # a message per header line. Bytes read past the head (a body, a pipelined
+  # request) go back to the socket (`:gen_tcp.unrecv/2`), where the body readers and
+  # the next request's read find them as if never taken.
+  #
+  # A line the parser rejects — a request line or a header that is not HTTP, such as
+  # `Content-Length : 7` (RFC 9112 forbids the space and requires a 400) — is
+  # answered `400` at once and the connection closed, as is a request line longer
+  # than @max_request_line (414), a head longer than @max_head or with more than
+  # @max_headers headers (431): a client chooses these sizes.
+  @max_request_line 8_192
+  @max_head 65_536
+  @max_headers 100
+  # What a 400 answers to when no request line could be read.
+  @no_request {:GET, {:abs_path, ~c"/"}, {1, 1}}
 
-  defp request_line(socket, opts, handle) do
-    setopts(socket, active: :once)
+  @doc false
+  def limits,
+    do: %{max_request_line: @max_request_line, max_head: @max_head, max_headers: @max_headers}
 
-    receive do
-      {proto, _, {:http_request, method, path, version}} when proto in [:http, :ssl] ->
-        setopts(socket, packet: :httph)
-        headers(socket, opts, {method, path, version}, [], handle, 0)
+  defp serve(socket, opts, handle), do: request_line(socket, opts, handle, "")
+
+  defp request_line(socket, opts, handle, buffer) do
+    case :erlang.decode_packet(:http, buffer, packet_size: @max_request_line) do
+      {:ok, {:http_request, method, uri, version}, rest} ->
+        used = byte_size(buffer) - byte_size(rest)
+        request = {method, uri, version}
+        headers(socket, opts, handle, request, rest, [], 0, @max_head - used)
 
       # Blank lines before a request are allowed (RFC 9112 §2.2).
-      {proto, _, {:http_error, blank}} when proto in [:http, :ssl] and blank in [~c"\r\n", ~c"\n"] ->
-        request_line(socket, opts, handle)
+      {:ok, {:http_error, blank}, rest} when blank in [~c"\r\n", ~c"\n"] ->
+        request_line(socket, opts, handle, rest)
 
-      {proto, _, {:http_error, _}} when proto in [:http, :ssl] ->
+      {:ok, _not_a_request, _rest} ->
+        invalid(socket, opts, @no_request, [], 400, "the request line is not HTTP")
+
+      {:more, _} ->
+        buffer = more(socket, buffer, @max_request_line, :request_recv_timeout)
+        request_line(socket, opts, handle, buffer)
+
+      {:error, _too_long} ->
         invalid(
           socket,
           opts,
-          {:GET, {:abs_path, ~c"/"}, {1, 1}},
+          @no_request,
           [],
-          "the request line is not HTTP"
+          414,
+          "the request line is longer than #{@max_request_line} bytes"
         )
-
-      {:tcp_error, _, :emsgsize} ->
-        invalid(
-          socket,
-          opts,
-          {:GET, {:abs_path, ~c"/"}, {1, 1}},
-          [],
-          "the request line is too long"
-        )
-
-      {closed, _} when closed in [:tcp_closed, :ssl_closed] ->
-        close(socket, closed)
-
-      {error, _, reason} when error in [:tcp_error, :ssl_error] ->
-        close(socket, reason)
-    after
-      300_000 -> close(socket, :request_recv_timeout)
     end
   end
 
-  @max_headers 1_000
+  defp headers(socket, opts, _handle, request, _buffer, acc, @max_headers, _left),
+    do: invalid(socket, opts, request, acc, 431, "more than #{@max_headers} headers")
 
-  defp headers(socket, opts, request, acc, _handle, @max_headers),
-    do: invalid(socket, opts, request, acc, "too many headers")
+  defp headers(socket, opts, _handle, request, _buffer, acc, _count, left) when left <= 0,
+    do: invalid(socket, opts, request, acc, 431, "the request head is over #{@max_head} bytes")
 
-  defp headers(socket, opts, request, acc, handle, count) do
-    setopts(socket, active: :once)
-
-    receive do
-      {proto, _, :http_eoh} when proto in [:http, :ssl] ->
-        req = new_request(socket, opts, request, acc)
+  defp headers(socket, opts, handle, request, buffer, acc, count, left) do
+    case :erlang.decode_packet(:httph_bin, buffer, packet_size: left) do
+      {:ok, :http_eoh, rest} ->
+        if rest != "", do: :ok = :gen_tcp.unrecv(socket, rest)
+        req = ObservatoryWeb.Conn.MochiWeb.new_request(socket, opts, request, Enum.reverse(acc))
         handle.(req)
         after_response(req, handle)
 
-      {proto, _, {:http_header, _, name, _, value}} when proto in [:http, :ssl] ->
-        headers(socket, opts, request, [{name, value} | acc], handle, count + 1)
+      {:ok, {:http_header, _, name, _, value}, rest} ->
+        left = left - (byte_size(buffer) - byte_size(rest))
+        headers(socket, opts, handle, request, rest, [{name, value} | acc], count + 1, left)
 
-      {proto, _, {:http_error, _}} when proto in [:http, :ssl] ->
-        invalid(socket, opts, request, acc, "a header line is malformed")
+      {:ok, {:http_error, _}, _rest} ->
+        invalid(socket, opts, request, acc, 400, "a header line is malformed")
 
-      {:tcp_error, _, :emsgsize} ->
-        invalid(socket, opts, request, acc, "a header line is too long")
+      {:more, _} ->
+        buffer = more(socket, buffer, left, :headers_recv_timeout)
+        headers(socket, opts, handle, request, buffer, acc, count, left)
 
-      {closed, _} when closed in [:tcp_closed, :ssl_closed] ->
-        close(socket, closed)
-
-      {error, _, reason} when error in [:tcp_error, :ssl_error] ->
-        close(socket, reason)
-    after
-      30_000 -> close(socket, :headers_recv_timeout)
+      {:error, _too_long} ->
+        invalid(socket, opts, request, acc, 431, "the request head is over #{@max_head} bytes")
     end
   end
 
-  defp new_request(socket, opts, request, acc) do
-    setopts(socket, packet: :raw)
-    :mochiweb.new_request({socket, opts, request, Enum.reverse(acc)})
+  # `buffer` and what the client sent next, once that holds a line end (until one
+  # comes the parser has nothing new to say: a head ends with one) or the buffer is
+  # over `limit`: a head sent a byte at a time is parsed once a line, not once a
+  # byte. The connection ends when the client is gone. (The idle deadline, not this
+  # timeout, is what cuts a slow client off.)
+  defp more(socket, buffer, limit, timeout_reason) do
+    case :gen_tcp.recv(socket, 0, 300_000) do
+      {:ok, data} ->
+        buffer = buffer <> data
+
+        if :binary.match(data, "\n") != :nomatch or byte_size(buffer) > limit,
+          do: buffer,
+          else: more(socket, buffer, limit, timeout_reason)
+
+      {:error, :timeout} ->
+        close(socket, timeout_reason)
+
+      {:error, :closed} ->
+        close(socket, :tcp_closed)
+
+      {:error, reason} ->
+        close(socket, reason)
+    end
   end
 
-  # 400 with a JSON body saying what was wrong, then the connection is closed: what
-  # follows on it cannot be trusted to start a request.
-  defp invalid(socket, opts, request, acc, reason) do
-    req = new_request(socket, opts, request, acc)
-    body = Observatory.JSON.encode!(%{error: "bad_request", message: reason})
-    headers = [{"Content-Type", "application/json"}, {"Connection", "close"}]
-    :mochiweb_request.respond({400, headers ++ ObservatoryWeb.Conn.security_headers(), body}, req)
+  # An error with a JSON body saying what was wrong, then the connection is closed:
+  # what follows on it cannot be trusted to start a request.
+  defp invalid(socket, opts, request, acc, status, reason) do
+    alias ObservatoryWeb.Conn.MochiWeb, as: Adapter
+    req = Adapter.new_request(socket, opts, request, Enum.reverse(acc))
+    body = Observatory.JSON.encode!(%{error: error_code(status), message: reason})
+    Adapter.close_after(req)
+
+    Adapter.send_resp(
+      req,
+      status,
+      [{"Content-Type", "application/json"} | ObservatoryWeb.Conn.security_headers()],
+      body
+    )
+
     close(socket, :invalid_request)
   end
+
+  defp error_code(400), do: "bad_request"
+  defp error_code(414), do: "uri_too_long"
+  defp error_code(431), do: "request_header_fields_too_large"
 
   defp after_response(req, handle) do
     socket = :mochiweb_request.get(:socket, req)
     skip = Process.delete(@skip_key)
 
-    if :mochiweb_request.should_close(req) do
+    if ObservatoryWeb.Conn.MochiWeb.should_close?(req) do
       close(socket, :should_close)
     else
       if skip, do: skip_body(socket, skip)
@@ -248,9 +285,6 @@ defmodule ObservatoryWeb.Endpoint do
     :mochiweb_socket.close(socket)
     exit({:shutdown, why})
   end
-
-  defp setopts(socket, options),
-    do: :ok = :mochiweb_socket.exit_if_closed(:mochiweb_socket.setopts(socket, options))
 
   @doc """
   Runs `fun` (a read of the request body) under the same `idle_timeout_ms`

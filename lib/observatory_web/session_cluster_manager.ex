@@ -98,6 +98,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
       # one listing.
       |> Socket.assign(:alerts, Alerts.replace(Alerts.new(), alert_list()))
       |> Socket.assign(:fleet, fleet_snapshot())
+      |> Socket.assign(:held, held())
       |> Socket.assign(:steps, step_list())
       |> Socket.assign(:inspect, nil)
       |> Socket.assign(:expanded, [])
@@ -193,6 +194,7 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> Socket.assign(:alert_source, AlertSource.current())
     |> Socket.assign(:alerts, Alerts.replace(socket.assigns.alerts, alerts_snapshot()))
     |> Socket.assign(:fleet, snapshot())
+    |> Socket.assign(:held, SnapshotCache.fetch({__MODULE__, :held}, max_age(), &held/0))
     |> Socket.assign(:steps, steps())
     |> schedule_reload(inspected(socket))
     |> noreply()
@@ -432,7 +434,8 @@ defmodule ObservatoryWeb.SessionClusterManager do
   defp fleet_snapshot do
     # Every member's sessions (issue 14): each session is on one node only.
     flagged = Cluster.gather(LoopVerdict, :flagged, [@snapshot_limit])
-    sessions = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
+    listed = Cluster.gather(EntropyTracker, :sessions, [[limit: @snapshot_limit]])
+    sessions = listed ++ alerted_beyond(listed)
 
     sessions =
       if AlertSource.current() == :verdict,
@@ -443,6 +446,34 @@ defmodule ObservatoryWeb.SessionClusterManager do
     |> Fleet.snapshot(HITL.paused_sessions())
     |> Fleet.put_verdicts(flagged)
   end
+
+  # The tracker lists its most recently active sessions only: an alerted session
+  # quieter than the newest @snapshot_limit (a busy fleet, a flood of new sessions)
+  # is added from its alert, so the topology and the summary count every session the
+  # alerts panel lists.
+  defp alerted_beyond(listed) do
+    shown = MapSet.new(listed, & &1.session_id)
+    now = System.system_time(:millisecond)
+
+    for row <- Observatory.Gateway.Alerts.gather(limit: @snapshot_limit),
+        not MapSet.member?(shown, row.session_id) do
+      %{
+        session_id: row.session_id,
+        agent_id: row.agent_id,
+        score: row.entropy_score,
+        severity: :loop,
+        idle_ms: max(now - DateTime.to_unix(row.last_at, :millisecond), 0)
+      }
+    end
+  end
+
+  # How many sessions every member holds: the topology shows only the newest
+  # @snapshot_limit of them (and the alerted and paused ones), the summary says so.
+  defp held, do: Cluster.gather(__MODULE__, :held_here, []) |> Enum.sum()
+
+  @doc false
+  # This member's count, as a list for `Cluster.gather/3`.
+  def held_here, do: [EntropyTracker.session_count()]
 
   # With the verdict as the alert source, a node's state follows the verdict.
   defp by_verdict(sessions, verdicts) do

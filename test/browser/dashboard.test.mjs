@@ -163,6 +163,26 @@ describe("Session Cluster Manager in chromium", { timeout: 300_000 }, () => {
     await page.locator("#inspector").getByRole("button", { name: "Close" }).click();
   });
 
+  test("a 200-byte session id is cut in the step detector: every row keeps its streaks and Reset in view", async () => {
+    const long = `sess-${"x".repeat(195)}`;
+    await gateway.calls(long, "agent-long-id", pytestLoop(5));
+    await gateway.calls("sess-short-id", "agent-long-id", pytestLoop(5));
+    const stepRow = (sid) => `#steps-panel tr[data-session-id=${attr(sid)}]`;
+    await page.waitForSelector(stepRow(long));
+    await page.waitForSelector(stepRow("sess-short-id"));
+
+    const panel = await page.locator("#steps-panel").boundingBox();
+    const wrap = await page.$eval("#steps-panel .table-wrap", (el) => [el.scrollWidth, el.clientWidth]);
+    assert.ok(wrap[0] <= wrap[1], `the step detector's table fits its panel (${wrap[0]} > ${wrap[1]})`);
+    for (const sid of [long, "sess-short-id"]) {
+      const reset = await page.locator(stepRow(sid)).getByRole("button", { name: "Reset" }).boundingBox();
+      assert.ok(reset.x + reset.width <= panel.x + panel.width, `${sid.slice(0, 12)}…'s Reset is in the panel`);
+    }
+    // The whole id is still there, for a hover and for the page's own Reset.
+    assert.equal(await page.getAttribute(`${stepRow(long)} td.sid`, "title"), long);
+    await page.locator("#steps-panel").screenshot({ path: path.join(ARTIFACTS, "steps-long-id.png") });
+  });
+
   test("a session that looped before the page opened is listed on load, once", async () => {
     const sid = "sess-looped-before";
     await gateway.steps(sid, "agent-early", loop(7));

@@ -508,6 +508,330 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     end
   end
 
+  describe "issue 24: the request head is read in one go and parsed from the buffer" do
+    # The socket work of the server's connection processes while `fun` runs: every
+    # call of `gen_tcp:recv/3`, `inet:setopts/2` and `gen_tcp:unrecv/2` made by a
+    # process other than the test's own, in order.
+    defp server_socket_calls(fun) do
+      calls = [{:gen_tcp, :recv, 3}, {:inet, :setopts, 2}, {:gen_tcp, :unrecv, 2}]
+      for mfa <- calls, do: :erlang.trace_pattern(mfa, true, [:global])
+      :erlang.trace(:all, true, [:call, {:tracer, self()}])
+
+      try do
+        fun.()
+      after
+        :erlang.trace(:all, false, [:call])
+        for mfa <- calls, do: :erlang.trace_pattern(mfa, false, [:global])
+      end
+
+      me = self()
+
+      collect = fn collect ->
+        receive do
+          {:trace, pid, :call, {m, f, args}} when pid != me ->
+            [{m, f, length(args)} | collect.(collect)]
+
+          {:trace, _pid, :call, _} ->
+            collect.(collect)
+        after
+          0 -> []
+        end
+      end
+
+      collect.(collect)
+    end
+
+    defp twenty_headers do
+      for i <- 1..18, do: "X-Client-Header-#{i}: value #{i}"
+    end
+
+    test "a head of 20 headers in one packet takes one read of the socket, no round trip per line" do
+      request =
+        Enum.join(
+          ["GET /no-such-page HTTP/1.1", "Host: localhost", "Connection: close"] ++
+            twenty_headers(),
+          "\r\n"
+        ) <> "\r\n\r\n"
+
+      calls =
+        server_socket_calls(fn ->
+          {answer, state} = exchange(request)
+          assert answer =~ ~r"^HTTP/1.1 404 "
+          assert state == :closed
+        end)
+
+      # MochiWeb's loop: an `inet:setopts/2` (and a message) per line, 23 here.
+      assert calls == [{:gen_tcp, :recv, 3}]
+    end
+
+    test "a body in the same packet as the head goes back to the socket whole and is read once" do
+      envelope = HTTP.envelope()
+      body = Observatory.JSON.encode!(envelope)
+      request = post_head(["Content-Length: #{byte_size(body)}", "Connection: close"]) <> body
+
+      calls =
+        server_socket_calls(fn ->
+          {answer, _state} = exchange(request)
+          assert answer =~ ~r"^HTTP/1.1 200 "
+          assert answer =~ envelope["meta"]["step_id"]
+        end)
+
+      assert [{:gen_tcp, :recv, 3}, {:gen_tcp, :unrecv, 2}] = Enum.take(calls, 2)
+      refute {:inet, :setopts, 2} in calls
+    end
+
+    test "a head split over several packets, mid-line and between CR and LF, is read whole" do
+      socket = connect()
+      :ok = :inet.setopts(socket, nodelay: true)
+      key = HTTP.agent_key()
+      envelope = HTTP.envelope()
+      body = Observatory.JSON.encode!(envelope)
+
+      pieces = [
+        "POST /api/v1/deci",
+        "sion_logs HTTP/1.1\r",
+        "\nHost: localhost\r\nContent-Type: appl",
+        "ication/json\r\nAuthorization: Bearer #{key}\r\nContent-Len",
+        "gth: #{byte_size(body)}\r\n\r",
+        "\n" <> body
+      ]
+
+      for piece <- pieces do
+        :ok = :gen_tcp.send(socket, piece)
+        # Each piece its own packet: the server sees the head arrive in parts.
+        Process.sleep(5)
+      end
+
+      {answer, answer_body, ""} = read_answer(socket)
+      assert answer =~ ~r"^http/1.1 200 "
+      assert {:ok, %{"step_id" => step_id}} = Observatory.JSON.decode(answer_body)
+      assert step_id == envelope["meta"]["step_id"]
+      :gen_tcp.close(socket)
+    end
+
+    test "three requests in one packet are each answered, in order, from their first byte" do
+      socket = connect()
+      :ok = :gen_tcp.send(socket, @get_404 <> "\r\n" <> @get_404 <> @get_404)
+      {first, _, more} = read_answer(socket)
+      {second, _, more} = read_answer(socket, more)
+      {third, body, rest} = read_answer(socket, more)
+      assert Enum.all?([first, second, third], &(&1 =~ ~r"^http/1.1 404 "))
+      assert body =~ "not_found"
+      assert rest == ""
+      :gen_tcp.close(socket)
+    end
+
+    test "a request line over 8 KiB is a 414 and the connection closes" do
+      path = "/" <> String.duplicate("a", ObservatoryWeb.Endpoint.limits().max_request_line)
+      {answer, state} = exchange("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+      assert answer =~ ~r"^HTTP/1.1 414 URI Too Long\r\n"
+      assert answer =~ "\r\nConnection: close\r\n"
+      assert answer =~ "uri_too_long"
+      assert state == :closed
+    end
+
+    test "more than 100 headers is a 431 and the connection closes" do
+      headers = for i <- 1..101, do: "X-H#{i}: v"
+      {answer, state} = exchange(Enum.join(["GET / HTTP/1.1" | headers], "\r\n") <> "\r\n\r\n")
+      assert answer =~ ~r"^HTTP/1.1 431 Request Header Fields Too Large\r\n"
+      assert answer =~ "request_header_fields_too_large"
+      assert state == :closed
+
+      # 100 are served.
+      {answer, _} =
+        exchange(
+          Enum.join(["GET /no-such-page HTTP/1.1" | Enum.take(headers, 99)], "\r\n") <> "\r\n\r\n"
+        )
+
+      assert answer =~ ~r"^HTTP/1.1 404 "
+    end
+
+    test "a head over 64 KiB is a 431, even as one header line that never ends" do
+      long = String.duplicate("v", 40_000)
+
+      {answer, state} = exchange("GET / HTTP/1.1\r\nX-A: #{long}\r\nX-B: #{long}\r\n\r\n")
+
+      assert answer =~ ~r"^HTTP/1.1 431 "
+      assert state == :closed
+
+      # No line end ever comes: the answer does not wait for one.
+      {answer, state} = exchange("GET / HTTP/1.1\r\nX-A: " <> String.duplicate("v", 70_000))
+      assert answer =~ ~r"^HTTP/1.1 431 "
+      assert state == :closed
+    end
+
+    test "whitespace after a header value is not part of it (a key followed by a tab is the key)" do
+      envelope = HTTP.envelope()
+      body = Observatory.JSON.encode!(envelope)
+
+      request =
+        Enum.join(
+          [
+            "POST /api/v1/decision_logs HTTP/1.1",
+            "Host: localhost",
+            "Content-Type: application/json \t",
+            "Authorization: Bearer #{HTTP.agent_key()} \t ",
+            "Content-Length: #{byte_size(body)}"
+          ],
+          "\r\n"
+        ) <> "\r\n\r\n" <> body
+
+      {answer, _state} = exchange(request, 1_000)
+      assert answer =~ ~r"^HTTP/1.1 200 "
+    end
+  end
+
+  describe "issue 24: one reading of Content-Length" do
+    test "a padded Content-Length (\" 12 \") on an unread body: skipped by its length, the connection kept" do
+      socket = connect()
+
+      request =
+        "POST /no-such-page HTTP/1.1\r\nHost: localhost\r\nContent-Length:  12 \r\n\r\n" <>
+          "GET /x HTTP/"
+
+      :ok = :gen_tcp.send(socket, request <> @get_404)
+      {first, _, more} = read_answer(socket)
+      {second, _, rest} = read_answer(socket, more)
+      assert first =~ ~r"^http/1.1 404 " and second =~ ~r"^http/1.1 404 "
+      refute first =~ "connection: close"
+      assert rest == ""
+      :gen_tcp.close(socket)
+    end
+
+    test "a padded Content-Length on a body a handler reads: read by its length, answered 200" do
+      envelope = HTTP.envelope()
+      body = Observatory.JSON.encode!(envelope)
+      socket = connect()
+      :ok = :gen_tcp.send(socket, post_head(["Content-Length:   #{byte_size(body)}\t "]) <> body)
+      {answer, answer_body, ""} = read_answer(socket)
+      assert answer =~ ~r"^http/1.1 200 "
+      assert answer_body =~ envelope["meta"]["step_id"]
+      :gen_tcp.close(socket)
+    end
+
+    test "an invalid Content-Length (12x, +12, two values) is a 400 and the connection closes" do
+      for value <- ["12x", "+12", "12, 12", "1 2"] do
+        {answer, state} =
+          exchange(
+            "POST /no-such-page HTTP/1.1\r\nHost: localhost\r\nContent-Length: #{value}\r\n\r\n" <>
+              String.duplicate("x", 12)
+          )
+
+        assert answer =~ ~r"^HTTP/1.1 400 ", value
+        assert answer =~ "Content-Length must be a decimal number", value
+        assert state == :closed, value
+      end
+    end
+
+    test "ObservatoryWeb.Conn.parse_content_length/1: digits with optional whitespace, else :invalid" do
+      assert ObservatoryWeb.Conn.parse_content_length("12") == 12
+      assert ObservatoryWeb.Conn.parse_content_length(" 12 ") == 12
+      assert ObservatoryWeb.Conn.parse_content_length("\t0") == 0
+
+      for bad <- ["", " ", "12x", "+12", "-1", "0x10", "1 2", "12, 12", String.duplicate("9", 20)] do
+        assert ObservatoryWeb.Conn.parse_content_length(bad) == :invalid, inspect(bad)
+      end
+    end
+  end
+
+  describe "issue 24: the answer's head is written by the adapter" do
+    defp head_only(socket, acc \\ "") do
+      case String.split(acc, "\r\n\r\n", parts: 2) do
+        [head, rest] ->
+          {String.downcase(head), rest}
+
+        [_] ->
+          {:ok, data} = :gen_tcp.recv(socket, 0, 3_000)
+          head_only(socket, acc <> data)
+      end
+    end
+
+    test "status line, the handler's headers, Content-Length and Date; kept alive" do
+      socket = connect()
+      :ok = :gen_tcp.send(socket, @get_404)
+      {head, body, ""} = read_answer(socket)
+      [status | lines] = String.split(head, "\r\n")
+      assert status == "http/1.1 404 not found"
+      assert "content-type: application/json" in lines
+      assert "x-content-type-options: nosniff" in lines
+      assert "content-length: #{byte_size(body)}" in lines
+      assert Enum.any?(lines, &(&1 =~ ~r"^date: \w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d gmt$"))
+      refute Enum.any?(lines, &String.starts_with?(&1, "connection:"))
+      :gen_tcp.close(socket)
+    end
+
+    test "Connection: close, as one option among others, closes after an answer that says so" do
+      {answer, state} =
+        exchange("GET /no-such-page HTTP/1.1\r\nHost: localhost\r\nConnection: TE, Close\r\n\r\n")
+
+      assert answer =~ ~r"^HTTP/1.1 404 "
+      assert answer =~ "\r\nConnection: close\r\n"
+      assert state == :closed
+    end
+
+    test "HTTP/1.0: answered in 1.0, closed unless the client asks for keep-alive" do
+      {answer, state} = exchange("GET /no-such-page HTTP/1.0\r\n\r\n")
+      assert answer =~ ~r"^HTTP/1.0 404 "
+      assert answer =~ "\r\nConnection: close\r\n"
+      assert state == :closed
+
+      socket = connect()
+      :ok = :gen_tcp.send(socket, "GET /no-such-page HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+      {head, _body, ""} = read_answer(socket)
+      assert head =~ ~r"^http/1.0 404 "
+      refute head =~ "connection: close"
+      :ok = :gen_tcp.send(socket, @get_404)
+      {head, _body, ""} = read_answer(socket)
+      assert head =~ ~r"^http/1.1 404 "
+      :gen_tcp.close(socket)
+    end
+
+    test "a chunked answer (MochiWeb writes its head) announces the close the adapter makes" do
+      {:ok, listen} = :gen_tcp.listen(0, [:binary, active: false])
+      {:ok, port} = :inet.port(listen)
+      {:ok, client} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false])
+      {:ok, server} = :gen_tcp.accept(listen)
+      line = {:GET, {:abs_path, ~c"/events"}, {1, 1}}
+
+      for {connection, closes?} <- [{"TE, close", true}, {"keep-alive", false}] do
+        adapter = ObservatoryWeb.Conn.MochiWeb
+        req = adapter.new_request(server, [], line, [{:Connection, connection}])
+        assert adapter.should_close?(req) == closes?
+        resp = adapter.send_chunked(req, 200, [{"Content-Type", "text/plain"}])
+        :ok = adapter.end_chunked(resp)
+        {head, rest} = head_only(client)
+        assert head =~ "transfer-encoding: chunked"
+        assert String.contains?(head, "connection: close") == closes?, connection
+        # The last chunk, read off before the next answer.
+        assert last_chunk(client, rest) == "0\r\n\r\n"
+      end
+
+      Enum.each([client, server, listen], &:gen_tcp.close/1)
+    end
+
+    defp last_chunk(socket, acc) do
+      if String.ends_with?(acc, "\r\n\r\n") do
+        acc
+      else
+        {:ok, data} = :gen_tcp.recv(socket, 0, 1_000)
+        last_chunk(socket, acc <> data)
+      end
+    end
+
+    test "HEAD: the head with the body's Content-Length, no body" do
+      socket = connect()
+      :ok = :gen_tcp.send(socket, "HEAD /no-such-page HTTP/1.1\r\nHost: localhost\r\n\r\n")
+      {head, rest} = head_only(socket)
+      assert [_, length] = Regex.run(~r/content-length: (\d+)/, head)
+      assert String.to_integer(length) > 0
+      # The next answer starts right after the head: no body came between.
+      :ok = :gen_tcp.send(socket, @get_404)
+      {next, _body, ""} = read_answer(socket, rest)
+      assert next =~ ~r"^http/1.1 404 "
+      :gen_tcp.close(socket)
+    end
+  end
+
   describe "finding 4: error answers and logs are capped" do
     test "1 MiB of bad NDJSON lines gives a small answer and a small log" do
       body = String.duplicate("x\n", div(1024 * 1024, 2))

@@ -388,6 +388,26 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
       assert length(Regex.scan(~r/data-session-id="#{escaped}"/, page)) == 3
     end
 
+    test "a 1 KiB intent or tool name shows its start in the alert row, the whole in its title" do
+      socket = mount!()
+      sid = unique_session("sess-long-intent")
+      # A proxied call's arguments are its intent: up to 1 KiB, 8 lines of the row each.
+      intent = "write_file " <> String.duplicate("<lorem> ipsum ", 72)
+      tool = String.duplicate("t", 1024)
+      record_all(sid, List.duplicate({intent, tool, :failure}, 5), agent_id: "agent-loop")
+
+      page = socket |> feed(collect_alerts(sid)) |> html()
+      [row] = Regex.run(~r/<tr [^>]*data-session-id="#{sid}".*?<\/tr>/s, page)
+
+      shown = intent |> String.slice(0, 160) |> ObservatoryWeb.HTML.escape()
+
+      assert row =~
+               ~s(<code class="cut" title="#{ObservatoryWeb.HTML.escape(intent)}">#{shown}…</code>)
+
+      assert row =~ ~s(<code class="cut" title="#{tool}">#{String.slice(tool, 0, 160)}…</code>)
+      refute row =~ ~s(>#{ObservatoryWeb.HTML.escape(intent)}<)
+    end
+
     test "element ids are hashes, not the session id" do
       id = ObservatoryWeb.SessionClusterManager.View.dom_id("node", @hostile)
       assert id =~ ~r/\Anode-[0-9a-f]{16}\z/
@@ -407,6 +427,54 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
 
       assert length(Regex.scan(~r/class="alert-row" data-session-id="#{sid}"/, page)) == 1
       assert page =~ "5 of 5 steps in the window"
+    end
+
+    test "an alerted session quieter than 500 newer ones is still a node, counted in the summary, which says how many are shown" do
+      sid = unique_session("sess-buried")
+      record_all(sid, List.duplicate(@loop_step, 5), agent_id: "agent-loop")
+
+      # A busy fleet: 500 sessions more recently active than the loop (the tracker's
+      # clock, which stamps each step, moved on a millisecond in between).
+      store =
+        Observatory.NativeStores.get(
+          {Observatory.Gateway.EntropyTracker, Observatory.Gateway.EntropyTracker},
+          nil
+        )
+
+      Observatory.Native.entropy_tick(store, System.monotonic_time(:millisecond) + 1)
+
+      for i <- 1..500,
+          do: record_all(unique_session("sess-busy-#{i}"), [{"plan", "tool", :success}])
+
+      socket = mount!(connected?: false)
+      assert Alerts.get(socket.assigns.alerts, sid)
+
+      assert %{base: "alert_entropy", agent_id: "agent-loop", score: 0.2} =
+               socket.assigns.fleet[sid]
+
+      page = html(socket)
+
+      assert page =~
+               ~r/<li id="node-[0-9a-f]+" class="node state-alert_entropy" data-session-id="#{sid}"/
+
+      [alerts] =
+        Regex.run(~r/data-state="alert_entropy"><span class="stat-n">(\d+)</, page,
+          capture: :all_but_first
+        )
+
+      assert String.to_integer(alerts) >= 1
+
+      # The summary counts what the gateway holds, and says how many are shown.
+      [held, shown] =
+        Regex.run(
+          ~r/<span class="stat-n">(\d+)<\/span><span class="stat-label">sessions · (\d+) shown/,
+          page,
+          capture: :all_but_first
+        )
+
+      assert String.to_integer(held) >= 501
+      assert String.to_integer(shown) == map_size(socket.assigns.fleet)
+      assert String.to_integer(held) > String.to_integer(shown)
     end
 
     test "a reload lists what the last page listed; a recovered session is not listed" do

@@ -45,6 +45,23 @@ defmodule ObservatoryWeb.SessionsAPITest do
     end
   end
 
+  describe "operator routes name the credential they take" do
+    test "an agent key pausing, resuming or resetting a session is told an operator token is needed" do
+      agent_key = [{"authorization", "Bearer " <> HTTP.agent_key()}]
+      sid = unique_session("sess-not-yours")
+
+      for action <- ["pause", "resume", "step_detector/reset"] do
+        resp = HTTP.post("/api/v1/sessions/#{sid}/#{action}", "", headers: agent_key)
+        assert resp.status == 401
+        assert resp.body["message"] == "send an operator token: Authorization: Bearer <token>"
+      end
+
+      resp = HTTP.get("/api/v1/sessions/#{sid}", [{"authorization", "Bearer nope"}])
+      assert resp.status == 401
+      assert resp.body["message"] =~ "the session's agent key or an operator token"
+    end
+  end
+
   describe "issue 18: rows and filters" do
     setup do
       a = agent("agent-rows")

@@ -140,8 +140,7 @@ defmodule Observatory.Gateway.EntropyTracker do
         loop_threshold,
         warning_threshold
       )
-      |> act(session_id, Keyword.get(opts, :alerts, true) != false)
-      |> emit_score(session_id, agent_id)
+      |> settle(session_id, agent_id, Keyword.get(opts, :alerts, true) != false)
     end
   end
 
@@ -149,6 +148,40 @@ defmodule Observatory.Gateway.EntropyTracker do
     do: {:error, :invalid_session_id}
 
   def record_and_score(_session_id, _tuple, _opts), do: {:error, :invalid_tuple}
+
+  @doc false
+  # What `record_and_score/3` makes of the NIF's answer (`entropy_record`'s tuple or
+  # `{:error, reason}`): acts on the severity if `alerts?`, emits the score's telemetry.
+  # Also for the ingest, which records through `Observatory.Gateway.StepScore`.
+  @spec settle(tuple(), String.t(), String.t() | nil, boolean()) ::
+          {:ok, float(), severity()} | {:error, reason()}
+  def settle(recorded, session_id, agent_id, alerts?) do
+    recorded
+    |> act(session_id, alerts?)
+    |> emit_score(session_id, agent_id)
+  end
+
+  @doc false
+  # The ingest's one NIF call per step (`Observatory.Gateway.StepScore`): the step's
+  # tuple recorded in `tracker`'s window and, in the same call, the loop verdict and the
+  # step detector over their own stores (`others`: `{verdict_store, step_store, keys,
+  # verdict_config, step, step_settings}`). Made here so that the tracker's store never
+  # leaves this module (FR-9.1). Returns `Native.score_step/7`'s answer; raises what
+  # the NIF raises for arguments of the wrong shape.
+  def score_step(tracker, session_id, entropy, others) do
+    {verdict_store, step_store, keys, verdict_config, step, step_settings} = others
+    store = NativeStores.get({__MODULE__, tracker}, nil)
+
+    Native.score_step(
+      {store, verdict_store, step_store},
+      session_id,
+      entropy,
+      keys,
+      verdict_config,
+      step,
+      step_settings
+    )
+  end
 
   defp emit_score({:ok, score, severity} = result, session_id, agent_id) do
     Observatory.Telemetry.execute([:observatory, :entropy, :score], %{score: score}, %{

@@ -163,14 +163,16 @@ defmodule Observatory.Gateway.LoopVerdict do
           | :entropy
   @typedoc """
   What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  sketches, flags, {tool, shape, exact}}` (64-bit hashes; the result's line and number
-  sketches and the hash of its opening line; flag bits: has a result, failed, blank; the
-  tool's hash, the input's word-pair set and the result's hash before normalization).
+  sketches, flags, {tool, shape, exact, wording}}` (64-bit hashes; the result's line and
+  number sketches and the hash of its opening line; flag bits: has a result, failed,
+  blank; the tool's hash, the input's word-pair set, the result's hash before
+  normalization and the input's words without their digits).
   Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
   @type keys ::
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
-           non_neg_integer(), {non_neg_integer(), non_neg_integer(), non_neg_integer()}}
+           non_neg_integer(),
+           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer()}}
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -237,29 +239,37 @@ defmodule Observatory.Gateway.LoopVerdict do
         if severity,
           do: {severity, Keyword.get_lazy(opts, :window_size, &EntropyConfig.window_size/0)}
 
-      case Native.verdict_observe(store, session_id, keys, entropy, config()) do
-        {level, previous, rule, reason, evidence, step} ->
-          verdict = %{
-            verdict: level,
-            previous: previous,
-            rule: rule,
-            reason: reason,
-            evidence: evidence,
-            step_number: step
-          }
-
-          if level != (previous || :progress), do: announce(session_id, verdict, opts)
-          {:ok, verdict}
-
-        {:error, reason} ->
-          {:error, reason}
-      end
+      store
+      |> Native.verdict_observe(session_id, keys, entropy, config())
+      |> settle(session_id, Keyword.get(opts, :agent_id), Keyword.get(opts, :step_id))
     end
   rescue
     e in [ArgumentError, ErlangError] ->
       Logger.error("LoopVerdict NIF verdict_observe failed: #{Exception.message(e)}")
       {:error, :internal_error}
   end
+
+  @doc false
+  # What `observe/4` makes of the NIF's answer (`verdict_observe`'s tuple or `{:error,
+  # reason}`): the verdict, broadcast when it changed. Also for the ingest, which
+  # observes through `Observatory.Gateway.StepScore`.
+  @spec settle(tuple(), String.t(), String.t() | nil, String.t() | nil) ::
+          {:ok, verdict()} | {:error, atom()}
+  def settle({level, previous, rule, reason, evidence, step}, session_id, agent_id, step_id) do
+    verdict = %{
+      verdict: level,
+      previous: previous,
+      rule: rule,
+      reason: reason,
+      evidence: evidence,
+      step_number: step
+    }
+
+    if level != (previous || :progress), do: announce(session_id, verdict, agent_id, step_id)
+    {:ok, verdict}
+  end
+
+  def settle({:error, reason}, _session_id, _agent_id, _step_id), do: {:error, reason}
 
   @doc "The session's latest verdict (without `previous`), or nil."
   @spec session(String.t()) :: map() | nil
@@ -319,9 +329,10 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   ## Per-step configuration
 
+  @doc false
   # The thresholds as the NIF takes them, rebuilt only when the application env changes:
-  # a step pays one env read and one comparison.
-  defp config do
+  # a step pays one env read and one comparison. Read on every step (also by `StepScore`).
+  def config do
     env = Application.get_env(:observatory, :loop_verdict, [])
 
     case :persistent_term.get({__MODULE__, :config}, nil) do
@@ -405,24 +416,28 @@ defmodule Observatory.Gateway.LoopVerdict do
     )
   end
 
-  defp announce(session_id, verdict, opts) do
+  defp announce(session_id, verdict, agent_id, step_id) do
     Events.broadcast(
       topic(),
       Map.merge(verdict, %{
         event_type: "loop_verdict",
         session_id: session_id,
-        agent_id: Keyword.get(opts, :agent_id),
-        step_id: Keyword.get(opts, :step_id)
+        agent_id: agent_id,
+        step_id: step_id
       })
     )
   end
 
   defp store do
-    case NativeStores.get({__MODULE__, :store}, nil) do
+    case store_or_nil() do
       nil -> {:error, :not_started}
       store -> {:ok, store}
     end
   end
+
+  @doc false
+  # The verdict's store, or nil when it is not running (for `StepScore`).
+  def store_or_nil, do: NativeStores.get({__MODULE__, :store}, nil)
 
   ## Server
 

@@ -19,6 +19,12 @@ defmodule Observatory.Gateway.SchemaInterceptor do
        operator deactivated it: its steps are still kept), `warn` or `block` with
        guidance from the step detector.
 
+  Steps 2, 4 and 6 are scored by one NIF call, in the caller's process (the entropy
+  window, the verdict's history and the step detector's streaks each in its own
+  store); their results are then acted on in the order above, as
+  `EntropyTracker.record_and_score/3`, `LoopVerdict.observe/4` and
+  `StepDetector.analyze/3` act on them.
+
   Before step 2, on the session's owner, one check makes ingest idempotent
   (`Observatory.Gateway.Idempotency`): a step (session and `meta.step_id`) already
   answered with the same body is answered again — the first answer, `replayed: true`
@@ -51,7 +57,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     LoopVerdict,
     SessionLog,
     SessionOwners,
-    StepDetector
+    StepDetector,
+    StepScore
   }
 
   alias Observatory.{Cluster, KillSwitch, Metrics}
@@ -273,23 +280,22 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   defp accept(envelope, fields, opts) do
     Metrics.inc(:messages)
-    tuple = {fields.intent, fields.tool_call, fields.status}
 
     # FR-9.11's three settings, read once for the step: the tracker scores with them
     # and the verdict's entropy rule looks at the same window.
     entropy_config = EntropyConfig.read()
     alert_source = AlertSource.current()
     tracker = Keyword.get(opts, :tracker, EntropyTracker)
+    alerts? = alert_source == :entropy
 
-    tracker_opts = [
-      agent_id: fields.agent_id,
-      tracker: tracker,
-      alerts: alert_source == :entropy,
-      config: entropy_config
-    ]
+    # The entropy window, the loop verdict and the step detector in one NIF call
+    # (StepScore); each answer is then acted on as its own module acts on it, in the
+    # order the stages ran apart: entropy alerts, the verdict, its alert, the step.
+    {recorded, observed, analysed, step_thresholds} =
+      StepScore.score(fields, tracker, entropy_config, alerts?)
 
     {envelope, score, severity} =
-      case EntropyTracker.record_and_score(fields.session_id, tuple, tracker_opts) do
+      case EntropyTracker.settle(recorded, fields.session_id, fields.agent_id, alerts?) do
         {:ok, score, severity} ->
           Metrics.inc(severity)
           {with_score(envelope, score), score, severity}
@@ -306,7 +312,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           {envelope, get_in(envelope, ["cognition", "entropy_score"]), nil}
       end
 
-    verdict = judge(fields, severity, elem(entropy_config, 0))
+    verdict = judge(fields, observed)
 
     if alert_source == :verdict and verdict != nil do
       # The gateway's score only: after a tracker error `score` is the agent's own.
@@ -315,7 +321,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       AlertSource.act(fields.session_id, fields.agent_id, verdict, gateway_score, tracker: tracker)
     end
 
-    step = analyze_step(fields)
+    step = analyze_step(analysed, fields.session_id, step_thresholds)
     count_step_action(step)
     pause = HITL.pause_of(fields.session_id)
     # Stored under the verdict's step number, which its evidence names.
@@ -351,10 +357,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     do: %{envelope | "cognition" => Map.put(cognition, "entropy_score", score)}
 
   # Issue 8: every valid step gets a verdict, result or not.
-  defp judge(fields, severity, window_size) do
-    opts = [agent_id: fields.agent_id, step_id: fields.step_id, window_size: window_size]
-
-    case LoopVerdict.observe(fields.session_id, fields.verdict_keys, severity, opts) do
+  defp judge(fields, observed) do
+    case LoopVerdict.settle(observed, fields.session_id, fields.agent_id, fields.step_id) do
       {:ok, verdict} ->
         Metrics.inc(verdict_counter(verdict.verdict))
         verdict
@@ -376,10 +380,10 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp verdict_counter(:loop), do: :verdict_loop
 
   # Layer 1 of seed 002; a step without a result has no outcome and is not analysed.
-  defp analyze_step(%{outcome: nil}), do: nil
+  defp analyze_step(nil, _session_id, _thresholds), do: nil
 
-  defp analyze_step(fields) do
-    case StepDetector.analyze(fields.session_id, fields.approach, fields.outcome) do
+  defp analyze_step(analysed, session_id, thresholds) do
+    case StepDetector.settle(analysed, session_id, thresholds) do
       {:ok, verdict} -> verdict
       {:error, _} -> nil
     end

@@ -71,9 +71,11 @@ defmodule Observatory.Gateway.StepDetector do
   def settings,
     do: Keyword.merge(@defaults, Application.get_env(:observatory, :step_detection, []))
 
+  @doc false
   # What a step needs of the settings, read on every step; derived again only when
-  # the configuration changed (one read and a compare, not a merge, per step).
-  defp step_settings do
+  # the configuration changed (one read and a compare, not a merge, per step). Also
+  # read by `Observatory.Gateway.StepScore`.
+  def step_settings do
     env = Application.get_env(:observatory, :step_detection, [])
 
     case :persistent_term.get({__MODULE__, :step_settings}, nil) do
@@ -100,25 +102,43 @@ defmodule Observatory.Gateway.StepDetector do
   def analyze(session_id, approach, outcome) do
     {thresholds, history} = step_settings()
 
-    case Native.step_analyze(store(), session_id, approach, outcome, thresholds, history) do
-      {cell, stagnation, stuck, action, guidance} ->
-        verdict =
-          durable(session_id, %{
-            cell: cell,
-            stagnation_streak: stagnation,
-            stuck_streak: stuck,
-            action: action,
-            guidance: guidance
-          })
-
-        if verdict.action != :continue, do: announce(session_id, verdict)
-        {:ok, verdict}
-
-      {:error, reason} ->
-        Logger.warning("invalid :step_detection thresholds #{inspect(thresholds)}: #{reason}")
-        {:error, reason}
-    end
+    store()
+    |> Native.step_analyze(session_id, approach, outcome, thresholds, history)
+    |> settle(session_id, thresholds)
   end
+
+  @doc false
+  # What `analyze/3` makes of the NIF's answer (`step_analyze`'s tuple or `{:error,
+  # reason}`): the verdict, made durable when it blocks, broadcast unless it is
+  # `:continue`. Also for the ingest, which analyses through `StepScore`.
+  @spec settle(tuple(), String.t(), tuple()) :: {:ok, verdict()} | {:error, atom()}
+  def settle({cell, stagnation, stuck, action, guidance}, session_id, _thresholds) do
+    verdict =
+      durable(session_id, %{
+        cell: cell,
+        stagnation_streak: stagnation,
+        stuck_streak: stuck,
+        action: action,
+        guidance: guidance
+      })
+
+    if verdict.action != :continue, do: announce(session_id, verdict)
+    {:ok, verdict}
+  end
+
+  def settle({:error, :invalid_step_thresholds = reason}, _session_id, thresholds) do
+    Logger.warning("invalid :step_detection thresholds #{inspect(thresholds)}: #{reason}")
+    {:error, reason}
+  end
+
+  def settle({:error, reason}, session_id, _thresholds) do
+    Logger.warning("step detector failed for session #{inspect(session_id)}: #{inspect(reason)}")
+    {:error, reason}
+  end
+
+  @doc false
+  # The detector's store, or nil when it is not running (for `StepScore`).
+  def store_or_nil, do: NativeStores.get(__MODULE__, nil)
 
   @doc "A session's streaks and block, or nil if it has none."
   @spec state(String.t()) ::

@@ -239,9 +239,11 @@ defmodule ObservatoryWeb.API.LLMProxy do
   # the upstream answers (a stream may last many minutes).
   defp holding_body(ctx, fun) do
     bytes =
-      case Integer.parse(Conn.header(ctx.conn, "content-length") || "") do
-        {n, ""} -> min(n, max_request_bytes())
-        _ -> max_request_bytes()
+      with value when is_binary(value) <- Conn.header(ctx.conn, "content-length"),
+           n when is_integer(n) <- Conn.parse_content_length(value) do
+        min(n, max_request_bytes())
+      else
+        _chunked -> max_request_bytes()
       end
 
     case Upstream.with_request_bytes(bytes, fn -> fun.(ctx) end) do

@@ -273,11 +273,16 @@ defmodule ObservatoryWeb.API.Sessions do
     end
   end
 
+  # The message names what the route takes: an agent whose own key is refused a pause
+  # is told an operator token is needed, not that its key is invalid.
   defp authorize(conn, check) do
     with {:error, :unauthorized} <- check.(conn) do
-      halt(
-        Conn.error(conn, 401, "unauthorized", "send a valid token: Authorization: Bearer <token>")
-      )
+      needed =
+        if check == (&Auth.operator/1),
+          do: "an operator token",
+          else: "the session's agent key or an operator token"
+
+      halt(Conn.error(conn, 401, "unauthorized", "send #{needed}: Authorization: Bearer <token>"))
     end
   end
 

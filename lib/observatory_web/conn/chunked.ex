@@ -46,12 +46,12 @@ defmodule ObservatoryWeb.Conn.Chunked do
   @doc false
   # `100 Continue` before a body is read, when the client waits for it (RFC 9110 §10.1.1).
   def continue_if_expected(req) do
-    case :mochiweb_request.get_header_value(~c"expect", req) do
-      :undefined ->
+    case ObservatoryWeb.Conn.MochiWeb.header("expect") do
+      nil ->
         :ok
 
       value ->
-        if String.downcase(to_string(value)) == "100-continue",
+        if ObservatoryWeb.Conn.downcase(value) == "100-continue",
           do: :mochiweb_request.start_raw_response({100, :gb_trees.empty()}, req)
 
         :ok

@@ -11,6 +11,32 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
   @max_skipped_body 64 * 1024
   @body_touched {__MODULE__, :body_touched}
 
+  @headers_key {__MODULE__, :headers}
+
+  @doc false
+  # The request the endpoint has read: MochiWeb's (its responses, cookies and chunked
+  # bodies need it) and, beside it in the connection's process, its headers as this
+  # adapter gives them (`{lowercase name, value}` binaries, in the order sent), made
+  # once from the parser's binaries rather than back out of MochiWeb's lists.
+  def new_request(socket, opts, request_line, headers) do
+    headers = for {name, value} <- headers, do: {name, trim_trailing(value)}
+    Process.put(@headers_key, for({name, value} <- headers, do: {header_name(name), value}))
+    :mochiweb.new_request({socket, opts, request_line, headers})
+  end
+
+  # The parser drops the whitespace before a value, not the whitespace after it,
+  # which is no part of the value either (RFC 9110 §5.5).
+  defp trim_trailing(""), do: ""
+
+  defp trim_trailing(value) do
+    size = byte_size(value) - 1
+
+    case value do
+      <<rest::binary-size(size), c>> when c in [?\s, ?\t] -> trim_trailing(rest)
+      _ -> value
+    end
+  end
+
   @impl true
   def request(req) do
     Process.delete(@body_touched)
@@ -26,14 +52,21 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
       method: req |> then(&:mochiweb_request.get(:method, &1)) |> to_string(),
       path_segments: String.split(path, "/", trim: true),
       query_string: query,
-      # MochiWeb keeps one entry per name (repeated headers joined with ", ").
-      headers:
-        req
-        |> then(&:mochiweb_request.get(:headers, &1))
-        |> :mochiweb_headers.to_list()
-        |> Enum.map(fn {name, value} -> {header_name(name), bytes(value)} end),
+      # Repeated headers as sent: Conn.new/3 joins their values.
+      headers: Process.get(@headers_key, []),
       remote_ip: peer(req)
     }
+  end
+
+  @doc false
+  # A request header's value (`name` lowercase), a repeated one's values joined with
+  # ", " (as Conn.new/3 and MochiWeb join them), or nil.
+  def header(name) do
+    case for {^name, value} <- Process.get(@headers_key, []), do: value do
+      [] -> nil
+      [value] -> value
+      values -> Enum.join(values, ", ")
+    end
   end
 
   # Erlang's HTTP parser gives the header names it knows as atoms (`:"Content-Type"`):
@@ -86,7 +119,7 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     body_touched()
 
     ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-      if chunked?(req),
+      if chunked?(),
         do: ObservatoryWeb.Conn.Chunked.read(req, max),
         else: recv_body(req, max)
     end)
@@ -101,12 +134,16 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
   # read answers the same body).
   defp recv_body(req, max) do
     case Process.get(:mochiweb_request_body) do
-      nil -> recv_body(req, max, content_length(req))
+      nil -> recv_body(req, max, content_length())
       body -> {:ok, body}
     end
   end
 
   defp recv_body(_req, _max, nil), do: {:ok, ""}
+
+  defp recv_body(_req, _max, :invalid),
+    do: {:error, {:malformed, "its Content-Length is not a decimal number"}}
+
   defp recv_body(_req, max, length) when length > max, do: {:error, :too_large}
 
   defp recv_body(req, _max, length) do
@@ -132,35 +169,40 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     end
   end
 
-  # Conn.new/3 has refused a Content-Length that is not a decimal number.
-  defp content_length(req) do
-    case :mochiweb_request.get_combined_header_value(~c"content-length", req) do
-      :undefined ->
-        nil
-
-      value ->
-        case Integer.parse(bytes(value)) do
-          {length, ""} -> length
-          _padded -> value |> bytes() |> String.trim() |> String.to_integer()
-        end
+  # The request's Content-Length: nil when it has none, else what
+  # `ObservatoryWeb.Conn.parse_content_length/1` reads in it (a number or `:invalid`,
+  # which Conn.new/3 has answered 400). Both the body read and the skip of an unread
+  # body ask here, so they cannot disagree on a value such as ` 12 `.
+  defp content_length do
+    case header("content-length") do
+      nil -> nil
+      value -> ObservatoryWeb.Conn.parse_content_length(value)
     end
   end
 
-  defp chunked?(req) do
-    case :mochiweb_request.get_header_value(~c"transfer-encoding", req) do
-      :undefined -> false
-      value -> ObservatoryWeb.Conn.chunked_value?(bytes(value))
-    end
+  defp chunked? do
+    ObservatoryWeb.Conn.chunked_value?(header("transfer-encoding"))
   end
 
   # Piece by piece, keeping none of it: a client whose body is left unread when the
-  # connection closes may see a reset instead of the answer (and retry blind).
+  # connection closes may see a reset instead of the answer (and retry blind). A
+  # Content-Length body over `max` (or not a number) is not read: the connection
+  # closes after the answer.
   @impl true
   def discard_body(req, max) do
     body_touched()
 
     ObservatoryWeb.Endpoint.with_read_deadline(fn ->
-      :mochiweb_request.stream_body(64 * 1024, fn _piece, acc -> acc end, nil, max, req)
+      case chunked?() || content_length() do
+        true ->
+          :mochiweb_request.stream_body(64 * 1024, fn _piece, acc -> acc end, nil, max, req)
+
+        length when is_integer(length) and length <= max ->
+          drop(:mochiweb_request.get(:socket, req), length)
+
+        _none_or_too_large ->
+          :ok
+      end
     end)
 
     :ok
@@ -168,9 +210,25 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     :exit, _ -> :ok
   end
 
+  # What MochiWeb records once a body is read: the connection can be kept.
+  defp drop(_socket, 0), do: Process.put(:mochiweb_request_recv, true)
+
+  defp drop(socket, left) do
+    piece = min(left, 64 * 1024)
+
+    case :mochiweb_socket.recv(socket, piece, @recv_timeout) do
+      {:ok, _data} -> drop(socket, left - piece)
+      {:error, _} -> exit({:shutdown, :recv_error})
+    end
+  end
+
+  # The answer's head is written here, not by MochiWeb's `respond`, which builds a
+  # header table (each name lowercased a character at a time, sorted, joined) for
+  # every answer: the headers go out as given, then Content-Length, Date and, when
+  # the connection is to close, `Connection: close`.
   @impl true
   def send_resp(req, status, headers, body) do
-    case untouched_body_bytes(req) do
+    case untouched_body_bytes() do
       bytes when bytes in 1..@max_skipped_body ->
         ObservatoryWeb.Endpoint.skip_body_after_response(bytes)
 
@@ -178,9 +236,100 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
         :ok
     end
 
-    :mochiweb_request.respond({status, headers, body}, req)
-    :ok
+    head = [
+      status_line(:mochiweb_request.get(:version, req), status),
+      for({name, value} <- headers, do: [name, ": ", header_text(value), "\r\n"]),
+      "Content-Length: ",
+      Integer.to_string(IO.iodata_length(body)),
+      "\r\nDate: ",
+      :mochiweb_clock.rfc1123(),
+      if(should_close?(req), do: "\r\nConnection: close\r\n\r\n", else: "\r\n\r\n")
+    ]
+
+    data = if :mochiweb_request.get(:method, req) == :HEAD, do: head, else: [head, body]
+
+    # As MochiWeb's `send`: the client is gone, the connection's process ends.
+    case :mochiweb_socket.send(:mochiweb_request.get(:socket, req), data) do
+      :ok -> :ok
+      _ -> exit({:shutdown, :send_error})
+    end
   end
+
+  defp status_line({1, 0}, status), do: ["HTTP/1.0 ", status_text(status), "\r\n"]
+  defp status_line(_version, status), do: ["HTTP/1.1 ", status_text(status), "\r\n"]
+
+  # RFC 9110's reason phrases for the statuses the gateway answers (OTP's table,
+  # which MochiWeb used, has older ones: "Object Not Found"), else OTP's.
+  for {status, reason} <- [
+        {200, "OK"},
+        {201, "Created"},
+        {202, "Accepted"},
+        {204, "No Content"},
+        {301, "Moved Permanently"},
+        {302, "Found"},
+        {303, "See Other"},
+        {304, "Not Modified"},
+        {307, "Temporary Redirect"},
+        {400, "Bad Request"},
+        {401, "Unauthorized"},
+        {403, "Forbidden"},
+        {404, "Not Found"},
+        {405, "Method Not Allowed"},
+        {406, "Not Acceptable"},
+        {408, "Request Timeout"},
+        {409, "Conflict"},
+        {410, "Gone"},
+        {411, "Length Required"},
+        {413, "Content Too Large"},
+        {414, "URI Too Long"},
+        {415, "Unsupported Media Type"},
+        {422, "Unprocessable Content"},
+        {429, "Too Many Requests"},
+        {431, "Request Header Fields Too Large"},
+        {500, "Internal Server Error"},
+        {501, "Not Implemented"},
+        {502, "Bad Gateway"},
+        {503, "Service Unavailable"},
+        {504, "Gateway Timeout"}
+      ] do
+    defp status_text(unquote(status)), do: unquote("#{status} #{reason}")
+  end
+
+  defp status_text(status),
+    do: [Integer.to_string(status), " ", :httpd_util.reason_phrase(status)]
+
+  defp header_text(value) when is_binary(value), do: value
+  defp header_text(value), do: to_string(value)
+
+  @doc false
+  # Whether the connection closes after this answer: MochiWeb's rule
+  # (`mochiweb_request:should_close/1`) on the headers as parsed — the request or
+  # a handler asked for it, HTTP/1.0 without keep-alive, or a body is left unread
+  # (the next request could not be told from it). `Connection` is read as the
+  # list of options it is (RFC 9112 §9.6), where MochiWeb matched the whole value.
+  def should_close?(req) do
+    version = :mochiweb_request.get(:version, req)
+
+    Process.get(:mochiweb_request_force_close) != nil or version < {1, 0} or
+      connection_option?("close") or
+      (version == {1, 0} and not connection_option?("keep-alive")) or
+      (Process.get(:mochiweb_request_recv) == nil and unread_body?())
+  end
+
+  defp connection_option?(option) do
+    case header("connection") do
+      nil ->
+        false
+
+      value ->
+        value
+        |> ObservatoryWeb.Conn.downcase()
+        |> String.split(",")
+        |> Enum.any?(&(String.trim(&1) == option))
+    end
+  end
+
+  defp unread_body?, do: chunked?() or content_length() not in [nil, 0]
 
   # A small body the handler never asked for (a 404, a 401 to a POST): skipped after
   # the answer (ObservatoryWeb.Endpoint), so the connection is kept, where MochiWeb
@@ -190,24 +339,26 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
   # `Expect: 100-continue` (not sent yet) or a request already marked to close.
   defp body_touched, do: Process.put(@body_touched, true)
 
-  defp untouched_body_bytes(req) do
+  defp untouched_body_bytes() do
     with nil <- Process.get(@body_touched),
          nil <- Process.get(:mochiweb_request_recv),
          nil <- Process.get(:mochiweb_request_force_close),
-         :undefined <- :mochiweb_request.get_header_value(~c"transfer-encoding", req),
-         :undefined <- :mochiweb_request.get_header_value(~c"expect", req),
-         length when is_list(length) <-
-           :mochiweb_request.get_combined_header_value(~c"content-length", req),
-         {bytes, ""} <- Integer.parse(to_string(length)) do
+         nil <- header("transfer-encoding"),
+         nil <- header("expect"),
+         bytes when is_integer(bytes) <- content_length() do
       bytes
     else
       _ -> 0
     end
   end
 
+  # MochiWeb writes a chunked answer's head; it is told to announce the close this
+  # adapter will make (MochiWeb's own rule misses `Connection: TE, close`).
   @impl true
-  def send_chunked(req, status, headers),
-    do: :mochiweb_request.respond({status, headers, :chunked}, req)
+  def send_chunked(req, status, headers) do
+    headers = if should_close?(req), do: [{"Connection", "close"} | headers], else: headers
+    :mochiweb_request.respond({status, headers, :chunked}, req)
+  end
 
   # MochiWeb exits the process when a write fails; here that is the client gone.
   @impl true

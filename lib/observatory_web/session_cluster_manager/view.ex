@@ -44,7 +44,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
     [
       html_notice: [~s(<div id="scm" class="scm" data-live-root>), notice(assigns.notice)],
-      html_summary: summary(fleet, source),
+      html_summary: summary(fleet, source, Map.get(assigns, :held, 0)),
       html_alerts: [~s(<div class="scm-grid">), alerts_panel(assigns.alerts, fleet, source)],
       html_inspect: [
         inspector(assigns.inspect, fleet, Map.get(assigns, :expanded, []), source),
@@ -78,16 +78,21 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   ## Summary
 
-  defp summary(fleet, source) do
+  # `held`: the sessions the gateway holds, of which the fleet shows the most recently
+  # active (and every alerted or paused one); the state counts are of those shown.
+  defp summary(fleet, source, held) do
     counts = Fleet.counts(fleet)
+    shown = map_size(fleet)
 
     [
       ~s(<section id="scm-summary" class="summary" aria-label="Fleet summary" data-alert-source="),
       escape(source),
       ~s(">),
       ~s(<div class="stat stat-total"><span class="stat-n">),
-      escape(map_size(fleet)),
-      ~s(</span><span class="stat-label">sessions</span></div>),
+      escape(max(held, shown)),
+      ~s(</span><span class="stat-label">sessions),
+      if(held > shown, do: [" · ", escape(shown), " shown"], else: ""),
+      "</span></div>",
       for state <- Fleet.states() do
         [
           ~s(<div class="stat state-),
@@ -291,13 +296,29 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   defp pattern(%{intent: intent, tool_call: tool, action_status: status}) do
     [
-      ~s(<code>),
-      escape(intent),
-      ~s(</code><span class="arrow">→</span><code>),
-      escape(tool),
-      ~s(</code><span class="arrow">→</span>),
+      shown_code(intent),
+      ~s(<span class="arrow">→</span>),
+      shown_code(tool),
+      ~s(<span class="arrow">→</span>),
       status_tag(status)
     ]
+  end
+
+  # An intent or a tool name can be 1 KiB (a proxied call's arguments are its intent):
+  # the row shows its start, with the whole in its title and in Inspect's steps.
+  @shown_chars 160
+  defp shown_code(text) do
+    if String.length(text) <= @shown_chars do
+      [~s(<code>), escape(text), ~s(</code>)]
+    else
+      [
+        ~s(<code class="cut" title="),
+        escape(text),
+        ~s(">),
+        escape(String.slice(text, 0, @shown_chars)),
+        "…</code>"
+      ]
+    end
   end
 
   defp status_tag(status) do
@@ -875,7 +896,9 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
           sid,
           ~s(" data-blocked="),
           to_string(step.blocked),
-          ~s("><td class="mono">),
+          ~s("><td class="mono sid" title="),
+          sid,
+          ~s(">),
           sid,
           ~s(</td><td><span class="cell-label">Stagnation </span>),
           escape(step.stagnation_streak),

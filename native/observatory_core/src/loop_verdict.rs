@@ -68,7 +68,9 @@
 //!   environment): the calls never ran. A runner's banner followed by its own report,
 //!   or a pass after failures with the same banner, does not count.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
-//!   same or a nearly identical call and the same non-blank answer, or the identical
+//!   same or a nearly identical call and the same non-blank answer (a different call
+//!   whose input differs only in its digits, [`StepKeys::wording`], has a new target:
+//!   the next order, `file4` after `file3`, is work, not a revisit), or the identical
 //!   call and a blank answer again with nothing but failures and blank answers since
 //!   (`cp` that prints nothing, a failing variant, the same `cp`); when the newest step
 //!   revisits and `revisit_suspect` (2) / `revisit_loop` (3) of the last
@@ -341,6 +343,9 @@ pub struct StepKeys {
     /// The word pairs of the collapsed input, one bit of 64 each ([`keys::call_shape`]):
     /// nearly identical inputs share most of their bits.
     pub shape: u64,
+    /// The input with its digits zeroed, hashed ([`keys::wording`]):
+    /// two different calls with the same wording differ only in numbers, a new target.
+    pub wording: u64,
     /// Status and normalized canonical result (the status alone without a result).
     pub outcome: u64,
     /// The canonical result word for word, before normalization (its first
@@ -379,6 +384,7 @@ impl StepKeys {
             call,
             tool: call,
             shape: call,
+            wording: call,
             outcome,
             exact: outcome,
             gist: outcome,
@@ -510,6 +516,10 @@ impl Config {
 struct Entry {
     call: u64,
     shape: u64,
+    /// The call's wording ([`StepKeys::wording`]) folded to 8 bits, to keep an entry at
+    /// 40 bytes: a collision (one chance in 256, between two nearly identical calls with
+    /// the same answer) lets a revisit pass for a new target; it never makes one.
+    wording: u8,
     outcome: u64,
     /// The result word for word ([`StepKeys::exact`]), folded: different calls compare
     /// by it.
@@ -665,6 +675,7 @@ impl VerdictState {
             call: keys.call,
             tool: fold16(keys.tool),
             shape: keys.shape,
+            wording: fold16(keys.wording) as u8,
             outcome: keys.outcome,
             exact: fold(keys.exact),
             fuzzy: fold(if keys.failure {
@@ -1033,10 +1044,13 @@ impl VerdictState {
                 .filter(|&i| (i + 1..n).all(|j| quiet(&self.ring[j])))
                 .map_or(0, |i| (n - i) as u8);
         }
+        // A different call in the same words with other numbers (the next order, the
+        // next file) has a new target: the same answer is not knowledge re-discovered.
         self.with_outcome(entry.outcome)
             .find(|&i| {
                 let e = &self.ring[i];
                 e.alike(entry, config.near_share)
+                    && (e.call == entry.call || e.wording != entry.wording)
             })
             .map_or(0, |i| (n - i) as u8)
     }

@@ -10,7 +10,7 @@ use crate::test_support::LiveId;
 
 /// The store, owned on the Elixir side by the `EntropyTracker` process, and its entry
 /// in the tests' count of live stores.
-pub struct StoreResource(Store, pub LiveId);
+pub struct StoreResource(pub(crate) Store, pub LiveId);
 
 #[rustler::resource_impl]
 impl rustler::Resource for StoreResource {}
@@ -52,19 +52,31 @@ fn entropy_record<'a>(
         status,
         agent_id: agent_id.as_ref().map(Binary::as_slice),
     };
-    store
-        .0
-        .record(&obs, &settings, |scored| {
-            (
-                scored.score,
-                severity_atom(scored.severity),
-                scored.previous.map(severity_atom),
-                scored.window_len,
-                scored.detail.map(|d| detail_term(env, d)),
-            )
-                .encode(env)
-        })
+    record(env, &store, &obs, &settings)
+        .map(|(term, _)| term)
         .map_err(to_nif)
+}
+
+/// Records one step and encodes what `entropy_record` returns, beside the scored
+/// step's severity and whether it names an agent (for the fused `score_step`).
+pub(crate) fn record<'a>(
+    env: Env<'a>,
+    store: &StoreResource,
+    obs: &Observation<'_>,
+    settings: &Settings,
+) -> Result<(Term<'a>, (Severity, bool)), observatory_core::Error> {
+    store.0.record(obs, settings, |scored| {
+        let has_agent = scored.detail.is_some_and(|d| d.agent_id.is_some());
+        let term = (
+            scored.score,
+            severity_atom(scored.severity),
+            scored.previous.map(severity_atom),
+            scored.window_len,
+            scored.detail.map(|d| detail_term(env, d)),
+        )
+            .encode(env);
+        (term, (scored.severity, has_agent))
+    })
 }
 
 /// Advances the store's clock (called by the owner once per tick).

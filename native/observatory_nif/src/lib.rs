@@ -13,6 +13,7 @@ mod loop_verdict;
 mod replay;
 mod responses;
 mod step_detector;
+mod step_score;
 mod test_support;
 
 mod atoms {
@@ -59,6 +60,9 @@ mod atoms {
         invalid_kill_switch_window,
         invalid_kill_switch_threshold,
         invalid_verdict_config,
+        invalid_verdict_keys,
+        invalid_step_digest,
+        not_started,
         not_an_object,
         not_a_completion,
         invalid_json,

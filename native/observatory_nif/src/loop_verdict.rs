@@ -15,7 +15,7 @@ use crate::atoms;
 use crate::error::to_nif;
 
 /// One `VerdictState` per session.
-pub struct VerdictStore(KeyedStore<VerdictState>);
+pub struct VerdictStore(pub(crate) KeyedStore<VerdictState>);
 
 #[rustler::resource_impl]
 impl rustler::Resource for VerdictStore {}
@@ -31,7 +31,7 @@ impl rustler::Resource for VerdictRules {}
 /// {{near_share, near_repeat_suspect, near_repeat_loop, blank_near_repeat_loop},
 /// {failure_run_suspect, failure_run_loop (0: never)},
 /// {revisit_window, revisit_suspect, revisit_loop (0: never)}}}`.
-type ConfigTuple = (
+pub(crate) type ConfigTuple = (
     usize,
     usize,
     (u32, u32, u32),
@@ -42,9 +42,9 @@ type ConfigTuple = (
 );
 
 /// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
-/// flags, {tool, shape, exact}}`, `sketches` the line and number sketches (see
+/// flags, {tool, shape, exact, wording}}`, `sketches` the line and number sketches (see
 /// [`sketches_to_bytes`]), `flags` has_result (1), failure (2), blank (4).
-type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64));
+pub(crate) type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64, u64));
 
 const HAS_RESULT: u8 = 1;
 const FAILURE: u8 = 2;
@@ -67,19 +67,20 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
         keys.skeleton,
         crate::json::binary(env, &sketches_to_bytes(keys)),
         flags,
-        (keys.tool, keys.shape, keys.exact),
+        (keys.tool, keys.shape, keys.exact, keys.wording),
     )
         .encode(env)
 }
 
-fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
-    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact)) = t;
+pub(crate) fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
+    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact, wording)) = t;
     let (lines, numbers, opening) =
         sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
         tool,
         shape,
+        wording,
         outcome,
         exact,
         gist,
@@ -180,10 +181,22 @@ fn verdict_observe<'a>(
     let signal = entropy.and_then(|(severity, window)| {
         severity_of(severity).map(|severity| EntropySignal { severity, window })
     });
+    Ok(observe(env, &store, session_id, keys, signal, &config))
+}
+
+/// Records one step in the session's state and encodes what `verdict_observe` returns.
+pub(crate) fn observe<'a>(
+    env: Env<'a>,
+    store: &VerdictStore,
+    session_id: &str,
+    keys: StepKeys,
+    signal: Option<EntropySignal>,
+    config: &Config,
+) -> Term<'a> {
     let verdict = store.0.update(session_id, VerdictState::new, |state| {
-        state.observe(keys, signal, &config)
+        state.observe(keys, signal, config)
     });
-    Ok((
+    (
         level_atom(verdict.level),
         verdict.previous.map(level_atom),
         rule_atom(verdict.rule),
@@ -191,7 +204,7 @@ fn verdict_observe<'a>(
         verdict.evidence.as_slice(),
         verdict.step,
     )
-        .encode(env))
+        .encode(env)
 }
 
 /// The session's latest verdict, `{level, rule, reason, evidence, step}`, or nil.
@@ -240,7 +253,7 @@ fn verdict_sweep(store: ResourceArc<VerdictStore>, now_ms: i64, ttl_ms: u64) -> 
     store.0.sweep(now_ms, ttl_ms)
 }
 
-fn to_config(t: ConfigTuple) -> NifResult<Config> {
+pub(crate) fn to_config(t: ConfigTuple) -> NifResult<Config> {
     let (history, max_period, repeat, cycle, failure, entropy, (near, failure_run, revisit)) = t;
     // 0: never (`:never` in Elixir).
     let never_as_zero = |n: u32| (n > 0).then_some(n);

@@ -13,7 +13,7 @@ use crate::atoms;
 use crate::error::to_nif;
 
 /// One `StepLoopDetector` per session.
-pub struct StepStore(KeyedStore<StepLoopDetector>);
+pub struct StepStore(pub(crate) KeyedStore<StepLoopDetector>);
 
 #[rustler::resource_impl]
 impl rustler::Resource for StepStore {}
@@ -48,15 +48,30 @@ fn step_analyze<'a>(
     };
     thresholds.validate().map_err(to_nif)?;
     let (approach, outcome) = (digest(approach)?, digest(outcome)?);
+    Ok(analyze(
+        env, &store, session_id, approach, outcome, thresholds, history,
+    ))
+}
+
+/// Classifies one step (`thresholds` validated) and encodes what `step_analyze` returns.
+pub(crate) fn analyze<'a>(
+    env: Env<'a>,
+    store: &StepStore,
+    session_id: &str,
+    approach: Digest,
+    outcome: Digest,
+    thresholds: Thresholds,
+    history: usize,
+) -> Term<'a> {
     let history = NonZeroUsize::new(history.clamp(1, 1024)).expect("clamped to at least 1");
     let verdict = store.0.update(
         session_id,
-        || StepLoopDetector::with_history(thresholds, history).expect("validated above"),
+        || StepLoopDetector::with_history(thresholds, history).expect("validated by the caller"),
         |detector| {
             if detector.thresholds() != thresholds {
                 detector
                     .set_thresholds(thresholds)
-                    .expect("validated above");
+                    .expect("validated by the caller");
             }
             detector.analyze(approach, outcome)
         },
@@ -66,14 +81,14 @@ fn step_analyze<'a>(
         Action::Warn { guidance } => (atoms::warn(), Some(guidance.as_str())),
         Action::Block { guidance } => (atoms::block(), Some(guidance.as_str())),
     };
-    Ok((
+    (
         cell_atom(verdict.cell),
         verdict.stagnation_streak,
         verdict.stuck_streak,
         action,
         guidance,
     )
-        .encode(env))
+        .encode(env)
 }
 
 /// `{stagnation_streak, stuck_streak, blocked}` or `nil`.

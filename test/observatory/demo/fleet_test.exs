@@ -72,6 +72,25 @@ defmodule Observatory.Demo.FleetTest do
                Evidence.compare(texts, Enum.map(timeouts, & &1.number))
     end
 
+    test "the healthy agents are never alarmed by the loop verdict: an order or a module a round is a new target" do
+      # Each round the support agent looks up, searches for and answers about another
+      # order, the coder reads and edits another module: calls that differ only in a
+      # number are new targets, never revisits of the round before. Earlier tests ran
+      # the same fleet from its first step: start from a clean history.
+      for session <- ["sess-healthy-1", "sess-healthy-2"], do: LoopVerdict.forget(session)
+
+      for _round <- 1..30 do
+        await_steps("sess-healthy-2", 1)
+
+        for session <- ["sess-healthy-1", "sess-healthy-2"] do
+          verdict = LoopVerdict.session(session)
+
+          assert verdict == nil or verdict.verdict == :progress,
+                 "#{session} alarmed: #{inspect(verdict)}"
+        end
+      end
+    end
+
     test "a paused demo session stops sending until it is resumed" do
       await_steps("sess-stuck", 1)
       {:ok, _} = HITL.pause("sess-stuck", operator: "test", reason: "demo")

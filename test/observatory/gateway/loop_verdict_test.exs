@@ -9,12 +9,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
   doctest LoopVerdict
 
   setup do
-    saved = Application.get_env(:observatory, :loop_verdict)
-
-    on_exit(fn ->
-      Application.put_env(:observatory, :loop_verdict, saved)
-      LoopVerdict.reload_rules()
-    end)
+    # on_exit runs last first: the settings are put back, then the rules rebuilt.
+    on_exit(&LoopVerdict.reload_rules/0)
+    restore_env_on_exit([:loop_verdict])
 
     :ok = Events.subscribe(LoopVerdict.topic())
     %{sid: unique_session("sess-verdict")}
@@ -31,8 +28,10 @@ defmodule Observatory.Gateway.LoopVerdictTest do
 
   # The keys but the result word for word (before normalization, so ids stay in it).
   defp normalized_keys(action) do
-    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact}} = keys(action)
-    {call, outcome, gist, skeleton, sketches, flags, {tool, shape}}
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, _exact, wording}} =
+      keys(action)
+
+    {call, outcome, gist, skeleton, sketches, flags, {tool, shape, wording}}
   end
 
   defp ingest(sid, action) do
@@ -470,10 +469,11 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and the exact result" do
-      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact}} = keys(@fail)
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and wording and the exact result" do
+      assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact, wording}} =
+               keys(@fail)
 
-      for hash <- [call, outcome, gist, skeleton, tool, shape, exact],
+      for hash <- [call, outcome, gist, skeleton, tool, shape, exact, wording],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
       # 1024 bits of lines, 256 bits and a count of numbers, the opening line's hash

@@ -60,6 +60,7 @@ const CALL_SEED: u64 = 0x243f_6a88_85a3_08d3;
 const OUTCOME_SEED: u64 = 0x1319_8a2e_0370_7344;
 const TOOL_SEED: u64 = 0x3707_3440_a409_3822;
 const WORD_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
+const WORDING_SEED: u64 = 0x9216_d5d9_8979_fb1b;
 const EXACT_SEED: u64 = 0x452_821e_638d_0137;
 const REPLY_SEED: u64 = 0xc0ac_29b7_c97c_50dd;
 /// The word-for-word key reads the first this many bytes of the result (and its length):
@@ -69,6 +70,9 @@ pub const EXACT_BYTES: usize = 256;
 /// and its arguments; a long input (a file's new content) is judged by its beginning,
 /// so a step's cost stays bounded.
 pub const SHAPE_BYTES: usize = 128;
+/// A call's wording is read from inputs up to this long; a longer input's wording is
+/// its call key (no two different long calls "differ only in numbers").
+pub const WORDING_BYTES: usize = 1024;
 
 /// How inputs and results are normalized before hashing (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -124,6 +128,7 @@ pub fn keys_from_canonical(
         let call = hash64(buf, CALL_SEED);
         let input = tool.len() + 1..buf.len();
         let shape_of_call = call_shape(&buf[input.clone()]);
+        let wording = wording(&buf[input.clone()], call);
         let failure = is_failure(status);
 
         // The outcome's bytes follow the input's: a failure's reply reads both.
@@ -164,6 +169,7 @@ pub fn keys_from_canonical(
             call,
             tool: hash64(tool.as_bytes(), TOOL_SEED),
             shape: shape_of_call,
+            wording,
             outcome,
             exact,
             // Without a result, the status is all there is: every view is the outcome.
@@ -217,6 +223,30 @@ pub fn call_shape(input: &[u8]) -> u64 {
         end_word(hash, chunk);
     }
     shape
+}
+
+/// A call's *wording*: the hash of its collapsed input with every ASCII digit zeroed,
+/// and of its length. Two different calls with the same wording differ only in their
+/// digits — another order, `file3.txt` then `file4.txt`, the next page: a new target,
+/// not the same call again. An input longer than [`WORDING_BYTES`] has `call` as its
+/// wording. Eight bytes a step (the byte-wise zeroing vectorizes).
+pub fn wording(input: &[u8], call: u64) -> u64 {
+    if input.len() > WORDING_BYTES {
+        return call;
+    }
+    let zero_digits = |bytes: &[u8]| {
+        let mut word = [0u8; 8];
+        for (out, &b) in word.iter_mut().zip(bytes) {
+            *out = if b.is_ascii_digit() { 0 } else { b };
+        }
+        u64::from_le_bytes(word)
+    };
+    let mut chunks = input.chunks_exact(8);
+    let mut hash = WORDING_SEED ^ input.len() as u64;
+    for chunk in &mut chunks {
+        hash = mix_word(hash, zero_digits(chunk));
+    }
+    mix_word(hash, zero_digits(chunks.remainder()))
 }
 
 /// Eight bytes of a word into its hash.
@@ -644,6 +674,39 @@ mod tests {
         // A failure without a result has only its status.
         let bare = keys("bash", json!({"command": "false"}), "failure", None);
         assert_eq!(bare.exact, bare.outcome);
+    }
+
+    #[test]
+    fn a_call_s_wording_leaves_out_its_digits_and_nothing_else() {
+        let wording = |text: &str| wording(text.as_bytes(), hash64(text.as_bytes(), 1));
+        let order = |n: u32| format!("{{\"query\":\"return window order {n}\"}}");
+        assert_eq!(wording(&order(4127)), wording(&order(4130)));
+        assert_eq!(wording("cat file3.txt"), wording("cat file4.txt"));
+        // A digit more or less, a word, a quote or a slash changed: other wording.
+        assert_ne!(wording("page 9"), wording("page 10"));
+        assert_ne!(wording("x1"), wording("x"));
+        assert_ne!(wording("cat file3.txt"), wording("cat fileA.txt"));
+        assert_ne!(
+            wording("rsync --exclude='a/*'"),
+            wording("rsync --exclude=a/*")
+        );
+        assert_ne!(wording("ls /tmp/"), wording("ls /tmp"));
+        // Past WORDING_BYTES the wording is the call: two long calls never differ "only
+        // in numbers", whatever comes after the bytes read.
+        let long = |n: u32| format!("{n} {}", "word ".repeat(WORDING_BYTES / 5 + 1));
+        assert_ne!(wording(&long(1)), wording(&long(2)));
+        // Through the step's keys: the same on ids normalized away.
+        let keys = |n: u32| {
+            step_keys(
+                "search",
+                "success",
+                Some(&json!({"query": format!("return window order {n}")})),
+                None,
+                Normalization::shared_default(),
+            )
+        };
+        assert_ne!(keys(4127).call, keys(4130).call);
+        assert_eq!(keys(4127).wording, keys(4130).wording);
     }
 
     #[test]

@@ -222,6 +222,7 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "re-reading a file after each edit, its content changed",
         "a pipeline grown by a stage each time, the same quoting error echoing it",
         "a path walked up, each 'cannot access' quoting another path",
+        "a support agent answering order after order, the same help text each time",
         "every command sent inside a fence the shell cannot run, the status following what comes after",
         "a test runner's banner on every run, some files failing, some passing",
     ];
@@ -575,6 +576,16 @@ fn must_flag_a_pipeline_grown_by_a_stage_each_time_the_same_quoting_error_echoin
 fn must_not_flag_a_path_walked_up_each_cannot_access_quoting_another_path() {
     check(
         "a path walked up, each 'cannot access' quoting another path",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_not_flag_a_support_agent_answering_order_after_order() {
+    // Each round's search and reply differ from the round before only in the order's
+    // number: a new target, not a revisit, though the answers are the same.
+    check(
+        "a support agent answering order after order, the same help text each time",
         "must-not-flag",
     );
 }

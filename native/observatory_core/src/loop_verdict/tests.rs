@@ -638,8 +638,9 @@ proptest! {
 #[test]
 fn a_history_entry_is_forty_bytes_and_its_outcome_four_more() {
     // Three hashes, two folded to 32 bits (what cycles compare, the exact result), the
-    // tool's 16-bit hash, how far back a revisit reaches and four flags, and the outcome
-    // again (32 bits) in the ring rule (g) scans: what a session pays per step kept.
+    // tool's 16-bit hash, the call's wording in 8 bits, how far back a revisit reaches
+    // and four flags, and the outcome again (32 bits) in the ring rule (g) scans: what
+    // a session pays per step kept.
     assert_eq!(std::mem::size_of::<Entry>(), 40);
 }
 
@@ -1081,6 +1082,44 @@ fn g_earlier_lookups_re_run_with_unchanged_results_are_revisits() {
         v[6].reason.to_string(),
         "3 of the last 6 steps repeated an earlier call (or a nearly identical one) and got the same result as before"
     );
+}
+
+#[test]
+fn g_a_nearly_identical_call_in_other_numbers_is_a_new_target_not_a_revisit() {
+    // Rounds of a lookup, a search and a reply; the search and the reply of each round
+    // are nearly identical to the round before's (one word pair of many changed) and
+    // get the same answers. In the same words with other numbers (the next order): a
+    // new target, never a revisit. In other words (another query): revisits, a loop.
+    let round = |r: u64, wording: u64| {
+        [
+            ok(100 + r, 200 + r),
+            StepKeys {
+                tool: 1,
+                shape: bits((r % 2) as u32),
+                wording: 1 + wording,
+                ..ok(10 + r, 7)
+            },
+            StepKeys {
+                tool: 2,
+                shape: bits(2 + (r % 2) as u32),
+                wording: 2 + wording,
+                ..ok(20 + r, 8)
+            },
+        ]
+    };
+    let rounds = |wording: &dyn Fn(u64) -> u64| -> Vec<StepKeys> {
+        (0..4).flat_map(|r| round(r, wording(r))).collect()
+    };
+    let orders = run(&rounds(&|_| 0));
+    assert!(orders.iter().all(|v| v.level == Progress), "{orders:?}");
+
+    let reworded = run(&rounds(&|r| 10 * r));
+    assert_eq!(reworded.last().unwrap().level, Loop);
+    assert_eq!(reworded.last().unwrap().rule, Rule::Revisit);
+
+    // The identical call again is a revisit whatever its wording says.
+    let same = run(&(0..4).flat_map(|_| round(0, 0)).collect::<Vec<_>>());
+    assert_eq!(same.last().unwrap().level, Loop);
 }
 
 #[test]

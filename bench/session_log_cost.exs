@@ -1,0 +1,88 @@
+# What the session log's put costs, taken apart: SessionLog.put/3 for a ~600-byte
+# step's envelope, and each thing it does alone (the settings it reads, measuring the
+# envelope, the head's counter, copying the envelope into ETS).
+#
+#   MIX_ENV=prod mix run bench/session_log_cost.exs             # ~30 s
+#   MIX_ENV=prod mix run bench/session_log_cost.exs -- --quick
+#
+# 1,000 sessions. VM CPU time per call (:erlang.statistics(:runtime)), the median of
+# the rounds, as bench/scoring_cost.exs measures.
+alias Observatory.Gateway.{DecisionLog, SessionLog}
+
+Logger.configure(level: :error)
+{rounds, n} = if "--quick" in System.argv(), do: {3, 10_000}, else: {7, 40_000}
+
+line =
+  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+
+envelopes =
+  for i <- 0..(n - 1) do
+    {:ok, envelope, fields} =
+      %{
+        "meta" => %{
+          "step_id" => "step-#{i}",
+          "session_id" => "sess-#{rem(i, 1000)}",
+          "agent_id" => "agent-#{rem(i, 50)}",
+          "timestamp" => "2026-02-22T10:30:00.123Z"
+        },
+        "cognition" => %{
+          "intent" => "search",
+          "reasoning_chain" => ["read the failing test", "open the module it names"],
+          "confidence" => 0.8,
+          "entropy_score" => 0.9
+        },
+        "action" => %{
+          "tool_call" => "read_file",
+          "tool_input" => %{"path" => "/srv/app/lib/app/file_#{i}.ex", "limit" => 200},
+          "status" => "success",
+          "result" => %{"content" => "# #{i}\n" <> String.duplicate(line, 3), "lines" => 4}
+        }
+      }
+      |> Observatory.JSON.encode!()
+      |> DecisionLog.parse()
+
+    {fields.session_id, envelope}
+  end
+  |> List.to_tuple()
+
+cpu_ns = fn fun ->
+  samples =
+    for _ <- 1..rounds do
+      {_, _} = :erlang.statistics(:runtime)
+      for i <- 0..(n - 1), do: fun.(elem(envelopes, i))
+      {_, ms} = :erlang.statistics(:runtime)
+      ms * 1_000_000 / n
+    end
+
+  samples |> Enum.sort() |> Enum.at(div(rounds, 2)) |> round()
+end
+
+scratch = :ets.new(:bench_slots, [:public, :set, write_concurrency: true, read_concurrency: true])
+
+rows = [
+  {"SessionLog.put/3, the whole", fn {sid, e} -> SessionLog.put(sid, e, nil) end},
+  {"  its settings (3 application-environment reads)",
+   fn _ ->
+     Application.get_env(:observatory, :session_log_size, 20)
+     Application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
+     Application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
+   end},
+  {"  measuring the envelope (:erlang.external_size/1)",
+   fn {_, e} -> :erlang.external_size(e) end},
+  {"  copying the envelope into an ETS table",
+   fn {sid, e} -> :ets.insert(scratch, {{sid, 1}, e}) end},
+  {"  clocks and the unique order (system_time, unique_integer)",
+   fn _ ->
+     System.system_time(:millisecond)
+     System.unique_integer([:monotonic, :positive])
+   end}
+]
+
+for _ <- 1..2,
+    i <- 0..(n - 1),
+    do: SessionLog.put(elem(elem(envelopes, i), 0), elem(elem(envelopes, i), 1), nil)
+
+load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
+IO.puts("1-min load average at the start: #{load}; #{n} puts a round, #{rounds} rounds\n")
+IO.puts("| what | CPU ns per step |\n|---|---:|")
+for {label, fun} <- rows, do: IO.puts("| #{label} | #{cpu_ns.(fun)} |")

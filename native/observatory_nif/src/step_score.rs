@@ -1,0 +1,181 @@
+//! The scoring of one ingested step in one NIF call: the entropy window, the loop
+//! verdict and the step detector.
+//!
+//! Each keeps its own store, owned by its own Elixir process (they start, sweep and
+//! restart apart, and each is read on its own by the dashboard); what one call saves
+//! is the per-call cost the three paid apart: three NIF entries and argument
+//! decodings, three result terms and the Elixir glue around each. The work is the
+//! three calls' work, bounded as each was (a window ≤ 1024, a history ≤ 64): a
+//! normal scheduler.
+//!
+//! Every part answers on its own, as its own NIF does (`entropy_record`,
+//! `verdict_observe`, `step_analyze`): a part that fails — bad input, its store not
+//! started — is `{:error, reason}` and the others still run.
+
+use observatory_core::loop_verdict::{EntropySignal, StepKeys};
+use observatory_core::session_store::{Observation, Settings};
+use observatory_core::severity::{Severity, Thresholds};
+use observatory_core::stable_json::Digest;
+use observatory_core::step_loop_detector::Thresholds as StepThresholds;
+use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+
+use crate::atoms;
+use crate::entropy_tracker::{self, StoreResource};
+use crate::error::reason;
+use crate::loop_verdict::{self, ConfigTuple, KeysTuple, VerdictStore};
+use crate::step_detector::{self, StepStore};
+
+type Stores = (
+    Option<ResourceArc<StoreResource>>,
+    Option<ResourceArc<VerdictStore>>,
+    Option<ResourceArc<StepStore>>,
+);
+
+/// `{intent, tool_call, status, agent_id | nil, {window_size, loop, warning}, alerts}`:
+/// the entropy tuple and FR-9.11's settings as the caller read them for this step;
+/// `alerts` whether the tracker raises alerts (a LOOP with no agent then scores
+/// nothing for the verdict, as `record_and_score` answers `:missing_agent_id`).
+type EntropyArgs<'a> = (
+    Binary<'a>,
+    Binary<'a>,
+    u8,
+    Option<Binary<'a>>,
+    (usize, f64, f64),
+    bool,
+);
+
+/// Scores one step of `session_id`. `keys` and `verdict_config` as `verdict_observe`
+/// takes them; `step` the step's `{approach, outcome}` digests, or nil for a step
+/// without a result (not analysed); `step_settings` `{{stagnation_warn,
+/// stagnation_block, stuck_warn, stuck_block}, history}`.
+///
+/// Returns `{entropy, verdict, step}`: each what its own NIF returns, `{:error,
+/// reason}` when that part failed, and `step` nil when not analysed.
+#[rustler::nif]
+#[allow(clippy::too_many_arguments)]
+fn score_step<'a>(
+    env: Env<'a>,
+    stores: Stores,
+    session_id: Binary<'a>,
+    entropy: EntropyArgs<'a>,
+    keys: Term<'a>,
+    verdict_config: Term<'a>,
+    step: Option<(Binary<'a>, Binary<'a>)>,
+    step_settings: Term<'a>,
+) -> Term<'a> {
+    let (entropy_store, verdict_store, step_store) = stores;
+    let id = std::str::from_utf8(session_id.as_slice()).ok();
+
+    let (entropy_term, signal) = match &entropy_store {
+        None => (error(env, atoms::not_started()), None),
+        Some(store) => score_entropy(env, store, session_id.as_slice(), &entropy),
+    };
+    let window_size = entropy.4 .0;
+    let signal = signal.map(|severity| EntropySignal {
+        severity,
+        window: window_size,
+    });
+
+    let verdict_term = match (&verdict_store, id) {
+        (None, _) => error(env, atoms::not_started()),
+        (_, None) => error(env, atoms::invalid_session_id()),
+        (Some(store), Some(id)) => match verdict_inputs(keys, verdict_config) {
+            Ok((keys, config)) => loop_verdict::observe(env, store, id, keys, signal, &config),
+            Err(atom) => error(env, atom),
+        },
+    };
+
+    let step_term = match (step, &step_store, id) {
+        (None, _, _) => rustler::types::atom::nil().encode(env),
+        (Some(_), None, _) => error(env, atoms::not_started()),
+        (Some(_), _, None) => error(env, atoms::invalid_session_id()),
+        (Some((approach, outcome)), Some(store), Some(id)) => {
+            match step_inputs(approach, outcome, step_settings) {
+                Ok((approach, outcome, thresholds, history)) => {
+                    step_detector::analyze(env, store, id, approach, outcome, thresholds, history)
+                }
+                Err(atom) => error(env, atom),
+            }
+        }
+    };
+
+    (entropy_term, verdict_term, step_term).encode(env)
+}
+
+/// The entropy part's term, and the severity the verdict's entropy rule sees (none
+/// when the step was not scored, or a LOOP with no agent to alert when alerts are on).
+fn score_entropy<'a>(
+    env: Env<'a>,
+    store: &StoreResource,
+    session_id: &[u8],
+    args: &EntropyArgs<'a>,
+) -> (Term<'a>, Option<Severity>) {
+    let (intent, tool_call, status, agent_id, (window_size, loop_t, warning_t), alerts) = args;
+    let thresholds = match Thresholds::new(*loop_t, *warning_t) {
+        Ok(thresholds) => thresholds,
+        Err(e) => return (error(env, reason(e)), None),
+    };
+    let settings = Settings {
+        window_size: *window_size,
+        thresholds,
+    };
+    let obs = Observation {
+        session_id,
+        intent: intent.as_slice(),
+        tool_call: tool_call.as_slice(),
+        status: *status,
+        agent_id: agent_id.as_ref().map(Binary::as_slice),
+    };
+    match entropy_tracker::record(env, store, &obs, &settings) {
+        Ok((term, (Severity::Loop, false))) if *alerts => (term, None),
+        Ok((term, (severity, _))) => (term, Some(severity)),
+        Err(e) => (error(env, reason(e)), None),
+    }
+}
+
+fn verdict_inputs(
+    keys: Term<'_>,
+    config: Term<'_>,
+) -> Result<(StepKeys, observatory_core::loop_verdict::Config), rustler::Atom> {
+    let keys = keys
+        .decode::<KeysTuple<'_>>()
+        .ok()
+        .and_then(|k| loop_verdict::keys_from_term(k).ok())
+        .ok_or_else(atoms::invalid_verdict_keys)?;
+    let config = config
+        .decode::<ConfigTuple>()
+        .ok()
+        .and_then(|c| loop_verdict::to_config(c).ok())
+        .ok_or_else(atoms::invalid_verdict_config)?;
+    Ok((keys, config))
+}
+
+fn step_inputs(
+    approach: Binary<'_>,
+    outcome: Binary<'_>,
+    settings: Term<'_>,
+) -> Result<(Digest, Digest, StepThresholds, usize), rustler::Atom> {
+    let digest = |b: Binary<'_>| -> Result<Digest, rustler::Atom> {
+        b.as_slice()
+            .try_into()
+            .map_err(|_| atoms::invalid_step_digest())
+    };
+    let (approach, outcome) = (digest(approach)?, digest(outcome)?);
+    let ((stagnation_warn, stagnation_block, stuck_warn, stuck_block), history) = settings
+        .decode::<((u32, u32, u32, u32), usize)>()
+        .map_err(|_| atoms::invalid_step_thresholds())?;
+    let thresholds = StepThresholds {
+        stagnation_warn,
+        stagnation_block,
+        stuck_warn,
+        stuck_block,
+    };
+    thresholds
+        .validate()
+        .map_err(|_| atoms::invalid_step_thresholds())?;
+    Ok((approach, outcome, thresholds, history))
+}
+
+fn error(env: Env<'_>, reason: rustler::Atom) -> Term<'_> {
+    (atoms::error(), reason).encode(env)
+}

@@ -1,0 +1,250 @@
+defmodule Observatory.Gateway.StepScoreTest do
+  # The ingest scores a step's entropy, loop verdict and step detector in one NIF call
+  # (StepScore). It must answer exactly what the three separate calls answer
+  # (EntropyTracker.record_and_score/3, LoopVerdict.observe/4, StepDetector.analyze/3)
+  # on any sequence of steps, keep the forget paths, and give each part its own clear
+  # error for bad input without failing the others.
+  use Observatory.TrackerCase, async: false
+
+  alias Observatory.Gateway.{DecisionLog, EntropyConfig, LoopVerdict, StepDetector, StepScore}
+  alias Observatory.Native
+  alias Observatory.Test.HTTP
+
+  setup do
+    restore_env_on_exit([:step_detection])
+    name = :"step_score_tracker_#{System.unique_integer([:positive])}"
+    start_supervised!({EntropyTracker, name: name})
+    %{tracker: name}
+  end
+
+  # A parsed step of `sid`: tool, input and result picked from small sets so that
+  # sequences repeat, cycle and fail; `result: nil` leaves the result out.
+  defp fields(sid, n, {tool, input, result, status}) do
+    action = %{
+      "tool_call" => "tool-#{tool}",
+      "tool_input" => %{"q" => "in-#{input}"},
+      "status" => status
+    }
+
+    action = if result, do: Map.put(action, "result", %{"out" => "r-#{result}"}), else: action
+
+    {:ok, _envelope, fields} =
+      %{"meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"}, "action" => action}
+      |> HTTP.envelope()
+      |> DecisionLog.from_map()
+
+    fields
+  end
+
+  # The step as the three separate calls score it, settled as the ingest settles them.
+  defp separately(f, tracker, alerts?) do
+    {window_size, _, _} = config = EntropyConfig.read()
+
+    entropy =
+      EntropyTracker.record_and_score(f.session_id, {f.intent, f.tool_call, f.status},
+        agent_id: f.agent_id,
+        tracker: tracker,
+        alerts: alerts?,
+        config: config
+      )
+
+    severity = with {:ok, _, severity} <- entropy, do: severity, else: (_ -> nil)
+
+    verdict =
+      LoopVerdict.observe(f.session_id, f.verdict_keys, severity,
+        agent_id: f.agent_id,
+        step_id: f.step_id,
+        window_size: window_size
+      )
+
+    step = if f.outcome, do: StepDetector.analyze(f.session_id, f.approach, f.outcome)
+    {entropy, verdict, step}
+  end
+
+  # The same step through StepScore, settled as SchemaInterceptor.accept/3 does.
+  defp fused(f, tracker, alerts?) do
+    {e, v, s, thresholds} = StepScore.score(f, tracker, EntropyConfig.read(), alerts?)
+
+    {EntropyTracker.settle(e, f.session_id, f.agent_id, alerts?),
+     LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id),
+     s && StepDetector.settle(s, f.session_id, thresholds)}
+  end
+
+  # Feeds `steps` to two fresh sessions, one per path; the answers of each step.
+  defp both_paths(steps, tracker, alerts? \\ true) do
+    {a, b} = {unique_session("fused"), unique_session("apart")}
+
+    steps
+    |> Enum.with_index(1)
+    |> Enum.map(fn {step, n} ->
+      fa = fields(a, n, step)
+      fb = %{fields(b, n, step) | session_id: b}
+      {fused(fa, tracker, alerts?), separately(fb, tracker, alerts?)}
+    end)
+  end
+
+  @statuses ~w(success failure error)
+
+  describe "one call answers as the three calls did" do
+    test "a fixed sequence that warns, blocks and loops: every answer the same", %{tracker: t} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 4)
+      # Varied work, then the same failing call again and again.
+      steps =
+        for(i <- 1..4, do: {i, i, i, "success"}) ++
+          for(_ <- 1..6, do: {9, 9, 9, "failure"}) ++ [{1, 1, nil, "success"}]
+
+      answers = both_paths(steps, t)
+      for {fused, apart} <- answers, do: assert(fused == apart)
+
+      # The sequence reached the states worth comparing.
+      {{:ok, _, severity}, {:ok, verdict}, {:ok, step}} = answers |> Enum.at(-2) |> elem(0)
+      assert severity == :loop
+      assert verdict.verdict == :loop
+      assert step.action == :block
+      # The step without a result is not analysed.
+      assert {_, _, nil} = answers |> List.last() |> elem(0)
+    end
+
+    @tag :property
+    test "any sequence of steps: the same scores, verdicts and step verdicts", %{tracker: t} do
+      step =
+        :proper_types.tuple([
+          :proper_types.range(0, 2),
+          :proper_types.range(0, 2),
+          :proper_types.oneof([:proper_types.range(0, 2), nil]),
+          :proper_types.oneof(@statuses)
+        ])
+
+      property =
+        :proper.forall(:proper_types.list(step), fn steps ->
+          Enum.all?(both_paths(steps, t), fn {fused, apart} -> fused == apart end)
+        end)
+
+      assert :proper.quickcheck(property, [:quiet, {:numtests, 150}, {:to_file, :user}]) == true
+    end
+
+    test "with alerts on, a LOOP of a session with no agent gives the verdict no entropy signal",
+         %{tracker: t} do
+      # Same {intent, tool, status}, a new call and result each time: entropy LOOP,
+      # and the verdict's entropy rule is what speaks, unless the signal is withheld.
+      steps = for i <- 1..6, do: {1, i, i, "success"}
+      sid = unique_session("no-agent")
+
+      {verdicts, log} =
+        ExUnit.CaptureLog.with_log(fn ->
+          for {step, n} <- Enum.with_index(steps, 1) do
+            f = %{fields(sid, n, step) | agent_id: nil}
+            {entropy, {:ok, verdict}, _} = fused(f, t, true)
+            {entropy, verdict.rule}
+          end
+        end)
+
+      assert log =~ "with no known agent_id: alert not sent"
+
+      assert {{:error, :missing_agent_id}, :none} = List.last(verdicts)
+
+      # The same steps with the agent known: the entropy rule explains the LOOP.
+      with_agent = both_paths(steps, t)
+      {{{:ok, _, :loop}, {:ok, %{rule: :entropy}}, _}, _} = List.last(with_agent)
+    end
+  end
+
+  describe "forget and reset paths" do
+    test "a forgotten session starts a fresh window and history", %{tracker: t} do
+      sid = unique_session("forget")
+      for n <- 1..3, do: fused(fields(sid, n, {n, n, n, "success"}), t, true)
+
+      assert {{:ok, _, _}, {:ok, %{step_number: 4}}, _} =
+               fused(fields(sid, 4, {4, 4, 4, "success"}), t, true)
+
+      assert EntropyTracker.forget(sid, tracker: t)
+      assert LoopVerdict.forget(sid)
+
+      assert {{:ok, 1.0, :normal}, {:ok, %{step_number: 1, previous: nil}}, _} =
+               fused(fields(sid, 5, {4, 4, 4, "success"}), t, true)
+
+      assert [_one] = EntropyTracker.window(sid, tracker: t)
+    end
+
+    test "a step detector reset clears the streaks the fused call built", %{tracker: t} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+      sid = unique_session("reset")
+
+      actions =
+        for n <- 1..4 do
+          {_, _, {:ok, step}} = fused(fields(sid, n, {1, 1, 1, "failure"}), t, true)
+          step.action
+        end
+
+      assert actions == [:continue, :continue, :warn, :block]
+      :ok = StepDetector.reset(sid, operator: "alice")
+
+      assert {_, _, {:ok, %{action: :continue, stagnation_streak: 0}}} =
+               fused(fields(sid, 5, {1, 1, 1, "failure"}), t, true)
+    end
+  end
+
+  describe "bad input: a clear error for the part it concerns, the others still scored" do
+    setup %{tracker: t} do
+      f = fields(unique_session("bad"), 1, {1, 1, 1, "success"})
+      %{f: f, t: t}
+    end
+
+    test "keys that are not the parse's: the verdict refuses them", %{f: f, t: t} do
+      assert {{1.0, :normal, nil, 1, nil}, {:error, :invalid_verdict_keys}, {_, _, _, _, _}, _} =
+               StepScore.score(%{f | verdict_keys: {:not, :keys}}, t, EntropyConfig.read(), true)
+    end
+
+    test "a digest of the wrong size: the step detector refuses it", %{f: f, t: t} do
+      assert {{_, _, _, _, _}, {_, _, _, _, _, 1}, {:error, :invalid_step_digest}, _} =
+               StepScore.score(%{f | outcome: "short"}, t, EntropyConfig.read(), true)
+    end
+
+    test "invalid step thresholds: the step detector's error, logged", %{f: f, t: t} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 2)
+
+      {_, {_, _, _, _, _, 1}, analysed, thresholds} =
+        StepScore.score(f, t, EntropyConfig.read(), true)
+
+      assert analysed == {:error, :invalid_step_thresholds}
+
+      assert ExUnit.CaptureLog.capture_log(fn ->
+               assert {:error, :invalid_step_thresholds} =
+                        StepDetector.settle(analysed, f.session_id, thresholds)
+             end) =~ "invalid :step_detection thresholds"
+    end
+
+    test "a tracker that is not running: entropy not started, verdict and step scored",
+         %{f: f} do
+      assert {{:error, :not_started}, {_, _, _, _, _, 1}, {_, _, _, _, _}, _} =
+               StepScore.score(f, :no_such_tracker, EntropyConfig.read(), true)
+    end
+
+    test "a status outside the set: entropy refuses it and records nothing", %{f: f, t: t} do
+      assert {{:error, :invalid_status}, {_, _, _, _, _, 1}, _, _} =
+               StepScore.score(%{f | status: :exploded}, t, EntropyConfig.read(), true)
+
+      assert EntropyTracker.window(f.session_id, tracker: t) == []
+    end
+
+    test "entropy fields past their caps: the tracker's error, nothing recorded", %{f: f, t: t} do
+      long = String.duplicate("x", 2000)
+
+      assert {{:error, :field_too_long}, {_, _, _, _, _, 1}, _, _} =
+               StepScore.score(%{f | intent: long}, t, EntropyConfig.read(), true)
+
+      assert EntropyTracker.window(f.session_id, tracker: t) == []
+    end
+
+    test "a session id that is not UTF-8: the verdict and step refuse it", %{f: f, t: t} do
+      assert {_, {:error, :invalid_session_id}, {:error, :invalid_session_id}, _} =
+               StepScore.score(%{f | session_id: <<0xFF, 0xFE>>}, t, EntropyConfig.read(), true)
+    end
+
+    test "arguments of the wrong shape raise ArgumentError; the VM is fine" do
+      assert_raise ArgumentError, fn ->
+        Native.score_step(:not_stores, "s", {}, {}, {}, nil, {})
+      end
+    end
+  end
+end
