@@ -1008,6 +1008,54 @@ def sc_path_walk_up(s, rng, r):
     closing_steps(s, rng, rng.randint(0, 2))
 
 
+def sc_fenced_commands(s, rng, r):
+    """Class 2, the rejection in front of every call: each command sent inside a Markdown fence
+    (```SHELL ... ```); bash runs the fence as command substitutions, so every answer opens with
+    `SHELL: command not found`, then the command's output run as a command (`mod.py: command
+    not found`), or nothing; the status follows what comes after the rejection."""
+    p = s.p
+    commands = [f"ls src/{p['pkg']}", "find src -name '*.orig'", f"grep -c def src/{p['pkg']}/{p['mod']}.py",
+                f"wc -l tests/test_{p['mod']}.py", "find . -name '*.rej' -print", "head -n 1 README.md",
+                "ls tests", "find scripts -name '*.bak'"]
+    ordinary_steps(s, rng, rng.randint(1, 3))
+    s.loop_starts_here()
+    for cmd in commands[:r]:
+        s.bash(f"```SHELL\n{cmd}\n```")
+    s.bash(f"ls src/{p['pkg']}")
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_lint_one_by_one(s, rng, r):
+    """Class 2, near-miss: a linter run on one file after another; every answer opens with the
+    linter's banner, some files fail and some pass, and each answer goes on with the linter's
+    own report: the calls ran. Then the agent fixes a failing file and lints it again."""
+    p = s.p
+    root = p["root"]
+    files = [f"src/{p['pkg']}/{p['mod']}.py", f"src/{p['pkg']}/{p['util']}.py", f"src/{p['pkg']}/__init__.py",
+             f"tests/test_{p['mod']}.py", f"scripts/{p['script']}.py", "build.sh", "checks.sh"]
+    files = [f for f in files if os.path.isfile(os.path.join(root, f))]
+    rng.shuffle(files)
+    files = files[:r]
+    # the first and the last file linted have a TODO left
+    for f in (files[0], files[-1]):
+        with open(os.path.join(root, f), "a", encoding="utf-8") as fh:
+            fh.write("# TODO: remove before release\n")
+    with open(os.path.join(root, "tools", "lint.sh"), "w", encoding="utf-8") as fh:
+        fh.write("#!/bin/sh\n# tools/lint.sh FILE: the release lint\n"
+                 "echo '== release lint 1.4 =='\n"
+                 "echo \"$(wc -l < \"$1\") lines in $1\"\n"
+                 "n=$(grep -c TODO \"$1\")\n"
+                 "if [ \"$n\" -gt 0 ]; then grep -n TODO \"$1\"; echo \"$1: $n TODO left: FAILED\"; exit 1; fi\n"
+                 "echo \"$1: no TODO left: OK\"\n")
+    os.chmod(os.path.join(root, "tools", "lint.sh"), 0o755)
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    for f in files:
+        s.bash(f"sh tools/lint.sh {f}")
+    s.edit(path=files[0], old="# TODO: remove before release\n", new="")
+    s.bash(f"sh tools/lint.sh {files[0]}")
+    closing_steps(s, rng, rng.randint(0, 1))
+
+
 # name -> (function, label, uses_repeats)
 SCENARIOS = {
     "prose_to_shell": (sc_prose_to_shell, "looping"),
@@ -1036,10 +1084,13 @@ SCENARIOS = {
     # an error that echoes its call: a loop and its near-miss
     "echoed_error": (sc_echoed_error, "looping"),
     "path_walk_up": (sc_path_walk_up, "clean"),
+    # a rejection in front of every call, the status flipping: a loop and its near-miss
+    "fenced_commands": (sc_fenced_commands, "looping"),
+    "lint_one_by_one": (sc_lint_one_by_one, "clean"),
 }
 # Looping scenarios whose repeats are not identical calls: no identical run is expected.
 STUCK_WITHOUT_RUN = {"whitespace_retry", "near_edit_rejected", "usage_rejection", "long_view_cycle",
-                     "revisit_lookups", "reread_ranges", "echoed_error"}
+                     "revisit_lookups", "reread_ranges", "echoed_error", "fenced_commands"}
 REPEATS = (4, 7)
 
 
@@ -1136,6 +1187,17 @@ def check(steps_by_session, summaries):
             if (len({st["result"] for st in loop}) != rep or len(last_lines) != 1
                     or any(st["action_status"] != "failure" for st in loop)):
                 errors.append(f"{sid}: expected {rep} grown calls failing with one error, each quoting its call")
+        if sc == "fenced_commands":
+            firsts = {re.sub(r"\d+", "#", st["result"].splitlines()[0]) for st in loop if st["result"]}
+            statuses = {st["action_status"] for st in loop}
+            if len(firsts) != 1 or statuses != {"success", "failure"} or any(
+                    len(st["result"].splitlines()) > 2 for st in loop):
+                errors.append(f"{sid}: expected short answers opening alike, failures and successes: {firsts}")
+        if sc == "lint_one_by_one":
+            lints = [st for st in steps if st["tool_input"].get("command", "").startswith("sh tools/lint.sh")]
+            if len({st["result"].splitlines()[0] for st in lints}) != 1 or len(
+                    {st["action_status"] for st in lints}) != 2:
+                errors.append(f"{sid}: expected lint answers opening alike, failing and passing")
         if sc == "path_walk_up":
             walk = [st for st in steps if st["action_status"] == "failure"
                     and st["tool_input"].get("command", "").startswith("ls src/")]

@@ -46,7 +46,11 @@ defmodule Observatory.Gateway.LoopVerdict do
       calls, steps with an empty answer between them set aside: suspect at
       `failure_run_suspect`, loop at `failure_run_loop`. An error that quotes its own
       call is the same error when, without the call's words, it is the same and the
-      later call is the earlier one with words added (a pipeline grown by a stage);
+      later call is the earlier one with words added (a pipeline grown by a stage).
+      Also when the newest answers all open with the same line, failures and successes
+      mixed (the newest a failure, or two successes), none saying more than one other
+      line: something in front of every call rejects it (a fence the shell runs as a
+      command, a missing wrapper);
     * **revisit** (g) — the step repeats an earlier one (the same or a nearly identical
       call, the same non-empty answer; or the identical call, empty again, with only
       failures and empty answers since), and so do `revisit_suspect` / `revisit_loop`
@@ -159,10 +163,10 @@ defmodule Observatory.Gateway.LoopVerdict do
           | :entropy
   @typedoc """
   What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  sketches, flags, {tool, shape, exact, wording}}` (64-bit hashes, the result's line and
-  number sketches, flag bits: has a result, failed, blank; the tool's hash, the input's
-  word-pair set, the result's hash before normalization and the input's words without
-  their digits).
+  sketches, flags, {tool, shape, exact, wording}}` (64-bit hashes; the result's line and
+  number sketches and the hash of its opening line; flag bits: has a result, failed,
+  blank; the tool's hash, the input's word-pair set, the result's hash before
+  normalization and the input's words without their digits).
   Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
   @type keys ::

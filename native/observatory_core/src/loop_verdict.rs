@@ -59,6 +59,14 @@
 //!   call ([`StepKeys::exact`]) — is the same and the later call is the earlier one
 //!   with words added (nearly identical, every word pair kept): a call that dropped or
 //!   changed words changed its target, and a "not found" for the new target is news.
+//!   The rule has a second half: the newest answers all *open* with the same line
+//!   (digits masked: [`StepKeys::opening`]), some of them failures and some successes —
+//!   the newest a failure, or two of them successes — and none has more than one line
+//!   besides (a blank answer or a longer one ends the run). A line that comes first
+//!   whether the call failed or not is something in front of every call (a Markdown
+//!   fence the shell runs as a command, a wrapper that is not installed, a broken
+//!   environment): the calls never ran. A runner's banner followed by its own report,
+//!   or a pass after failures with the same banner, does not count.
 //! * **(g) revisit** — a step *revisits* when an earlier step of the history had the
 //!   same or a nearly identical call and the same non-blank answer (a different call
 //!   whose input differs only in its digits, [`StepKeys::wording`], has a new target:
@@ -188,6 +196,9 @@ pub enum Reason {
     /// (f) `times` calls in a row failed with the same error, `quiet` steps with an
     /// empty answer between them.
     FailureRun { times: u32, quiet: u32 },
+    /// (f) `times` answers in a row opened with the same line, `failed` of them failures
+    /// and the others successes.
+    SameOpening { times: u32, failed: u32 },
     /// (g) `revisits` of the last `window` steps repeated an earlier call with the same
     /// result.
     Revisit { revisits: u32, window: u32 },
@@ -248,6 +259,11 @@ impl fmt::Display for Reason {
             Reason::FailureRun { times, quiet } => write!(
                 f,
                 "{times} calls failed with the same error, with only {quiet} empty answers between them"
+            ),
+            Reason::SameOpening { times, failed } => write!(
+                f,
+                "{times} calls in a row got answers opening with the same line, {failed} failed and {} succeeded: something in front of every call rejects it",
+                times - failed
             ),
             Reason::Revisit { revisits, window } => write!(
                 f,
@@ -353,6 +369,9 @@ pub struct StepKeys {
     pub blank: bool,
     /// The result's numbers, for "did most of them change?".
     pub numbers: NumberSketch,
+    /// The first line of the result's text that holds a letter, digits masked, hashed
+    /// without the status ([`shape`]); 0 when there is none.
+    pub opening: u64,
 }
 
 impl StepKeys {
@@ -379,6 +398,7 @@ impl StepKeys {
             failure,
             blank: !has_result,
             numbers: NumberSketch::default(),
+            opening: if has_result { outcome } else { 0 },
         }
     }
 }
@@ -522,6 +542,10 @@ struct Entry {
     stale: bool,
 }
 
+/// Most different lines an answer may have to count in a run of answers opening with
+/// the same line: the rejection and one line more (what the shell made of the rest).
+const OPENING_LINES: u32 = 2;
+
 /// A 64-bit hash folded to 32 bits, for compact scans (a match is confirmed in full).
 fn fold(hash: u64) -> u32 {
     (hash ^ (hash >> 32)) as u32
@@ -612,6 +636,11 @@ pub struct VerdictState {
     same_run: u32,
     stale_run: u32,
     stale_blank: bool,
+    /// Rule (f)'s other run: the newest steps whose answers open with the same line
+    /// (`opening`), how many of them, and how many of those failed.
+    opening: u64,
+    opening_run: u32,
+    opening_failed: u32,
 }
 
 impl VerdictState {
@@ -662,6 +691,7 @@ impl VerdictState {
         };
         entry.revisit_back = self.revisit_back(&entry, config);
         self.extend_runs(&entry, config);
+        self.extend_opening_run(&keys);
         self.outcomes.push_back(fold(entry.outcome));
         self.ring.push_back(entry);
 
@@ -670,6 +700,7 @@ impl VerdictState {
             self.cycle(config),
             self.near_repeat(config),
             self.failure_run(config),
+            self.opening_run(config),
             self.revisit(config),
             self.same_failure(config),
         ]
@@ -898,6 +929,57 @@ impl VerdictState {
             self.stale_run = 0;
             self.stale_blank = entry.blank;
         }
+    }
+
+    /// Extends or restarts the run of answers opening with the same line with `keys`.
+    /// A blank answer, or one without a line of text, ends it: an edit that prints
+    /// nothing between two runs of a test is work between them. So does an answer of
+    /// more than [`OPENING_LINES`] different lines: the call ran and said something of
+    /// its own (a test runner's banner, then its report).
+    fn extend_opening_run(&mut self, keys: &StepKeys) {
+        if keys.blank || keys.opening == 0 || keys.lines.len() > OPENING_LINES {
+            self.opening = 0;
+            self.opening_run = 0;
+            self.opening_failed = 0;
+            return;
+        }
+        if keys.opening != self.opening {
+            self.opening = keys.opening;
+            self.opening_run = 0;
+            self.opening_failed = 0;
+        }
+        self.opening_run += 1;
+        self.opening_failed += u32::from(keys.failure);
+    }
+
+    /// Rule (f), its other half: the newest answers all open with the same line, some
+    /// of them failures and some successes — the newest a failure, or two of them
+    /// successes. A line that comes first whether the call failed or not is not the
+    /// command's answer but something in front of every call (a wrapper the shell
+    /// cannot run, a broken environment): the calls never ran.
+    fn opening_run(&self, config: &Config) -> Option<Finding> {
+        let times = self.opening_run.min(self.ring.len() as u32);
+        let failed = self.opening_failed.min(times);
+        // All failures (a traceback's header) or all successes (a listing's header)
+        // are rule (f)'s or nobody's; one success after failures that open alike may
+        // be the call that finally worked (a test runner's banner, then a pass).
+        let succeeded = times - failed;
+        if failed == 0 || succeeded == 0 || (!self.at(0).failure && succeeded < 2) {
+            return None;
+        }
+        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
+            Level::Loop
+        } else if times >= config.failure_run_suspect {
+            Level::Suspect
+        } else {
+            return None;
+        };
+        Some(Finding {
+            level,
+            rule: Rule::FailureRun,
+            reason: Reason::SameOpening { times, failed },
+            evidence: self.newest(times as usize),
+        })
     }
 
     /// Rule (f): the newest steps failed, each with the same error as the failure after

@@ -74,7 +74,8 @@ pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
 
 pub(crate) fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
     let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact, wording)) = t;
-    let (lines, numbers) = sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
+    let (lines, numbers, opening) =
+        sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
     Ok(StepKeys {
         call,
         tool,
@@ -89,23 +90,26 @@ pub(crate) fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
         failure: flags & FAILURE != 0,
         blank: flags & BLANK != 0,
         numbers,
+        opening,
     })
 }
 
 const LINE_BYTES: usize = SKETCH_BITS / 8;
 
-/// The line sketch, the number sketch's 4 words and its count, little-endian.
+/// The line sketch, the number sketch's 4 words and its count, and the opening line's
+/// hash, little-endian.
 fn sketches_to_bytes(keys: &StepKeys) -> Vec<u8> {
     let mut out = keys.lines.to_bytes().to_vec();
     for word in keys.numbers.bits {
         out.extend_from_slice(&word.to_le_bytes());
     }
     out.extend_from_slice(&keys.numbers.count.to_le_bytes());
+    out.extend_from_slice(&keys.opening.to_le_bytes());
     out
 }
 
-fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch)> {
-    if bytes.len() != LINE_BYTES + 36 {
+fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch, u64)> {
+    if bytes.len() != LINE_BYTES + 44 {
         return None;
     }
     let (lines, rest) = bytes.split_at(LINE_BYTES);
@@ -114,7 +118,8 @@ fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch)> {
         bits: [word(0), word(1), word(2), word(3)],
         count: u32::from_le_bytes(rest[32..36].try_into().expect("4 bytes")),
     };
-    Some((LineSketch::from_bytes(lines)?, numbers))
+    let opening = u64::from_le_bytes(rest[36..44].try_into().expect("8 bytes"));
+    Some((LineSketch::from_bytes(lines)?, numbers, opening))
 }
 
 #[rustler::nif]

@@ -300,6 +300,71 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert [1, 3, 5, 7] = Enum.take(evidence, -4)
     end
 
+    test "(f) answers opening with the same line, failed or not: loop at 4", %{sid: sid} do
+      # Every command in a fence the shell cannot run: the rejection first, then the
+      # command's own output, the status following that output.
+      fenced = fn command, status, rest ->
+        %{
+          "tool_call" => "bash",
+          "status" => status,
+          "tool_input" => %{"command" => "```sh\n#{command}\n```"},
+          "result" => "sh: 3: sh: not found\n#{rest}"
+        }
+      end
+
+      assert %{verdict: :progress} =
+               ingest(sid, fenced.("ls /srv/app", "failure", "sh: 3: config.yaml: not found"))
+
+      assert %{verdict: :progress} =
+               ingest(sid, fenced.("find /srv/app -name '*.yaml'", "success", ""))
+
+      assert %{verdict: :suspect, rule: :failure_run} =
+               ingest(
+                 sid,
+                 fenced.(
+                   "grep -n port /srv/app/config.yaml",
+                   "failure",
+                   "sh: 3: 4:port:: not found"
+                 )
+               )
+
+      assert %{verdict: :loop, rule: :failure_run, evidence: [1, 2, 3, 4], reason: reason} =
+               ingest(
+                 sid,
+                 fenced.("wc -l /srv/app/config.yaml", "failure", "sh: 3: 12: not found")
+               )
+
+      assert reason ==
+               "4 calls in a row got answers opening with the same line, 3 failed and 1 succeeded: " <>
+                 "something in front of every call rejects it"
+    end
+
+    test "(f) the near-miss: a test runner's banner, failing three times, then passing", %{
+      sid: sid
+    } do
+      banner =
+        "============================= test session starts ==============================\n"
+
+      run = fn n, status, tail ->
+        %{
+          "tool_call" => "bash",
+          "status" => status,
+          "tool_input" => %{"command" => "pytest -q tests/test_parse.py -k case#{n}"},
+          "result" => banner <> tail
+        }
+      end
+
+      for {n, tail} <- [
+            {1, "1 failed: expected 3"},
+            {2, "1 failed: expected 4"},
+            {3, "1 failed: got None"}
+          ],
+          do: assert(%{verdict: :progress} = ingest(sid, run.(n, "failure", tail)))
+
+      # Three failures then a pass, all opening with the banner: the call that worked.
+      assert %{verdict: :progress} = ingest(sid, run.(4, "success", "4 passed"))
+    end
+
     test "(f) failure_run_loop: :never keeps it amber", %{sid: sid} do
       put_config(failure_run_loop: :never)
 
@@ -411,8 +476,8 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       for hash <- [call, outcome, gist, skeleton, tool, shape, exact, wording],
           do: assert(hash in 0..0xFFFF_FFFF_FFFF_FFFF)
 
-      # 1024 bits of lines, 256 bits and a count of numbers
-      assert byte_size(sketches) == 128 + 32 + 4
+      # 1024 bits of lines, 256 bits and a count of numbers, the opening line's hash
+      assert byte_size(sketches) == 128 + 32 + 4 + 8
       # has a result (1) and failed (2), not blank (4)
       assert flags == 3
       assert {_, _, _, _, _, 4, _} = keys(%{"status" => "success"})

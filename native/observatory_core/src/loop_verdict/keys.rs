@@ -180,6 +180,7 @@ pub fn keys_from_canonical(
             failure,
             blank: result_shape.is_none_or(|s| s.blank),
             numbers: result_shape.map(|s| s.numbers).unwrap_or_default(),
+            opening: result_shape.map_or(0, |s| s.opening),
         }
     })
 }
@@ -1020,5 +1021,56 @@ mod tests {
             let distance = (hash64(&data, 0) ^ hash64(&other, 0)).count_ones();
             prop_assert!((8..=56).contains(&distance), "{distance}");
         }
+    }
+}
+#[cfg(test)]
+mod empty_answers {
+    use super::*;
+    use crate::loop_verdict::{Config, Level, VerdictState};
+    use serde_json::json;
+
+    fn levels(commands: &[&str]) -> Vec<Level> {
+        let mut state = VerdictState::new();
+        commands
+            .iter()
+            .map(|c| {
+                let keys = step_keys(
+                    "bash",
+                    "success",
+                    Some(&json!({ "command": c })),
+                    Some(&json!("")),
+                    Normalization::shared_default(),
+                );
+                state.observe(keys, None, &Config::default()).level
+            })
+            .collect()
+    }
+
+    /// Setting up a tree one command at a time: the same command on another target, each
+    /// answer empty. Similar calls (two thirds of their word pairs shared) but not
+    /// nearly identical, and an empty answer says nothing: no loop. (A rule that called
+    /// six similar calls answered with nothing a loop was measured and dropped for
+    /// this.)
+    #[test]
+    fn e_the_near_miss_the_same_command_on_other_targets_each_answer_empty_is_no_loop() {
+        let made = levels(&[
+            "mkdir -p /srv/app/logs",
+            "mkdir -p /srv/app/cache",
+            "mkdir -p /srv/app/tmp",
+            "mkdir -p /srv/app/data",
+            "mkdir -p /srv/app/run",
+            "mkdir -p /srv/app/conf",
+            "mkdir -p /srv/app/bin",
+        ]);
+        assert!(made.iter().all(|&l| l == Level::Progress), "{made:?}");
+        let copied = levels(&[
+            "cp config/app.yaml /srv/app/conf/",
+            "cp config/db.yaml /srv/app/conf/",
+            "cp config/cache.yaml /srv/app/conf/",
+            "cp config/queue.yaml /srv/app/conf/",
+            "cp config/auth.yaml /srv/app/conf/",
+            "cp config/log.yaml /srv/app/conf/",
+        ]);
+        assert!(copied.iter().all(|&l| l == Level::Progress), "{copied:?}");
     }
 }

@@ -223,6 +223,8 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "a pipeline grown by a stage each time, the same quoting error echoing it",
         "a path walked up, each 'cannot access' quoting another path",
         "a support agent answering order after order, the same help text each time",
+        "every command sent inside a fence the shell cannot run, the status following what comes after",
+        "a test runner's banner on every run, some files failing, some passing",
     ];
     assert_eq!(names, tested);
 }
@@ -584,6 +586,36 @@ fn must_not_flag_a_support_agent_answering_order_after_order() {
     // number: a new target, not a revisit, though the answers are the same.
     check(
         "a support agent answering order after order, the same help text each time",
+        "must-not-flag",
+    );
+}
+
+#[test]
+fn must_flag_every_command_inside_a_fence_the_shell_cannot_run_the_status_flipping() {
+    let run = check(
+        "every command sent inside a fence the shell cannot run, the status following what comes after",
+        "must-flag",
+    );
+    let first = run
+        .verdicts
+        .iter()
+        .find(|v| v.level == Level::Loop)
+        .unwrap();
+    assert_eq!(first.rule, Rule::FailureRun);
+    assert_eq!(
+        first.reason,
+        Reason::SameOpening {
+            times: 4,
+            failed: 3
+        }
+    );
+    assert_eq!(first.evidence.as_slice(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn must_not_flag_a_test_runner_s_banner_on_every_run_some_files_failing_some_passing() {
+    check(
+        "a test runner's banner on every run, some files failing, some passing",
         "must-not-flag",
     );
 }

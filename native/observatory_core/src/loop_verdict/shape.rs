@@ -25,7 +25,10 @@
 //! * `numbers`: a sketch of its first [`MAX_NUMBERS`] runs of digits with their
 //!   positions, so that two results with the same skeleton can tell how many of their
 //!   numbers differ: one of many (a timing, a speed, a size in a long log) is a detail,
-//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving.
+//!   where most or all of them (`{"progress": 40}`, then 60) is the answer moving;
+//! * `opening`: a hash of its first line inside a value (not an object key) that holds
+//!   a letter, without the status: an answer that opens with the same line whether the
+//!   call failed or succeeded has something in front of every call.
 
 use super::keys::hash64;
 
@@ -35,11 +38,14 @@ pub const SKETCH_BITS: usize = 1024;
 pub const MAX_NUMBERS: u32 = 64;
 /// Lines of a result looked at for its gist and sketch (the first ones).
 pub const MAX_LINES: usize = 512;
+/// Bytes of a result's opening line (digits masked) its `opening` hashes.
+pub const OPENING_BYTES: usize = 128;
 
 const LINE_SEED: u64 = 0x0801_f2e2_8a3c_1d55;
 const GIST_SEED: u64 = 0xa409_3822_299f_31d0;
 const SKELETON_SEED: u64 = 0x082e_fa98_ec4e_6c89;
 const NUMBER_SEED: u64 = 0x4528_21e6_38d0_1377;
+const OPENING_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
 
 /// A set of line hashes, one bit each (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
@@ -152,6 +158,10 @@ pub struct Shape {
     pub lines: LineSketch,
     pub numbers: NumberSketch,
     pub blank: bool,
+    /// The hash of the first line of a string value that holds a letter (digits
+    /// masked, its first [`OPENING_BYTES`] bytes), 0 if none: what an answer opens
+    /// with, whatever its status.
+    pub opening: u64,
 }
 
 /// JSON text `src` with runs of whitespace inside its strings (spaces and the `\n`,
@@ -247,10 +257,13 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
         line_start: 0,
         pending_space: false,
         numbers: NumberSketch::default(),
+        in_value: false,
+        opening: 0,
     };
     let blank = reader.read(text);
     reader.end_line();
     let numbers = reader.numbers;
+    let opening = reader.opening;
     let skeleton = hash64(&scratch.masked, hash64(status.as_bytes(), SKELETON_SEED));
     let hashes = &mut scratch.lines;
     hashes.sort_unstable();
@@ -267,6 +280,7 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
         lines,
         numbers,
         blank,
+        opening,
     }
 }
 
@@ -278,6 +292,10 @@ struct Reader<'a> {
     line_start: usize,
     pending_space: bool,
     numbers: NumberSketch,
+    /// Inside a string that is not an object key.
+    in_value: bool,
+    /// The first line read inside a value that holds a letter, hashed; 0 until then.
+    opening: u64,
 }
 
 impl Reader<'_> {
@@ -299,6 +317,7 @@ impl Reader<'_> {
                     // A string is a line of its own (its quotes are not content).
                     self.end_line();
                     let is_key = expect_key;
+                    self.in_value = !is_key;
                     i += 1;
                     while i < text.len() && text[i] != b'"' {
                         if text[i].is_ascii_digit() {
@@ -318,6 +337,7 @@ impl Reader<'_> {
                         i = end;
                     }
                     self.end_line();
+                    self.in_value = false;
                 }
                 b'{' => {
                     objects.push(true);
@@ -375,6 +395,15 @@ impl Reader<'_> {
 
     fn end_line(&mut self) {
         if self.masked.len() > self.line_start {
+            if self.opening == 0 && self.in_value {
+                // Its first bytes: an error line is short, and a long one-line result
+                // costs no second pass over all of it.
+                let line = &self.masked[self.line_start..];
+                let line = &line[..line.len().min(OPENING_BYTES)];
+                if line.iter().any(u8::is_ascii_alphabetic) {
+                    self.opening = hash64(line, OPENING_SEED) | 1;
+                }
+            }
             if self.lines.len() < MAX_LINES {
                 self.lines
                     .push(hash64(&self.masked[self.line_start..], LINE_SEED));
@@ -460,6 +489,37 @@ mod tests {
         assert_ne!(a.skeleton, b.skeleton);
         assert_eq!(a.lines, c.lines);
         assert_eq!(a.lines.len(), 3);
+    }
+
+    #[test]
+    fn the_opening_is_the_first_line_of_a_value_holding_a_letter_whatever_the_status() {
+        let fenced = |status, rest: &str| {
+            shaped(
+                status,
+                json!(format!("bash: line 3: BASH: command not found\n{rest}")),
+            )
+            .opening
+        };
+        let a = fenced("failure", "bash: line 3: FooBar.html: command not found");
+        assert_ne!(a, 0);
+        assert_eq!(a, fenced("success", "Python script 2"));
+        // Digits masked: the line counter moves.
+        assert_eq!(
+            a,
+            shaped("failure", json!("bash: line 4: BASH: command not found\n")).opening
+        );
+        // Object keys and lines without a letter are skipped.
+        assert_eq!(
+            a,
+            shaped(
+                "failure",
+                json!({"exit_code": 1, "stdout": "--- 12 ---\nbash: line 3: BASH: command not found"})
+            )
+            .opening
+        );
+        assert_ne!(a, shaped("failure", json!("ls: cannot access 'x'")).opening);
+        assert_eq!(shaped("success", json!({"ok": true})).opening, 0);
+        assert_eq!(shaped("success", json!("")).opening, 0);
     }
 
     #[test]

@@ -806,6 +806,116 @@ fn e_blank_answers_need_six_and_identical_calls_are_rule_a() {
     assert!(v.iter().all(|v| v.rule != Rule::NearRepeat));
 }
 
+/// A step whose answer opens with the line `line` (hashed), whatever follows it.
+fn opening(line: u64, mut keys: StepKeys) -> StepKeys {
+    keys.opening = line;
+    keys
+}
+
+#[test]
+fn f_answers_opening_alike_whether_the_call_failed_or_not_loop_at_4() {
+    // Every command in a fence the shell cannot run: "BASH: command not found" first,
+    // then the command's own output, the status following that output.
+    let steps = [
+        opening(42, fail(1, 1)),
+        opening(42, fail(2, 2)),
+        opening(42, ok(3, 3)),
+        opening(42, fail(4, 4)),
+        opening(42, ok(5, 5)),
+        opening(42, ok(6, 6)),
+    ];
+    let v = run(&steps);
+    // The third alone, a success after two failures, may be the call that worked.
+    assert_eq!(levels(&v), [Progress, Progress, Progress, Loop, Loop, Loop]);
+    assert_eq!(v[3].rule, Rule::FailureRun);
+    assert_eq!(
+        v[3].reason,
+        Reason::SameOpening {
+            times: 4,
+            failed: 3
+        }
+    );
+    assert_eq!(v[3].evidence.as_slice(), [1, 2, 3, 4]);
+    assert_eq!(
+        v[3].reason.to_string(),
+        "4 calls in a row got answers opening with the same line, 3 failed and 1 succeeded: something in front of every call rejects it"
+    );
+    assert_eq!(
+        v[5].reason,
+        Reason::SameOpening {
+            times: 6,
+            failed: 3
+        }
+    );
+    // failure_run_loop never: amber only.
+    let amber = Config {
+        failure_run_loop: None,
+        ..Config::default()
+    };
+    assert_eq!(run_with(&steps, &amber)[3].level, Suspect);
+    // Three, the newest failed: suspect.
+    assert_eq!(run(&steps[..4])[2].level, Progress);
+    let three = [steps[0], steps[2], steps[3]];
+    assert_eq!(run(&three)[2].level, Suspect);
+    // Three, the newest failed: suspect.
+    let three = [steps[0], steps[2], steps[3]];
+    assert_eq!(run(&three)[2].level, Suspect);
+}
+
+#[test]
+fn f_the_near_miss_a_banner_then_a_pass_or_answers_of_one_status_are_not_a_same_opening() {
+    // A test runner's banner on three failures, then the pass: the call that worked.
+    let banner = [
+        opening(42, fail(1, 1)),
+        opening(42, fail(2, 2)),
+        opening(42, fail(3, 3)),
+        opening(42, ok(4, 4)),
+    ];
+    assert!(run(&banner).iter().all(|v| v.rule != Rule::FailureRun));
+    // Tracebacks (every one a failure) or listings (every one a success) open alike.
+    let tracebacks: Vec<_> = (1..=5).map(|k| opening(42, fail(k, k))).collect();
+    assert!(run(&tracebacks).iter().all(|v| v.level == Progress));
+    let listings: Vec<_> = (1..=5).map(|k| opening(42, ok(k, k))).collect();
+    assert!(run(&listings).iter().all(|v| v.level == Progress));
+    // An empty answer (an edit printing nothing) between them is work: it ends the run.
+    let edited = [
+        opening(42, fail(1, 1)),
+        opening(42, ok(2, 2)),
+        blank(ok(9, 0)),
+        opening(42, fail(3, 3)),
+        opening(42, ok(4, 4)),
+        opening(42, ok(5, 5)),
+    ];
+    assert!(run(&edited).iter().all(|v| v.level < Loop));
+    // So does an answer with lines of its own after the shared one: the call ran (test
+    // files run one by one, a banner then each file's report).
+    let report = |keys: StepKeys| {
+        let mut keys = opening(42, keys);
+        for line in [1, 2, 3] {
+            keys.lines
+                .union_with(&LineSketch::single(keys.outcome ^ line));
+        }
+        keys
+    };
+    let per_file = [
+        report(fail(1, 1)),
+        report(ok(2, 2)),
+        report(ok(3, 3)),
+        report(fail(4, 4)),
+        report(ok(5, 5)),
+    ];
+    assert!(run(&per_file).iter().all(|v| v.level == Progress));
+    // Another first line ends it too.
+    let varied = [
+        opening(42, fail(1, 1)),
+        opening(42, ok(2, 2)),
+        opening(43, fail(3, 3)),
+        opening(42, ok(4, 4)),
+        opening(42, fail(5, 5)),
+    ];
+    assert!(run(&varied).iter().all(|v| v.level < Loop));
+}
+
 #[test]
 fn f_calls_in_a_row_failing_with_the_same_error_loop_at_4() {
     // Differently worded calls, one identical rejection.
