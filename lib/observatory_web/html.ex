@@ -16,7 +16,8 @@ defmodule ObservatoryWeb.HTML do
   Bidirectional formatting characters (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F,
   U+061C) are shown as a visible marker instead of being obeyed: otherwise an id
   holding U+202E RIGHT-TO-LEFT OVERRIDE would display reversed and could pass for
-  another session's (the "Trojan Source" trick). Attribute values that go back to the
+  another session's (the "Trojan Source" trick; `Observatory.Bidi`, which the
+  notifications use too). Attribute values that go back to the
   gateway (`phx-value-*`, `data-session-id`, form values) keep the exact text
   (`escape_exact/1`); they are never displayed.
 
@@ -98,7 +99,7 @@ defmodule ObservatoryWeb.HTML do
   (rendered as the empty string).
   """
   @spec escape(String.t() | atom() | number() | nil) :: String.t()
-  def escape(value), do: escape(value, true)
+  def escape(value), do: value |> escape_exact() |> Observatory.Bidi.mark()
 
   @doc ~S"""
   Escapes `&`, `<`, `>`, `"` and `'` and keeps every other character: for the
@@ -110,41 +111,28 @@ defmodule ObservatoryWeb.HTML do
       "sess-\u202E&lt;abc&gt;"
   """
   @spec escape_exact(String.t() | atom() | number() | nil) :: String.t()
-  def escape_exact(value), do: escape(value, false)
+  def escape_exact(nil), do: ""
+  def escape_exact(value) when is_binary(value), do: escape_binary(value, "")
+  def escape_exact(value) when is_atom(value), do: value |> Atom.to_string() |> escape_exact()
+  def escape_exact(value) when is_integer(value), do: Integer.to_string(value)
+  def escape_exact(value) when is_float(value), do: Float.to_string(value)
 
-  defp escape(nil, _mark?), do: ""
-  defp escape(value, mark?) when is_binary(value), do: escape_binary(value, "", mark?)
-  defp escape(value, mark?) when is_atom(value), do: value |> Atom.to_string() |> escape(mark?)
-  defp escape(value, _mark?) when is_integer(value), do: Integer.to_string(value)
-  defp escape(value, _mark?) when is_float(value), do: Float.to_string(value)
+  defp escape_binary(<<>>, acc), do: acc
+  defp escape_binary(<<"&", rest::binary>>, acc), do: escape_binary(rest, acc <> "&amp;")
+  defp escape_binary(<<"<", rest::binary>>, acc), do: escape_binary(rest, acc <> "&lt;")
+  defp escape_binary(<<">", rest::binary>>, acc), do: escape_binary(rest, acc <> "&gt;")
+  defp escape_binary(<<"\"", rest::binary>>, acc), do: escape_binary(rest, acc <> "&quot;")
+  defp escape_binary(<<"'", rest::binary>>, acc), do: escape_binary(rest, acc <> "&#39;")
 
-  @bidi_controls [0x061C, 0x200E, 0x200F] ++
-                   Enum.to_list(0x202A..0x202E) ++ Enum.to_list(0x2066..0x2069)
-
-  defp escape_binary(<<>>, acc, _mark?), do: acc
-  defp escape_binary(<<"&", rest::binary>>, acc, m), do: escape_binary(rest, acc <> "&amp;", m)
-  defp escape_binary(<<"<", rest::binary>>, acc, m), do: escape_binary(rest, acc <> "&lt;", m)
-  defp escape_binary(<<">", rest::binary>>, acc, m), do: escape_binary(rest, acc <> "&gt;", m)
-  defp escape_binary(<<"\"", rest::binary>>, acc, m), do: escape_binary(rest, acc <> "&quot;", m)
-  defp escape_binary(<<"'", rest::binary>>, acc, m), do: escape_binary(rest, acc <> "&#39;", m)
-
-  for code <- @bidi_controls do
-    marker = "⟨U+" <> String.pad_leading(Integer.to_string(code, 16), 4, "0") <> "⟩"
-
-    defp escape_binary(<<unquote(<<code::utf8>>), rest::binary>>, acc, true),
-      do: escape_binary(rest, acc <> unquote(marker), true)
-  end
-
-  defp escape_binary(<<first, rest::binary>>, acc, mark?) do
+  defp escape_binary(<<first, rest::binary>>, acc) do
     # Copy the longest run without a special character in one step (the first byte is
-    # plain: the clauses above took every special start).
+    # plain: the clauses above took every special character).
     n = plain_prefix(rest, 0)
     <<plain::binary-size(n), rest::binary>> = rest
-    escape_binary(rest, <<acc::binary, first, plain::binary>>, mark?)
+    escape_binary(rest, <<acc::binary, first, plain::binary>>)
   end
 
-  # 0xD8 and 0xE2 start the UTF-8 of the bidirectional controls (and of other characters).
-  defp plain_prefix(<<c, _::binary>>, n) when c in ~c[&<>"'] or c in [0xD8, 0xE2], do: n
+  defp plain_prefix(<<c, _::binary>>, n) when c in ~c[&<>"'], do: n
   defp plain_prefix(<<_, rest::binary>>, n), do: plain_prefix(rest, n + 1)
   defp plain_prefix(<<>>, n), do: n
 end

@@ -5,7 +5,7 @@ defmodule Observatory.Notifications.Sink do
   | `type` | required | optional | what is POSTed |
   |---|---|---|---|
   | `webhook` | `url` | `secret` (signs the body: `X-Observatory-Signature: sha256=<HMAC-SHA256 hex>`) | the alert as JSON (below) |
-  | `slack` | `url` (an incoming webhook) | | `{"text": …}`, Slack's mrkdwn with the agent's strings escaped |
+  | `slack` | `url` (an incoming webhook) | | `{"text": …}`, Slack's mrkdwn with `&`, `<` and `>` escaped |
   | `pagerduty` | `routing_key` (an Events API v2 integration key) | `url` (default `https://events.pagerduty.com/v2/enqueue`) | an Events API v2 `trigger` on an alarm, `resolve` on its recovery, `dedup_key` per session (per agent for the kill switch) |
 
   Every sink also takes `events` — the kinds it wants, any of `loop_alarm`,
@@ -17,6 +17,12 @@ defmodule Observatory.Notifications.Sink do
   again before each delivery. `url`, `routing_key` and `secret` are secrets: never
   logged, shown back only redacted (`redact/1`).
 
+  The text for people — the Slack message, the webhook's `summary`, PagerDuty's
+  `summary` — shows each bidirectional formatting character of an agent's strings as a
+  marker (`⟨U+202E⟩`, `Observatory.Bidi`), so an id cannot display reversed and read as
+  another's; the fields a program matches on (`agent_id`, `session_id`, `dedup_key`,
+  `details`, PagerDuty's `component` and `custom_details`) keep the exact bytes.
+
   The generic webhook's JSON:
 
       {"source": "observatory", "kind": "loop_alarm", "action": "trigger",
@@ -25,7 +31,7 @@ defmodule Observatory.Notifications.Sink do
        "agent_id": "agent-7", "session_id": "sess-1", "at": "2026-…Z", "details": {…}}
   """
 
-  alias Observatory.JSON
+  alias Observatory.{Bidi, JSON}
   alias Observatory.KillSwitch.WebhookURL
 
   @types %{"webhook" => :webhook, "slack" => :slack, "pagerduty" => :pagerduty}
@@ -195,7 +201,7 @@ defmodule Observatory.Notifications.Sink do
         action: alert.action,
         dedup_key: dedup_key(alert),
         severity: alert.severity,
-        summary: alert.summary,
+        summary: text(alert),
         agent_id: alert.agent_id,
         session_id: alert.session_id,
         at: DateTime.to_iso8601(alert.at),
@@ -220,7 +226,7 @@ defmodule Observatory.Notifications.Sink do
         _ -> ":rotating_light:"
       end
 
-    {sink.url, [], JSON.encode_lossy!(%{text: "#{icon} #{slack_escape(alert.summary)}"})}
+    {sink.url, [], JSON.encode_lossy!(%{text: "#{icon} #{slack_escape(text(alert))}"})}
   end
 
   def request(%{type: :pagerduty} = sink, %{action: :resolve} = alert) do
@@ -234,7 +240,7 @@ defmodule Observatory.Notifications.Sink do
       event_action: "trigger",
       dedup_key: dedup_key(alert),
       payload: %{
-        summary: truncate(alert.summary, 1024),
+        summary: truncate(text(alert), 1024),
         source: "observatory@#{node()}",
         severity: alert.severity,
         component: alert.agent_id,
@@ -263,6 +269,12 @@ defmodule Observatory.Notifications.Sink do
       do: full,
       else: "observatory:" <> Base.encode16(:crypto.hash(:sha256, key), case: :lower)
   end
+
+  # The alert's text for people: the summary names agents' ids, intents, tools and
+  # reasons, so a bidirectional control in one shows as a marker (an id holding U+202E
+  # must not display reversed, as another's). The fields a program matches on
+  # (agent_id, session_id, dedup_key, details, PagerDuty's component) keep the bytes.
+  defp text(alert), do: Bidi.mark(alert.summary)
 
   # Slack's mrkdwn: &, < and > are the only characters to escape; with them escaped an
   # agent's session id cannot ping a channel (<!channel>) or forge a link.
