@@ -172,6 +172,25 @@ defmodule Observatory.NotificationsTest do
       assert text =~ "&lt;!channel&gt;-#{n}"
       refute text =~ "<!channel>"
     end
+
+    test "a session id's bidirectional control reaches Slack as a marker, the webhook's session_id as it is",
+         %{stub: stub, n: n} do
+      configure([
+        slack(stub.(:slack, []).url, "team-bidi-#{n}"),
+        [name: "hook-bidi-#{n}", type: :webhook, url: stub.(:webhook, []).url]
+      ])
+
+      session = "sess-\u202E#{n}"
+      loop(session, "agent-#{n}")
+      assert_receive {:sink, :slack, %{"text" => text}, _}, @delivery
+      assert text =~ "session sess-⟨U+202E⟩#{n} of agent agent-#{n}"
+      refute text =~ "\u202E"
+
+      assert_receive {:sink, :webhook, %{"session_id" => ^session, "summary" => summary}, _},
+                     @delivery
+
+      assert summary =~ "session sess-⟨U+202E⟩#{n} of"
+    end
   end
 
   describe "notifications: with :alert_source :verdict, an agent stuck without an identical repeat" do
