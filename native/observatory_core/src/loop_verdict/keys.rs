@@ -332,6 +332,7 @@ fn each_word(text: &[u8], mut each: impl FnMut(u64)) {
 
 /// The hash of the word `text[start..end]`: [`mix_word`] over its bytes eight at a
 /// time, little-endian, the last (partial or empty) eight zero-padded.
+#[inline]
 fn word_hash(text: &[u8], start: usize, end: usize) -> u64 {
     let mut hash = WORD_SEED;
     let mut at = start;
