@@ -124,7 +124,7 @@ defmodule Observatory.StartupErrorTest do
             {:agent_keys, ["shared"], ":agent_keys"}
           ] do
         {output, status} = start_vm([{key, value}])
-        assert {status, [line]} = {1, lines(output)}, "#{key}: #{output}"
+        assert {1, [line]} = {status, lines(output)}, "#{key}: #{output}"
         assert line =~ ~r/^error: .*#{Regex.escape(named)}/
       end
     end
