@@ -546,6 +546,18 @@ struct Entry {
 /// the same line: the rejection and one line more (what the shell made of the rest).
 const OPENING_LINES: u32 = 2;
 
+/// The level a rule's `count` reaches: loop at `loop_at` (never when `None`), suspect
+/// at `suspect`, none below.
+fn level_reached(count: u32, suspect: u32, loop_at: Option<u32>) -> Option<Level> {
+    if loop_at.is_some_and(|l| count >= l) {
+        Some(Level::Loop)
+    } else if count >= suspect {
+        Some(Level::Suspect)
+    } else {
+        None
+    }
+}
+
 /// A 64-bit hash folded to 32 bits, for compact scans (a match is confirmed in full).
 fn fold(hash: u64) -> u32 {
     (hash ^ (hash >> 32)) as u32
@@ -836,13 +848,8 @@ impl VerdictState {
                 .take_while(|&k| self.at(k).fuzzy == self.at(k + p).fuzzy)
                 .count();
             let stable = ((outcomes + p) / p) as u32;
-            let level = if stable >= config.cycle_loop {
-                Level::Loop
-            } else if stable >= config.cycle_suspect {
-                Level::Suspect
-            } else {
-                Level::Progress
-            };
+            let level = level_reached(stable, config.cycle_suspect, Some(config.cycle_loop))
+                .unwrap_or(Level::Progress);
             let period = p as u32;
             let (shown, reason) = if level == Level::Progress {
                 (blocks, Reason::CycleProgress { period, blocks })
@@ -880,13 +887,7 @@ impl VerdictState {
         } else {
             config.near_repeat_loop
         };
-        let level = if times >= loop_at {
-            Level::Loop
-        } else if times >= config.near_repeat_suspect {
-            Level::Suspect
-        } else {
-            return None;
-        };
+        let level = level_reached(times, config.near_repeat_suspect, Some(loop_at))?;
         Some(Finding {
             level,
             rule: Rule::NearRepeat,
@@ -967,13 +968,7 @@ impl VerdictState {
         if failed == 0 || succeeded == 0 || (!self.at(0).failure && succeeded < 2) {
             return None;
         }
-        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
-            Level::Loop
-        } else if times >= config.failure_run_suspect {
-            Level::Suspect
-        } else {
-            return None;
-        };
+        let level = level_reached(times, config.failure_run_suspect, config.failure_run_loop)?;
         Some(Finding {
             level,
             rule: Rule::FailureRun,
@@ -1011,13 +1006,7 @@ impl VerdictState {
             quiet = skipped;
         }
         let times = count as u32;
-        let level = if config.failure_run_loop.is_some_and(|l| times >= l) {
-            Level::Loop
-        } else if times >= config.failure_run_suspect {
-            Level::Suspect
-        } else {
-            return None;
-        };
+        let level = level_reached(times, config.failure_run_suspect, config.failure_run_loop)?;
         Some(Finding {
             level,
             rule: Rule::FailureRun,
@@ -1087,13 +1076,7 @@ impl VerdictState {
         let revisits = (0..window)
             .filter(|&k| self.at(k).revisit_back != 0)
             .count() as u32;
-        let level = if config.revisit_loop.is_some_and(|l| revisits >= l) {
-            Level::Loop
-        } else if revisits >= config.revisit_suspect {
-            Level::Suspect
-        } else {
-            return None;
-        };
+        let level = level_reached(revisits, config.revisit_suspect, config.revisit_loop)?;
         // The latest revisiting steps and the steps they repeat, oldest first: at most
         // MAX_EVIDENCE steps, as evidence holds.
         let mut steps = [0u32; MAX_EVIDENCE];
@@ -1152,13 +1135,7 @@ impl VerdictState {
             }
         }
         let distinct = count as u32;
-        let level = if config.failure_loop.is_some_and(|l| distinct >= l) {
-            Level::Loop
-        } else if distinct >= config.failure_suspect {
-            Level::Suspect
-        } else {
-            return None;
-        };
+        let level = level_reached(distinct, config.failure_suspect, config.failure_loop)?;
         Some(Finding {
             level,
             rule: Rule::SameFailure,
