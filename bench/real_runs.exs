@@ -6,6 +6,7 @@
 #
 #   MIX_ENV=prod mix run --no-start bench/real_runs.exs
 #   MIX_ENV=prod mix run --no-start bench/real_runs.exs -- --data DIR --scripted DIR --list --json
+#     (also --stuck FILE, --reads FILE)
 #
 # With --no-start the script starts the application itself, as mix observatory.replay
 # does: without the HTTP server and the demo fleet, and with the logger quiet, so stdout
@@ -28,6 +29,13 @@
 # and split (dev / held-out), the stuck sessions each detector caught, the fine ones it
 # alarmed and its precision; and, for the exact label's clean InterCode sessions, how
 # many of those a reader saw were stuck and what the ones each detector alarmed on were.
+#
+# Exact-clean alarms read (--reads FILE, default bench/real_runs/stuck/exact_clean_reads.jsonl):
+# per source and detector, the exact-clean sessions alarmed that a reader found stuck,
+# found fine, or has not read (the file's reads, and the dev labels of the stuck sample); and, from the stuck sample's strata, an estimate of the
+# share of exact-clean sessions that are stuck (with how many sessions read it rests on)
+# and the exact-clean alarm rate that implies for a detector catching 85 % of stuck
+# sessions.
 #
 # Detectors: `:entropy` alarms at a session's first step at LOOP (FRD-009's uniqueness
 # ratio), `:verdict` at its first step whose loop verdict was loop; one replay judges
@@ -227,6 +235,129 @@ defmodule Observatory.Bench.RealRuns do
     ]
   end
 
+  @doc """
+  A detector's alarms on exact-clean sessions against the by-hand reads of those alarms
+  (`reads`: session id => `"stuck"` / `"fine"` / `"unread"`): how many a reader found
+  stuck, found fine, or has not read (held-out sessions are never opened).
+  """
+  def clean_alarm_reads(clean, reads, detector) do
+    alarmed = Enum.filter(clean, & &1.alarms[detector])
+    read = fn s -> Map.get(reads, s.id, "unread") end
+
+    %{
+      detector: detector,
+      clean: length(clean),
+      alarmed: length(alarmed),
+      read_stuck: Enum.count(alarmed, &(read.(&1) == "stuck")),
+      read_fine: Enum.count(alarmed, &(read.(&1) == "fine")),
+      not_read: Enum.count(alarmed, &(read.(&1) not in ["stuck", "fine"]))
+    }
+  end
+
+  def clean_alarm_reads_table(rows) do
+    [
+      "### Exact-clean alarms, read by hand (bench/real_runs/stuck/exact_clean_reads.jsonl)\n\n",
+      "| source | detector | clean alarmed | read: stuck | read: fine | not read |\n",
+      "|---|---|---:|---:|---:|---:|\n",
+      Enum.map(rows, fn {source, f} ->
+        "| #{source} | #{@detectors[f.detector]} | #{ratio(f.alarmed, f.clean)} | " <>
+          "#{f.read_stuck} | #{f.read_fine} | #{f.not_read} |\n"
+      end),
+      "\n"
+    ]
+  end
+
+  # The strata of the stuck sample (bench/real_runs/stuck/sample.py's STRATA): each a
+  # random draw of the sessions it keeps, so its share of stuck sessions estimates theirs.
+  @strata %{
+    "ic-other" => &__MODULE__.ic_other?/1,
+    "ic-looping" => &__MODULE__.ic_looping?/1,
+    "ic-clean" => &__MODULE__.ic_clean?/1,
+    "tau-long" => &__MODULE__.tau_long?/1,
+    "tau-short" => &__MODULE__.tau_short?/1
+  }
+
+  def ic_other?(s), do: s.source == "intercode" and s.label == "other"
+  def ic_looping?(s), do: s.source == "intercode" and s.label == "looping"
+  def ic_clean?(s), do: s.source == "intercode" and s.label == "clean" and length(s.steps) >= 3
+  def tau_long?(s), do: s.source == "tau-bench" and length(s.steps) >= 15
+  def tau_short?(s), do: s.source == "tau-bench" and length(s.steps) < 15
+
+  @doc """
+  How many of a source's exact-clean sessions a reader would call stuck, estimated from
+  the stuck sample: per stratum, the share of stuck sessions among its exact-clean
+  sessions read, times the exact-clean sessions the stratum draws from (with a 95 %
+  Wilson interval); exact-clean sessions no stratum draws from (InterCode sessions of
+  fewer than 3 steps) cannot be stuck for three steps and count as not stuck. What it
+  implies for the exact-clean alarm rate of a detector that catches `recall` of stuck
+  sessions (and alarms on no fine one): at least `recall` times the stuck share.
+  """
+  def clean_stuck_share(clean, labelled, recall) do
+    strata =
+      for {name, keep?} <- Enum.sort(@strata),
+          read = Enum.filter(labelled, &(&1.stratum == name and &1.label == "clean")),
+          read != [] do
+        n = length(read)
+        stuck = Enum.count(read, &(&1.stuck_label == "stuck"))
+        population = Enum.count(clean, keep?)
+        {low, high} = wilson(stuck, n)
+
+        %{
+          stratum: name,
+          read: n,
+          stuck: stuck,
+          population: population,
+          estimate: population * stuck / n,
+          low: population * low,
+          high: population * high
+        }
+      end
+
+    total = length(clean)
+    sum = fn key -> strata |> Enum.map(& &1[key]) |> Enum.sum() end
+    share = fn key -> if total > 0, do: sum.(key) / total end
+
+    %{
+      clean: total,
+      read: sum.(:read),
+      read_stuck: sum.(:stuck),
+      strata: Enum.map(strata, & &1.stratum),
+      stuck_share: share.(:estimate),
+      stuck_share_low: share.(:low),
+      stuck_share_high: share.(:high),
+      recall: recall,
+      implied_alarm_rate: share.(:estimate) && recall * share.(:estimate),
+      implied_alarm_rate_low: share.(:low) && recall * share.(:low),
+      implied_alarm_rate_high: share.(:high) && recall * share.(:high)
+    }
+  end
+
+  # The 95 % Wilson score interval of a share of `k` in `n`.
+  defp wilson(k, n) do
+    z = 1.959964
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * :math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    {max(centre - half, 0.0), min(centre + half, 1.0)}
+  end
+
+  def clean_stuck_share_table(rows) do
+    pct = fn x -> if x, do: "#{Float.round(100 * x, 1)} %", else: "-" end
+
+    [
+      "### Stuck agents among exact-clean sessions (estimated from the stuck sample)\n\n",
+      "| source | exact-clean | read in the sample: stuck / read (strata) | estimated stuck (95 % interval) | ",
+      "exact-clean alarmed at #{round(100 * elem(hd(rows), 1).recall)} % recall, no false alarm (95 % interval) |\n",
+      "|---|---:|---:|---:|---:|\n",
+      Enum.map(rows, fn {source, e} ->
+        "| #{source} | #{e.clean} | #{e.read_stuck} / #{e.read} (#{Enum.join(e.strata, ", ")}) | " <>
+          "#{pct.(e.stuck_share)} (#{pct.(e.stuck_share_low)}–#{pct.(e.stuck_share_high)}) | " <>
+          "#{pct.(e.implied_alarm_rate)} (#{pct.(e.implied_alarm_rate_low)}–#{pct.(e.implied_alarm_rate_high)}) |\n"
+      end),
+      "\n"
+    ]
+  end
+
   def stuck_lists(rows) do
     for {source, split, f} <- rows, split != "all", source != "all" do
       [
@@ -313,7 +444,14 @@ argv = with ["--" | rest] <- System.argv(), do: rest
 
 {opts, _args} =
   OptionParser.parse!(argv,
-    strict: [data: :string, scripted: :string, stuck: :string, list: :boolean, json: :boolean]
+    strict: [
+      data: :string,
+      scripted: :string,
+      stuck: :string,
+      reads: :string,
+      list: :boolean,
+      json: :boolean
+    ]
   )
 
 data = Keyword.get(opts, :data, "../shared/datasets/real_runs")
@@ -397,6 +535,44 @@ clean_read_rows =
     for {detector, _} <- RealRuns.detectors(), do: RealRuns.clean_read(clean, read, detector)
   else
     []
+  end
+
+# The exact-clean alarms read by hand (bench/real_runs/stuck/exact_clean_reads.jsonl):
+# per source and detector, how many a reader found stuck, found fine, or has not read;
+# and how many exact-clean sessions the stuck sample says are stuck, with what that
+# implies for the exact-clean alarm rate of a detector that catches 85 % of stuck agents.
+reads_file = Keyword.get(opts, :reads, "bench/real_runs/stuck/exact_clean_reads.jsonl")
+
+{clean_alarm_rows, clean_share_rows} =
+  if File.regular?(reads_file) and File.regular?(stuck_file) do
+    labels = Map.new(RealRuns.read_jsonl(stuck_file), &{&1["session_id"], &1})
+
+    # A dev session of the stuck sample was read when it was labelled; held-out ones
+    # count as not read here (their alarms are never opened).
+    reads =
+      for({id, %{"split" => "dev", "label" => label}} <- labels, into: %{}, do: {id, label})
+      |> Map.merge(Map.new(RealRuns.read_jsonl(reads_file), &{&1["session_id"], &1["read"]}))
+
+    labelled =
+      for s <- dev, label = labels[s.id] do
+        Map.merge(s, %{stuck_label: label["label"], stratum: label["stratum"]})
+      end
+
+    by_source =
+      for source <- ["intercode", "tau-bench", "all"] do
+        in_source = &(source == "all" or &1.source == source)
+        {source, Enum.filter(dev, &(in_source.(&1) and &1.label == "clean")), in_source}
+      end
+
+    {for {source, clean, _} <- by_source, {detector, _} <- RealRuns.detectors() do
+       {source, RealRuns.clean_alarm_reads(clean, reads, detector)}
+     end,
+     for {source, clean, in_source} <- by_source do
+       {source, RealRuns.clean_stuck_share(clean, Enum.filter(labelled, in_source), 0.85)}
+     end}
+  else
+    IO.puts(:stderr, "no exact-clean reads at #{reads_file}")
+    {[], []}
   end
 
 ## Scripted runs
@@ -498,7 +674,11 @@ if Keyword.get(opts, :json, false) do
           f = if list?, do: f, else: Map.drop(f, [:missed, :false_alarms])
           Map.merge(f, %{source: source, split: split})
         end,
-      exact_clean_read: clean_read_rows
+      exact_clean_read: clean_read_rows,
+      exact_clean_alarm_reads:
+        for({source, f} <- clean_alarm_rows, do: Map.put(f, :source, source)),
+      exact_clean_stuck_share:
+        for({source, e} <- clean_share_rows, do: Map.put(e, :source, source))
     })
   )
 else
@@ -515,6 +695,8 @@ else
 
   if stuck_rows != [], do: IO.write(RealRuns.stuck_table(stuck_rows))
   if clean_read_rows != [], do: IO.write(RealRuns.clean_read_table(clean_read_rows))
+  if clean_alarm_rows != [], do: IO.write(RealRuns.clean_alarm_reads_table(clean_alarm_rows))
+  if clean_share_rows != [], do: IO.write(RealRuns.clean_stuck_share_table(clean_share_rows))
 
   if list? do
     # "dev corpus: all" would repeat the per-source lists.
