@@ -1056,6 +1056,49 @@ def sc_lint_one_by_one(s, rng, r):
     closing_steps(s, rng, rng.randint(0, 1))
 
 
+MISSING_SETTINGS = ["retry_budget", "max_inflight", "warmup_seconds", "shard_count", "drain_timeout",
+                    "backoff_base", "cache_ttl", "flush_every"]
+
+
+def sc_empty_rework(s, rng, r):
+    """Attempts that drift while nothing comes back: a search for a setting that is not there,
+    then the same search reworked r + 1 times (a filter appended, a field cut, a sort, an include
+    pattern), every answer empty; then the agent gives up on the search and writes the setting.
+    No two attempts in a row are nearly identical, but each keeps the whole bare search. Six
+    empty answers in a row at least (r + 2 = 6..9): an empty answer says little, and the
+    verdict waits for six."""
+    p = s.p
+    key = rng.choice(MISSING_SETTINGS)
+    base = f"grep -rn '{key}' src/"
+    tails = ["| grep -v '#'", "| awk -F: '{print $1}'", "| sort -u", "--include='*.py'", "| cut -d: -f1",
+             "| head -n 20", "| grep -v test", "| sed 's/^/  /'"]
+    ordinary_steps(s, rng, rng.randint(1, 3))
+    s.loop_starts_here()
+    s.bash(base)
+    for tail in rng.sample(tails, r + 1):
+        s.bash(f"{base} {tail}")
+    s.edit(path="config/settings.json", line=1, text=f'  "{key}": 5,')
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
+def sc_empty_sweep(s, rng, r):
+    """Near-miss: the same search for a setting that is not there, run on r + 2 different files
+    one after another (6..9, as many as the loop's attempts), every answer empty; then the agent
+    writes the setting. Each call names a new target: a sweep, not a rework."""
+    p = s.p
+    key = rng.choice(MISSING_SETTINGS)
+    files = [f"src/{p['pkg']}/{p['mod']}.py", f"src/{p['pkg']}/{p['util']}.py", f"src/{p['pkg']}/__init__.py",
+             f"tests/test_{p['mod']}.py", f"scripts/{p['script']}.py", "README.md", "config/settings.json",
+             "docs/usage.md", "build.sh"]
+    files = [f for f in files if os.path.isfile(os.path.join(p["root"], f))]
+    rng.shuffle(files)
+    ordinary_steps(s, rng, rng.randint(1, 2))
+    for f in files[:r + 2]:
+        s.bash(f"grep -n '{key}' {f}")
+    s.edit(path="config/settings.json", line=1, text=f'  "{key}": 5,')
+    closing_steps(s, rng, rng.randint(0, 2))
+
+
 # name -> (function, label, uses_repeats)
 SCENARIOS = {
     "prose_to_shell": (sc_prose_to_shell, "looping"),
@@ -1087,10 +1130,13 @@ SCENARIOS = {
     # a rejection in front of every call, the status flipping: a loop and its near-miss
     "fenced_commands": (sc_fenced_commands, "looping"),
     "lint_one_by_one": (sc_lint_one_by_one, "clean"),
+    # attempts that drift while every answer is empty: a loop and its near-miss
+    "empty_rework": (sc_empty_rework, "looping"),
+    "empty_sweep": (sc_empty_sweep, "clean"),
 }
 # Looping scenarios whose repeats are not identical calls: no identical run is expected.
 STUCK_WITHOUT_RUN = {"whitespace_retry", "near_edit_rejected", "usage_rejection", "long_view_cycle",
-                     "revisit_lookups", "reread_ranges", "echoed_error", "fenced_commands"}
+                     "revisit_lookups", "reread_ranges", "echoed_error", "fenced_commands", "empty_rework"}
 REPEATS = (4, 7)
 
 

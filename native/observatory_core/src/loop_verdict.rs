@@ -193,6 +193,9 @@ pub enum Reason {
     /// (e) `times` nearly identical calls in a row with the same result (each time
     /// blank: `blank`).
     NearRepeat { times: u32, blank: bool },
+    /// (e) `times` calls in a row answered with nothing, each a rework of another of
+    /// them.
+    BlankRework { times: u32 },
     /// (f) `times` calls in a row failed with the same error, `quiet` steps with an
     /// empty answer between them.
     FailureRun { times: u32, quiet: u32 },
@@ -252,6 +255,10 @@ impl fmt::Display for Reason {
             Reason::NearRepeat { times, blank: true } => write!(
                 f,
                 "{times} nearly identical calls in a row, each with an empty result"
+            ),
+            Reason::BlankRework { times } => write!(
+                f,
+                "{times} calls in a row got an empty answer, each a rework of another of them (the same command reworded, re-sent or with words added): nothing the agent tries brings anything back"
             ),
             Reason::FailureRun { times, quiet: 0 } => {
                 write!(f, "{times} calls in a row failed with the same error")
@@ -542,6 +549,10 @@ struct Entry {
     stale: bool,
 }
 
+/// Fewest word-pair bits a call must have for another call that keeps them all to be
+/// its rework: `ls` or `cd ..` is kept in any longer command.
+const REWORK_PAIRS: u32 = 4;
+
 /// Most different lines an answer may have to count in a run of answers opening with
 /// the same line: the rejection and one line more (what the shell made of the rest).
 const OPENING_LINES: u32 = 2;
@@ -604,6 +615,23 @@ impl Entry {
                 && self.near(later, near_share))
     }
 
+    /// Whether one of two calls is a rework of the other: the identical call; or, the
+    /// same tool, not differing only in digits (a new target), and nearly identical, or
+    /// one keeping every word pair of the other (at least [`REWORK_PAIRS`] bits) and
+    /// adding words.
+    fn reworks(&self, other: &Entry, near_share: u32) -> bool {
+        if self.call == other.call {
+            return true;
+        }
+        if self.tool != other.tool || self.wording == other.wording {
+            return false;
+        }
+        let kept = |a: u64, b: u64| a & !b == 0 && a.count_ones() >= REWORK_PAIRS;
+        self.near(other, near_share)
+            || kept(self.shape, other.shape)
+            || kept(other.shape, self.shape)
+    }
+
     /// The same or a nearly identical call with the same answer. Between different calls
     /// the answer must also be the same word for word: normalization hides the ids and
     /// checksums that are noise when a call is re-sent, but news when the call changed
@@ -643,6 +671,8 @@ pub struct VerdictState {
     near_run: u32,
     near_run_near: bool,
     near_run_blank: bool,
+    /// The newest steps answered with nothing, in a row (rule (e)'s reworks).
+    blank_run: u32,
     /// Rule (a): the newest step's run of the same call, the stale steps ending it, and
     /// whether those (and the call before them) were all blank.
     same_run: u32,
@@ -704,6 +734,7 @@ impl VerdictState {
         entry.revisit_back = self.revisit_back(&entry, config);
         self.extend_runs(&entry, config);
         self.extend_opening_run(&keys);
+        self.blank_run = if entry.blank { self.blank_run + 1 } else { 0 };
         self.outcomes.push_back(fold(entry.outcome));
         self.ring.push_back(entry);
 
@@ -711,6 +742,7 @@ impl VerdictState {
             self.repeat(config),
             self.cycle(config),
             self.near_repeat(config),
+            self.blank_rework(config),
             self.failure_run(config),
             self.opening_run(config),
             self.revisit(config),
@@ -893,6 +925,41 @@ impl VerdictState {
             rule: Rule::NearRepeat,
             reason: Reason::NearRepeat { times, blank },
             evidence: self.newest(times as usize),
+        })
+    }
+
+    /// Rule (e), for empty answers: the newest `blank_near_repeat_loop` steps were all
+    /// answered with nothing, and each is a *rework* of another of them — the identical
+    /// call re-sent, a nearly identical one, or the same tool's call with every word pair
+    /// of the other kept and words added (a stage appended to a pipeline that printed
+    /// nothing). An empty answer tells the agent nothing; six in a row, all variations of
+    /// one another, are one command worked over and over. Calls that differ only in their
+    /// digits (`file3`, `file4`) or in their target (`mkdir -p /srv/app/logs`, then
+    /// `…/cache`: a pair lost) are not reworks: the same command on other targets.
+    /// Only judged once the run of empty answers is long enough: other steps cost one
+    /// counter.
+    fn blank_rework(&self, config: &Config) -> Option<Finding> {
+        let n = config
+            .blank_near_repeat_loop
+            .max(config.near_repeat_loop)
+            .max(2) as usize;
+        if (self.blank_run as usize) < n || self.ring.len() < n {
+            return None;
+        }
+        // Identical calls alone are rule (a)'s, a chain of near repeats rule (e)'s own.
+        if (1..n).all(|k| self.at(k).call == self.at(0).call) {
+            return None;
+        }
+        let reworked =
+            |k: usize| (0..n).any(|j| j != k && self.at(j).reworks(self.at(k), config.near_share));
+        if !(0..n).all(reworked) {
+            return None;
+        }
+        Some(Finding {
+            level: Level::Loop,
+            rule: Rule::NearRepeat,
+            reason: Reason::BlankRework { times: n as u32 },
+            evidence: self.newest(n),
         })
     }
 

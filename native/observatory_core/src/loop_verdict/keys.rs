@@ -1073,5 +1073,36 @@ mod empty_answers {
             "cp config/log.yaml /srv/app/conf/",
         ]);
         assert!(copied.iter().all(|&l| l == Level::Progress), "{copied:?}");
+        // One search on six directories, each answering nothing: the same command on
+        // other targets.
+        let swept = levels(&[
+            "grep -rn \"retry_budget\" config/",
+            "grep -rn \"retry_budget\" lib/",
+            "grep -rn \"retry_budget\" priv/",
+            "grep -rn \"retry_budget\" scripts/",
+            "grep -rn \"retry_budget\" deploy/",
+            "grep -rn \"retry_budget\" test/",
+        ]);
+        assert!(swept.iter().all(|&l| l < Level::Loop), "{swept:?}");
+    }
+
+    /// One search that finds nothing, reworked: a stage appended, a flag added, each
+    /// answer empty. No two in a row are nearly identical, but each keeps every word
+    /// pair of the bare search: six in a row are a loop.
+    #[test]
+    fn e_one_command_reworked_six_times_each_answer_empty_is_a_loop() {
+        let reworked = levels(&[
+            "grep -rn \"retry_budget\" config/",
+            "grep -rn \"retry_budget\" config/ | grep -v '#'",
+            "grep -rn \"retry_budget\" config/ | awk -F: '{print $1}'",
+            "grep -rn \"retry_budget\" config/ | sort -u",
+            "grep -rn \"retry_budget\" config/ --include='*.yaml'",
+            "grep -rn \"retry_budget\" config/ | cut -d: -f1",
+        ]);
+        assert!(
+            reworked[..5].iter().all(|&l| l < Level::Loop),
+            "{reworked:?}"
+        );
+        assert_eq!(reworked[5], Level::Loop, "{reworked:?}");
     }
 }

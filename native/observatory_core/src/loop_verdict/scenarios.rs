@@ -225,6 +225,8 @@ fn every_scenario_in_the_fixture_has_a_test() {
         "a support agent answering order after order, the same help text each time",
         "every command sent inside a fence the shell cannot run, the status following what comes after",
         "a test runner's banner on every run, some files failing, some passing",
+        "one search reworked six ways, every answer empty",
+        "one search swept over six directories, every answer empty",
     ];
     assert_eq!(names, tested);
 }
@@ -616,6 +618,32 @@ fn must_flag_every_command_inside_a_fence_the_shell_cannot_run_the_status_flippi
 fn must_not_flag_a_test_runner_s_banner_on_every_run_some_files_failing_some_passing() {
     check(
         "a test runner's banner on every run, some files failing, some passing",
+        "must-not-flag",
+    );
+}
+
+// Round five: one command reworked while nothing comes back.
+
+#[test]
+fn must_flag_one_search_reworked_six_ways_every_answer_empty() {
+    let run = check(
+        "one search reworked six ways, every answer empty",
+        "must-flag",
+    );
+    let first = run
+        .verdicts
+        .iter()
+        .find(|v| v.level == Level::Loop)
+        .unwrap();
+    assert_eq!(first.rule, Rule::NearRepeat);
+    assert_eq!(first.reason, Reason::BlankRework { times: 6 });
+    assert_eq!(first.evidence.as_slice(), [2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn must_not_flag_one_search_swept_over_six_directories_every_answer_empty() {
+    check(
+        "one search swept over six directories, every answer empty",
         "must-not-flag",
     );
 }

@@ -806,6 +806,91 @@ fn e_blank_answers_need_six_and_identical_calls_are_rule_a() {
     assert!(v.iter().all(|v| v.rule != Rule::NearRepeat));
 }
 
+// Round five: one command reworked while nothing comes back.
+
+/// A base command of eight word pairs with a tail of its own (`tail` 0: the bare base).
+fn base_with_tail(tail: u32) -> u64 {
+    let base = 0xFF;
+    if tail == 0 {
+        base
+    } else {
+        base | 0b111 << (8 + 3 * tail)
+    }
+}
+
+#[test]
+fn e_six_reworks_of_one_command_all_answered_empty_are_a_loop() {
+    // A pipeline that prints nothing, a different stage appended each time: each call keeps
+    // every pair of the bare command, no two are nearly identical in a row (three pairs
+    // of eleven change), every answer empty.
+    let steps: Vec<_> = (0..6u32)
+        .map(|k| blank(shaped(u64::from(k) + 1, base_with_tail(k), 5, k % 2 == 0)))
+        .collect();
+    let v = run(&steps);
+    assert!(v[..5].iter().all(|v| v.level < Loop), "{v:?}");
+    assert_eq!(v[5].level, Loop);
+    assert_eq!(v[5].rule, Rule::NearRepeat);
+    assert_eq!(v[5].reason, Reason::BlankRework { times: 6 });
+    assert_eq!(v[5].evidence.as_slice(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        v[5].reason.to_string(),
+        "6 calls in a row got an empty answer, each a rework of another of them (the same command reworded, re-sent or with words added): nothing the agent tries brings anything back"
+    );
+    // Reworded forms and earlier forms re-sent, in any order: each has a partner among
+    // the six (1 and 3 nearly identical, 2 and 5 the same call, 4 and 6 nearly identical).
+    let forms = [
+        bits(1),
+        0xFF00,
+        bits(2),
+        0xFF_0000,
+        0xFF00,
+        0xFF_0000 | 1 << 40,
+    ];
+    let steps: Vec<_> = forms
+        .iter()
+        .enumerate()
+        .map(|(k, &shape)| {
+            let call = if shape == 0xFF00 { 50 } else { k as u64 + 1 };
+            blank(shaped(call, shape, 5, false))
+        })
+        .collect();
+    assert_eq!(run(&steps)[5].reason, Reason::BlankRework { times: 6 });
+}
+
+#[test]
+fn e_the_near_miss_six_empty_answers_on_other_targets_or_with_news_between_are_no_loop() {
+    // The same command on six other targets: each loses a pair of the one before (the
+    // target), none keeps another's pairs, none nearly identical.
+    let targets: Vec<_> = (0..6)
+        .map(|k| blank(shaped(k + 1, 0xF | 1 << (8 + k), 5, false)))
+        .collect();
+    assert!(run(&targets).iter().all(|v| v.level < Loop));
+    // Calls that differ only in their digits (`file3`, `file4`): new targets.
+    let numbered: Vec<_> = (0..6u32)
+        .map(|k| {
+            let mut keys = blank(shaped(u64::from(k) + 1, base_with_tail(k), 5, false));
+            keys.wording = 77;
+            keys
+        })
+        .collect();
+    assert!(run(&numbered).iter().all(|v| v.level < Loop));
+    // The same reworks with an answer between: the run of empty answers starts again.
+    let mut steps: Vec<_> = (0..6u32)
+        .map(|k| blank(shaped(u64::from(k) + 1, base_with_tail(k), 5, false)))
+        .collect();
+    steps.insert(3, shaped(9, base_with_tail(3), 6, false));
+    assert!(run(&steps).iter().all(|v| v.level < Loop));
+    // A short command (three pairs) kept inside longer ones is no rework: `ls` is in
+    // every `ls …`.
+    let short: Vec<_> = (0..6)
+        .map(|k| {
+            let tail = if k == 0 { 0 } else { 0b111 << (8 + 3 * k) };
+            blank(shaped(k + 1, 0b111 | tail, 5, false))
+        })
+        .collect();
+    assert!(run(&short).iter().all(|v| v.level < Loop));
+}
+
 /// A step whose answer opens with the line `line` (hashed), whatever follows it.
 fn opening(line: u64, mut keys: StepKeys) -> StepKeys {
     keys.opening = line;
