@@ -40,7 +40,12 @@ defmodule Observatory.Gateway.LoopVerdict do
       `near_share` percent of the input's word pairs the same), each with the same
       answer (word for word between different calls): suspect at
       `near_repeat_suspect`, loop at `near_repeat_loop` (`blank_near_repeat_loop` when
-      every answer was empty);
+      every answer was empty). Also a loop when the newest `blank_near_repeat_loop`
+      steps were all answered with nothing and each is a *rework* of another of them
+      (re-sent, nearly identical, or the same tool's call keeping every word pair of the
+      other and adding words, a stage appended to a pipeline that printed nothing):
+      one command worked over while nothing comes back. The same command on other
+      targets (a pair lost, or only digits changed) is no rework;
     * **failure_run** (f) — the newest non-empty answers all failed with the same error
       (numbers kept: a count of failing tests that moves is progress), whatever the
       calls, steps with an empty answer between them set aside: suspect at

@@ -48,7 +48,14 @@
 //!   least one of them not identical: suspect at `near_repeat_suspect` (3), loop at
 //!   `near_repeat_loop` (4), or `blank_near_repeat_loop` (6) when every answer was
 //!   blank. The same edit re-applied with a character changed, the same query with
-//!   another `LIMIT`, each time the same error.
+//!   another `LIMIT`, each time the same error. For empty answers the rule has a second
+//!   half: the newest `blank_near_repeat_loop` (6) steps were all answered with nothing,
+//!   and each is a *rework* of another of them — the identical call re-sent, a nearly
+//!   identical one, or the same tool's call keeping every word pair of the other (at
+//!   least four) and adding words: loop. A pipeline that printed nothing, a filter
+//!   appended each time; files deleted six ways. Calls that differ only in their digits,
+//!   or that lose a pair to name another target (`mkdir -p /srv/app/logs`, then
+//!   `…/cache`), are the same command on other targets, not reworks.
 //! * **(f) failure run** — the newest non-blank answers all failed, each with the same
 //!   error as the failure after it (word for word, numbers kept: "3 tests failed", then
 //!   "2", is progress), whatever their calls: suspect at `failure_run_suspect` (3), loop
@@ -943,7 +950,8 @@ impl VerdictState {
             .blank_near_repeat_loop
             .max(config.near_repeat_loop)
             .max(2) as usize;
-        if (self.blank_run as usize) < n || self.ring.len() < n {
+        // near_share 100: only identical calls compare, and those are rule (a)'s.
+        if (self.blank_run as usize) < n || self.ring.len() < n || config.near_share >= 100 {
             return None;
         }
         // Identical calls alone are rule (a)'s, a chain of near repeats rule (e)'s own.

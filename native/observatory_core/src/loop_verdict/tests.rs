@@ -855,6 +855,12 @@ fn e_six_reworks_of_one_command_all_answered_empty_are_a_loop() {
         })
         .collect();
     assert_eq!(run(&steps)[5].reason, Reason::BlankRework { times: 6 });
+    // near_share 100: only identical calls compare, rule (e) is off, this half too.
+    let exact_only = Config {
+        near_share: 100,
+        ..Config::default()
+    };
+    assert!(run_with(&steps, &exact_only).iter().all(|v| v.level < Loop));
 }
 
 #[test]
