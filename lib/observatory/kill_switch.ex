@@ -191,7 +191,19 @@ defmodule Observatory.KillSwitch do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    mode = Keyword.get(Application.get_env(:observatory, :kill_switch, []), :mode, :enforce)
+    config =
+      Observatory.ConfigCheck.keyword!(:kill_switch, [
+        :window_size,
+        :threshold,
+        :prompt,
+        :max_agents,
+        :notification_webhook,
+        :webhook_allow_private_networks,
+        :mode,
+        :max_events_per_agent
+      ])
+
+    mode = Keyword.get(config, :mode, :enforce)
 
     unless mode in [:enforce, :warn, :shadow] do
       raise ArgumentError,
