@@ -30,7 +30,14 @@ defmodule Mix.Tasks.Compile.ObservatoryNif do
   end
 
   defp build! do
-    cargo = System.find_executable("cargo") || Mix.raise("cargo not found: run bin/setup first")
+    cargo =
+      System.find_executable("cargo") ||
+        Mix.raise(
+          "cargo not found on PATH: Observatory's NIF is Rust, and compiling it needs a Rust " <>
+            "toolchain (rustup, Rust 1.91 or later; https://rustup.rs) with cargo on PATH. " <>
+            "In Observatory's own repository, bin/setup installs it"
+        )
+
     Mix.shell().info("Compiling NIF crate #{@crate} (cargo build --release)")
 
     {_, status} =

@@ -78,6 +78,7 @@ defmodule Observatory.KillSwitch do
         }
 
   @doc "The topic of agent events: kill switch trips, (de)activations, settings changes."
+  @spec topic() :: String.t()
   def topic, do: "gateway:kill_switch"
 
   ## Fingerprints
@@ -431,21 +432,27 @@ defmodule Observatory.KillSwitch do
   ## Reads
 
   @doc "The agent's record, or nil."
+  @spec agent(String.t()) :: Agents.agent() | nil
   defdelegate agent(agent_id), to: Agents, as: :get
 
   @doc "Every agent, sorted by id."
+  @spec agents() :: [Agents.agent()]
   defdelegate agents(), to: Agents, as: :list
 
   @doc "Events newest first; options `:agent_id`, `:limit` (default 50)."
+  @spec events(keyword()) :: [Agents.event()]
   defdelegate events(opts \\ []), to: Agents
 
   @doc "The agent's current score and window fill, or nil when it has no window."
+  @spec status(String.t()) :: map() | nil
   defdelegate status(agent_id), to: Windows
 
   @doc "The agent's window entries, oldest first, or nil."
+  @spec window(String.t()) :: [Windows.entry()] | nil
   defdelegate window(agent_id), to: Windows, as: :entries
 
   @doc "Whether the agent's alerts go anywhere (its webhook or the global one)."
+  @spec notifications_configured?(map()) :: boolean()
   defdelegate notifications_configured?(agent), to: Notifier, as: :configured?
 
   @doc "An event as JSON-ready data (times as ISO 8601, atoms as strings)."

@@ -46,6 +46,7 @@ defmodule Observatory.Gateway.HITL do
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
   @doc "The topic of pause and resume events."
+  @spec topic() :: String.t()
   def topic, do: "gateway:hitl"
 
   @doc """
