@@ -92,7 +92,7 @@ defmodule Observatory.ConfigCheck do
     unless valid? do
       raise ArgumentError,
             "expected config :observatory, :operator_tokens to be a map of token => operator name " <>
-              "(non-empty strings), e.g. %{System.fetch_env!(\"OBSERVATORY_OPERATOR_TOKEN\") => \"ops\"}, " <>
+              "(non-empty strings), e.g. %{\"<a long random token>\" => \"ops\"}, " <>
               "got: #{inspect(redact(tokens))}"
     end
 
