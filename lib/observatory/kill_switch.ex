@@ -62,7 +62,7 @@ defmodule Observatory.KillSwitch do
   require Logger
 
   alias Observatory.KillSwitch.{Agents, Notifier, Settings, Windows}
-  alias Observatory.{Gateway.Events, Metrics, Native}
+  alias Observatory.{Gateway.Events, Metrics, Native, Storage}
 
   @dirty_bytes Observatory.Native.Cost.dirty_bytes()
   @max_agent_id_bytes 256
@@ -433,23 +433,23 @@ defmodule Observatory.KillSwitch do
 
   @doc "The agent's record, or nil."
   @spec agent(String.t()) :: Agents.agent() | nil
-  defdelegate agent(agent_id), to: Agents, as: :get
+  def agent(agent_id), do: Storage.reading(fn -> Agents.get(agent_id) end)
 
   @doc "Every agent, sorted by id."
   @spec agents() :: [Agents.agent()]
-  defdelegate agents(), to: Agents, as: :list
+  def agents, do: Storage.reading(&Agents.list/0)
 
   @doc "Events newest first; options `:agent_id`, `:limit` (default 50)."
   @spec events(keyword()) :: [Agents.event()]
-  defdelegate events(opts \\ []), to: Agents
+  def events(opts \\ []), do: Storage.reading(fn -> Agents.events(opts) end)
 
   @doc "The agent's current score and window fill, or nil when it has no window."
   @spec status(String.t()) :: map() | nil
-  defdelegate status(agent_id), to: Windows
+  def status(agent_id), do: Storage.reading(fn -> Windows.status(agent_id) end)
 
   @doc "The agent's window entries, oldest first, or nil."
   @spec window(String.t()) :: [Windows.entry()] | nil
-  defdelegate window(agent_id), to: Windows, as: :entries
+  def window(agent_id), do: Storage.reading(fn -> Windows.entries(agent_id) end)
 
   @doc "Whether the agent's alerts go anywhere (its webhook or the global one)."
   @spec notifications_configured?(map()) :: boolean()
