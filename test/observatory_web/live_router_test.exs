@@ -247,6 +247,22 @@ defmodule ObservatoryWeb.LiveRouterTest do
       end
     end
 
+    # Before: a misspelt option was dropped without a word, and the pages ran with no
+    # operator session (every action recorded as "dashboard").
+    test "an unknown option (a typo of :session) is an error naming the options" do
+      assert_raise ArgumentError,
+                   ~r/unknown option :sesion \(use :session, :on_mount, :layout, :root_layout, :live_session_name\)/,
+                   fn ->
+                     LiveRouter.__live_session__("/o",
+                       sesion: {OperatorAuth, :observatory_session, []}
+                     )
+                   end
+
+      assert_raise ArgumentError, ~r/options must be a keyword list, got: "\/ops"/, fn ->
+        LiveRouter.__live_session__("/o", "/ops")
+      end
+    end
+
     test "a session callback that does not return a map" do
       assert_raise ArgumentError, ~r/must return a map/, fn ->
         LiveRouter.__session__(%{}, "/o", {Map, :keys, []})
