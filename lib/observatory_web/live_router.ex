@@ -50,6 +50,11 @@ defmodule ObservatoryWeb.LiveRouter do
         do: Macro.prewalk(opts, &expand_alias(&1, __CALLER__)),
         else: opts
 
+    __pages_compiled__!(
+      Code.ensure_loaded?(Phoenix.LiveView),
+      Code.ensure_loaded?(ObservatoryWeb.SessionClusterManagerLive)
+    )
+
     imports =
       if Code.ensure_loaded?(Phoenix.LiveView.Router) do
         quote do: import(Phoenix.LiveView.Router, only: [live: 4, live_session: 3])
@@ -73,6 +78,23 @@ defmodule ObservatoryWeb.LiveRouter do
         end
       end
     end
+  end
+
+  @doc false
+  # A router that has LiveView mounting pages this build of Observatory left out
+  # (compiled before LiveView was there): a compile error that says how to fix it,
+  # not an UndefinedFunctionError at the first request.
+  @spec __pages_compiled__!(boolean(), boolean()) :: :ok
+  def __pages_compiled__!(live_view_loaded?, pages_loaded?) do
+    if live_view_loaded? and not pages_loaded? do
+      raise ArgumentError,
+            ObservatoryWeb.Mount.left_out(
+              "ObservatoryWeb.SessionClusterManagerLive (and the other pages)",
+              "Phoenix LiveView"
+            )
+    end
+
+    :ok
   end
 
   # How the router answers where it is: Phoenix.Router's reflection, or (in
