@@ -24,6 +24,11 @@ defmodule Observatory.Cluster.Monitor do
       the member's own subscribers of `"gateway:cluster"`
       (`%{event_type: "cluster_reconciled", report: report}`) and
       kept (the last 20) for `Observatory.Cluster.status/0`.
+    * **Stalls.** Nodes it reaches whose Mnesia still runs apart after
+      `:heal_timeout_ms`, or a heal still running after it, are logged once per stall
+      (`cluster: heal stalled: …`, naming the nodes, how long, and what the latest heal
+      came to) and emitted as `[:observatory, :cluster, :heal_stalled]`
+      (`Observatory.Cluster.HealWatch`).
 
   Nothing here blocks: every remote call runs in a process of its own.
   """
@@ -327,24 +332,24 @@ defmodule Observatory.Cluster.Monitor do
 
   defp finish(state, kind, result) do
     state = %{state | last_outcome: outcome(result)}
-    finish_(state, kind, result)
+    act_on(state, kind, result)
   end
 
-  defp finish_(state, _kind, {:healed, report}), do: share(state, report)
-  defp finish_(state, _kind, {:verified, %{changed: 0}}), do: state
-  defp finish_(state, _kind, {:verified, report}), do: share(state, report)
+  defp act_on(state, _kind, {:healed, report}), do: share(state, report)
+  defp act_on(state, _kind, {:verified, %{changed: 0}}), do: state
+  defp act_on(state, _kind, {:verified, report}), do: share(state, report)
 
-  defp finish_(state, kind, {:wait, reason}) do
+  defp act_on(state, kind, {:wait, reason}) do
     if kind == :check, do: Logger.info("cluster: not healing yet: #{reason}")
     state
   end
 
-  defp finish_(state, _kind, {:error, reason}) do
+  defp act_on(state, _kind, {:error, reason}) do
     Logger.error("cluster: heal failed: #{reason}; retrying at the next poll")
     state
   end
 
-  defp finish_(state, _kind, _whole_or_aborted), do: state
+  defp act_on(state, _kind, _whole_or_aborted), do: state
 
   # What the latest heal came to, for a stall's warning.
   defp outcome({:wait, reason}), do: "waiting: " <> reason
