@@ -20,7 +20,7 @@ defmodule Observatory.Gateway.SessionLog do
   | key | default | what |
   |---|---|---|
   | `:session_log_max_sessions` | `100_000` | sessions kept; past it the least recently seen go |
-  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
+  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
   | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
 
   A writer that takes the log over a cap asks this process to trim, and it drops
@@ -32,7 +32,7 @@ defmodule Observatory.Gateway.SessionLog do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.IdleSweep
+  alias Observatory.Gateway.{DecisionLog, IdleSweep}
 
   @slots __MODULE__.Slots
   @heads __MODULE__.Heads
@@ -45,10 +45,39 @@ defmodule Observatory.Gateway.SessionLog do
   loop verdict's `step_number`); nil numbers it by the log's own count.
   """
   @spec put(String.t(), map(), pos_integer() | nil) :: :ok
-  def put(session_id, envelope, number \\ nil) do
+  def put(session_id, envelope, number \\ nil) when is_map(envelope) do
+    {envelope, bytes} = bounded(envelope)
+    store(session_id, envelope, bytes, number)
+  end
+
+  @doc """
+  Stores an accepted envelope as its JSON text, as `put/3` stores its term: the text
+  is kept as it is (a reference-counted binary: no copy of a term into the table) and
+  decoded when a reader asks for it, with `score` — the gateway's entropy score, nil
+  to keep the agent's — as its `cognition.entropy_score`. Readers get what `put/3`
+  of the decoded envelope would give them. `json` must be a valid DecisionLog's text.
+  """
+  @spec put_json(String.t(), binary(), number() | nil, pos_integer() | nil) :: :ok
+  def put_json(session_id, json, score, number \\ nil) when is_binary(json) do
+    bytes = byte_size(json)
+
+    if bytes <= max_envelope_bytes() do
+      store(session_id, {:json, own(json), score}, bytes, number)
+    else
+      {:ok, envelope} = Observatory.JSON.decode(json)
+      put(session_id, DecisionLog.with_score(envelope, score), number)
+    end
+  end
+
+  # A part of a larger binary (a line of an NDJSON body, a body read with its head)
+  # would keep the whole of it alive in the table: that part is copied.
+  defp own(json) do
+    if :binary.referenced_byte_size(json) > byte_size(json), do: :binary.copy(json), else: json
+  end
+
+  defp store(session_id, envelope, bytes, number) do
     size = size()
     now = System.system_time(:millisecond)
-    {envelope, bytes} = bounded(envelope)
     # `order` breaks ties between sessions seen in the same millisecond.
     order = System.unique_integer([:monotonic, :positive])
 
@@ -106,9 +135,17 @@ defmodule Observatory.Gateway.SessionLog do
     |> Enum.flat_map(&:ets.lookup(@slots, {session_id, &1}))
     |> Enum.sort_by(fn {_, seq, _, _, _, _} -> seq end)
     |> Enum.map(fn {_, _, envelope, _, number, at} ->
-      %{number: number, at: at, envelope: envelope}
+      %{number: number, at: at, envelope: envelope(envelope)}
     end)
   end
+
+  # A stored text is decoded when read (put_json/4).
+  defp envelope({:json, json, score}) do
+    {:ok, envelope} = Observatory.JSON.decode(json)
+    DecisionLog.with_score(envelope, score)
+  end
+
+  defp envelope(envelope), do: envelope
 
   @doc "The stored step numbered `number`, or nil (not stored, or no longer)."
   @spec step(String.t(), pos_integer()) ::
