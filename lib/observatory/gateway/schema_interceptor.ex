@@ -124,8 +124,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
     parsed =
       with {:ok, json} <- json(message),
-           {:ok, envelope, fields} <-
-             DecisionLog.parse(json, envelope: Keyword.get(opts, :envelope, true)),
+           {:ok, envelope, fields} <- DecisionLog.parse(json, envelope: build_envelope?(opts)),
            do: {:ok, {json, envelope}, fields}
 
     result =
@@ -142,6 +141,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
     result
   end
+
+  # The envelope's term is built in the parse when the caller wants it, or when a
+  # host's PubSub server is configured: whether anyone follows "gateway:decision_logs"
+  # cannot be known there, so its broadcast always carries the term.
+  defp build_envelope?(opts), do: Keyword.get(opts, :envelope, true) or not Events.own?()
 
   defp json(message) when is_binary(message), do: {:ok, message}
   defp json(message) when is_map(message), do: DecisionLog.to_json(message)
@@ -216,7 +220,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         {:ok, result}
 
       {:replay, first} ->
-        {:ok, replay(first, envelope, fields)}
+        {:ok, replay(first, if(Keyword.get(opts, :envelope, true), do: envelope), fields)}
 
       {:error, _refusal} = error ->
         error
@@ -364,7 +368,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       verdict: verdict,
       step: step,
       directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
-      envelope: envelope,
+      envelope: if(Keyword.get(opts, :envelope, true), do: envelope),
       replayed: false
     }
   end

@@ -13,6 +13,11 @@ defmodule Observatory.Gateway.SessionLog do
   `GET /api/v1/sessions/:id` list the steps under the numbers the verdict and the
   entropy window use (`steps/1`).
 
+  The ingest stores each step as the JSON text it arrived as, with the gateway's
+  entropy score beside it (`put_json/4`): no term is copied into the table, and a
+  reader gets the envelope decoded, the score in `cognition.entropy_score` — what
+  `put/3` of the ingest's envelope would have kept.
+
   ## Bounds
 
   Every size here is set by clients, so each is capped:

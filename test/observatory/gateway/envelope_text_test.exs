@@ -11,7 +11,15 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
   alias Observatory.Test.HTTP
 
   setup do
-    restore_env_on_exit([:session_log_max_envelope_bytes])
+    restore_env_on_exit([:session_log_max_envelope_bytes, :pubsub])
+  end
+
+  defmodule HostBus do
+    # A host's PubSub server, as Phoenix.PubSub's API: every broadcast comes back to
+    # the broadcasting process (the ingest runs in the test's).
+    def broadcast(_server, topic, message), do: send(self(), {:host_bus, topic, message})
+    def subscribe(_server, _topic), do: :ok
+    def unsubscribe(_server, _topic), do: :ok
   end
 
   # A random JSON value: nested objects and arrays, strings with escapes and
@@ -169,6 +177,22 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       end
     after
       Events.unsubscribe(Events.decision_logs())
+    end
+
+    test "with a host's PubSub server the broadcast carries the envelope, envelope: false or not" do
+      Application.put_env(:observatory, :pubsub, {__MODULE__.HostBus, :host_bus})
+      sid = unique_session("host-bus")
+
+      for lazy? <- [true, false] do
+        json = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+        {:ok, eager, %{step_id: step_id}} = DecisionLog.parse(json)
+        {:ok, result} = SchemaInterceptor.ingest(json, envelope: not lazy?)
+        expected = DecisionLog.with_score(eager, result.entropy_score)
+        assert result.envelope == if(lazy?, do: nil, else: expected)
+
+        assert_receive {:host_bus, "gateway:decision_logs",
+                        %{step_id: ^step_id, envelope: ^expected}}
+      end
     end
 
     test "an envelope given as a map is stored and answered as before" do
