@@ -136,13 +136,17 @@ defmodule Observatory.Gateway.SessionLog do
           %{number: pos_integer(), at: integer(), envelope: map()}
         ]
   def steps(session_id) do
-    0..(size() - 1)
-    |> Enum.flat_map(&:ets.lookup(@slots, {session_id, &1}))
+    session_id
+    |> rows()
     |> Enum.sort_by(fn {_, seq, _, _, _, _} -> seq end)
-    |> Enum.map(fn {_, _, envelope, _, number, at} ->
-      %{number: number, at: at, envelope: envelope(envelope)}
-    end)
+    |> Enum.map(&step/1)
   end
+
+  defp rows(session_id),
+    do: Enum.flat_map(0..(size() - 1), &:ets.lookup(@slots, {session_id, &1}))
+
+  defp step({_, _, envelope, _, number, at}),
+    do: %{number: number, at: at, envelope: envelope(envelope)}
 
   # A stored text is decoded when read (put_json/4).
   defp envelope({:json, json, score}) do
@@ -155,7 +159,15 @@ defmodule Observatory.Gateway.SessionLog do
   @doc "The stored step numbered `number`, or nil (not stored, or no longer)."
   @spec step(String.t(), pos_integer()) ::
           %{number: pos_integer(), at: integer(), envelope: map()} | nil
-  def step(session_id, number), do: Enum.find(steps(session_id), &(&1.number == number))
+  def step(session_id, number) do
+    # The oldest kept step with that number, as steps/1 would find it; only its
+    # envelope is decoded.
+    session_id
+    |> rows()
+    |> Enum.filter(fn {_, _, _, _, n, _} -> n == number end)
+    |> Enum.min_by(fn {_, seq, _, _, _, _} -> seq end, fn -> nil end)
+    |> then(&(&1 && step(&1)))
+  end
 
   @doc "When the gateway last received a step of the session (Unix ms), or nil."
   @spec last_at(String.t()) :: integer() | nil
