@@ -30,7 +30,14 @@ defmodule Mix.Tasks.Compile.ObservatoryNif do
   end
 
   defp build! do
-    cargo = System.find_executable("cargo") || Mix.raise("cargo not found: run bin/setup first")
+    cargo =
+      System.find_executable("cargo") ||
+        Mix.raise(
+          "cargo not found on PATH: Observatory's NIF is Rust, and compiling it needs a Rust " <>
+            "toolchain (rustup, Rust 1.91 or later; https://rustup.rs) with cargo on PATH. " <>
+            "In Observatory's own repository, bin/setup installs it"
+        )
+
     Mix.shell().info("Compiling NIF crate #{@crate} (cargo build --release)")
 
     {_, status} =
@@ -104,9 +111,36 @@ defmodule Observatory.MixProject do
     {:telemetry, "~> 0.4 or ~> 1.0", optional: true}
   ]
 
+  # A host built without Hex (vendored deps, an air-gapped build) cannot resolve a Hex
+  # requirement, even an optional one it never uses ("Could not find Hex, which is
+  # needed to build dependency :phoenix"): there Observatory declares, as optional,
+  # only those the host lists itself, from where the host gets them (`path:`, `git:`).
   defp deps do
-    as_dependency? = Mix.Project.get() != nil
-    if as_dependency?, do: @phoenix_deps, else: []
+    case Mix.Project.get() do
+      nil ->
+        []
+
+      _host ->
+        optional_deps(Mix.Project.config()[:deps] || [], host_root(), Code.ensure_loaded?(Hex))
+    end
+  end
+
+  defp host_root, do: Path.dirname(Mix.Project.project_file())
+
+  @doc false
+  # Observatory's optional deps for a host whose deps are `host_deps` (its mix.exs in
+  # `root`), built with or without Hex.
+  def optional_deps(_host_deps, _root, true = _hex?), do: @phoenix_deps
+
+  def optional_deps(host_deps, root, false = _hex?) do
+    for dep <- host_deps,
+        app = elem(dep, 0),
+        List.keymember?(@phoenix_deps, app, 0),
+        opts = elem(dep, tuple_size(dep) - 1),
+        is_list(opts) and (opts[:path] || opts[:git]) do
+      opts = if opts[:path], do: Keyword.update!(opts, :path, &Path.expand(&1, root)), else: opts
+      {app, Keyword.merge(opts, optional: true)}
+    end
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

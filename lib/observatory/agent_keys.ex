@@ -127,7 +127,7 @@ defmodule Observatory.AgentKeys do
   @doc "The agent a presented key belongs to."
   @spec authenticate(String.t() | nil) :: {:ok, String.t()} | {:error, :unauthorized}
   def authenticate(key) when is_binary(key) and key != "" do
-    with [{@table, _hash, agent_id, _info}] <- :mnesia.dirty_read(@table, hash(key)),
+    with [{@table, _hash, agent_id, _info}] <- Observatory.Storage.read(@table, hash(key)),
          true <- Agents.exists?(agent_id) do
       {:ok, agent_id}
     else

@@ -41,6 +41,7 @@ defmodule Observatory.Application do
     Observatory.Budget.check_config!()
     Observatory.Proxy.Guidance.check_config!()
     Observatory.Notifications.check_config!()
+    Observatory.ConfigCheck.settings!()
     crash_dump_in_data_dir()
     warn_without_operator_tokens()
 

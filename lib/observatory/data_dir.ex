@@ -29,8 +29,16 @@ defmodule Observatory.DataDir do
   @spec prepare() :: :ok | {:error, String.t()}
   def prepare do
     case Application.get_env(:observatory, :data_dir) do
-      nil -> :ok
-      dir -> prepare(Path.expand(dir))
+      nil ->
+        :ok
+
+      dir when is_binary(dir) and dir != "" ->
+        prepare(Path.expand(dir))
+
+      other ->
+        {:error,
+         "expected config :observatory, :data_dir to be a directory's path (a non-empty " <>
+           "string), got: #{inspect(other)}"}
     end
   end
 

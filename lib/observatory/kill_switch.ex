@@ -62,7 +62,7 @@ defmodule Observatory.KillSwitch do
   require Logger
 
   alias Observatory.KillSwitch.{Agents, Notifier, Settings, Windows}
-  alias Observatory.{Gateway.Events, Metrics, Native}
+  alias Observatory.{Gateway.Events, Metrics, Native, Storage}
 
   @dirty_bytes Observatory.Native.Cost.dirty_bytes()
   @max_agent_id_bytes 256
@@ -78,6 +78,7 @@ defmodule Observatory.KillSwitch do
         }
 
   @doc "The topic of agent events: kill switch trips, (de)activations, settings changes."
+  @spec topic() :: String.t()
   def topic, do: "gateway:kill_switch"
 
   ## Fingerprints
@@ -191,7 +192,19 @@ defmodule Observatory.KillSwitch do
   """
   @spec check_config!() :: :ok
   def check_config! do
-    mode = Keyword.get(Application.get_env(:observatory, :kill_switch, []), :mode, :enforce)
+    config =
+      Observatory.ConfigCheck.keyword!(:kill_switch, [
+        :window_size,
+        :threshold,
+        :prompt,
+        :max_agents,
+        :notification_webhook,
+        :webhook_allow_private_networks,
+        :mode,
+        :max_events_per_agent
+      ])
+
+    mode = Keyword.get(config, :mode, :enforce)
 
     unless mode in [:enforce, :warn, :shadow] do
       raise ArgumentError,
@@ -419,21 +432,27 @@ defmodule Observatory.KillSwitch do
   ## Reads
 
   @doc "The agent's record, or nil."
-  defdelegate agent(agent_id), to: Agents, as: :get
+  @spec agent(String.t()) :: Agents.agent() | nil
+  def agent(agent_id), do: Storage.reading(fn -> Agents.get(agent_id) end)
 
   @doc "Every agent, sorted by id."
-  defdelegate agents(), to: Agents, as: :list
+  @spec agents() :: [Agents.agent()]
+  def agents, do: Storage.reading(&Agents.list/0)
 
   @doc "Events newest first; options `:agent_id`, `:limit` (default 50)."
-  defdelegate events(opts \\ []), to: Agents
+  @spec events(keyword()) :: [Agents.event()]
+  def events(opts \\ []), do: Storage.reading(fn -> Agents.events(opts) end)
 
   @doc "The agent's current score and window fill, or nil when it has no window."
-  defdelegate status(agent_id), to: Windows
+  @spec status(String.t()) :: map() | nil
+  def status(agent_id), do: Storage.reading(fn -> Windows.status(agent_id) end)
 
   @doc "The agent's window entries, oldest first, or nil."
-  defdelegate window(agent_id), to: Windows, as: :entries
+  @spec window(String.t()) :: [Windows.entry()] | nil
+  def window(agent_id), do: Storage.reading(fn -> Windows.entries(agent_id) end)
 
   @doc "Whether the agent's alerts go anywhere (its webhook or the global one)."
+  @spec notifications_configured?(map()) :: boolean()
   defdelegate notifications_configured?(agent), to: Notifier, as: :configured?
 
   @doc "An event as JSON-ready data (times as ISO 8601, atoms as strings)."

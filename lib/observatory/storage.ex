@@ -205,7 +205,26 @@ defmodule Observatory.Storage do
       do: :ets.lookup(table, key),
       else: :mnesia.dirty_read(table, key)
   rescue
-    ArgumentError -> :mnesia.dirty_read(table, key)
+    ArgumentError -> reading(fn -> :mnesia.dirty_read(table, key) end)
+  end
+
+  @doc """
+  Runs `fun`, a read of Observatory's state, and says why when it cannot run: with
+  storage off in this VM (its tables and stores do not exist here), raises
+  `Observatory.StorageOffError` instead of Mnesia's `{:aborted, {:no_exists, _}}` exit
+  or a missing store's `ArgumentError`. Costs nothing when the read succeeds.
+  """
+  @spec reading((() -> result)) :: result when result: term()
+  def reading(fun) do
+    fun.()
+  rescue
+    error in ArgumentError ->
+      require!()
+      reraise error, __STACKTRACE__
+  catch
+    :exit, {:aborted, {:no_exists, _}} = reason ->
+      require!()
+      exit(reason)
   end
 
   @doc "Whether Mnesia runs and `tables` can be read here."

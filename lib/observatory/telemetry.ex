@@ -14,6 +14,7 @@ defmodule Observatory.Telemetry do
   | `[:observatory, :alert]` | `entropy_score`, `occurrence_count` | `session_id`, `agent_id`, `source` (`:entropy` or `:verdict`) |
   | `[:observatory, :hitl, :pause]`, `[:observatory, :hitl, :resume]` | `system_time` | `session_id`, `operator`, `reason` |
   | `[:observatory, :kill_switch, :trip]` | `score`, `threshold` | `agent_id`, `window_size`, `window_len` |
+  | `[:observatory, :cluster, :heal_stalled]` | `duration_ms` | `node` (the node saying it), `reason` (`:apart`: nodes it reaches still run apart from its Mnesia; `:overdue`: a heal still runs), `nodes`, and `leader`, `latest` (`:apart`) or `kind` (`:overdue`) |
 
   `:telemetry.execute/3` runs the handlers in the caller's process and detaches a
   handler that raises, so a handler cannot break the gateway.

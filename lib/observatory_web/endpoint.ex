@@ -55,7 +55,12 @@ defmodule ObservatoryWeb.Endpoint do
     ip = Keyword.get(config, :ip, {127, 0, 0, 1})
 
     port =
-      Keyword.get(config, :port) || raise(ArgumentError, "no :port for #{inspect(__MODULE__)}")
+      Keyword.get(config, :port) ||
+        raise(
+          ArgumentError,
+          "no :port for #{inspect(__MODULE__)}: config :observatory, #{inspect(__MODULE__)}, " <>
+            "server: true needs port: … (or OBSERVATORY_PORT)"
+        )
 
     idle_ms = Keyword.get(config, :idle_timeout_ms, 10_000)
     start_mochiweb!()

@@ -50,6 +50,11 @@ defmodule ObservatoryWeb.LiveRouter do
         do: Macro.prewalk(opts, &expand_alias(&1, __CALLER__)),
         else: opts
 
+    __pages_compiled__!(
+      Code.ensure_loaded?(Phoenix.LiveView),
+      Code.ensure_loaded?(ObservatoryWeb.SessionClusterManagerLive)
+    )
+
     imports =
       if Code.ensure_loaded?(Phoenix.LiveView.Router) do
         quote do: import(Phoenix.LiveView.Router, only: [live: 4, live_session: 3])
@@ -73,6 +78,23 @@ defmodule ObservatoryWeb.LiveRouter do
         end
       end
     end
+  end
+
+  @doc false
+  # A router that has LiveView mounting pages this build of Observatory left out
+  # (compiled before LiveView was there): a compile error that says how to fix it,
+  # not an UndefinedFunctionError at the first request.
+  @spec __pages_compiled__!(boolean(), boolean()) :: :ok
+  def __pages_compiled__!(live_view_loaded?, pages_loaded?) do
+    if live_view_loaded? and not pages_loaded? do
+      raise ArgumentError,
+            ObservatoryWeb.Mount.left_out(
+              "ObservatoryWeb.SessionClusterManagerLive (and the other pages)",
+              "Phoenix LiveView"
+            )
+    end
+
+    :ok
   end
 
   # How the router answers where it is: Phoenix.Router's reflection, or (in
@@ -108,6 +130,8 @@ defmodule ObservatoryWeb.LiveRouter do
   # scope; `__session__/3` calls the first that defines the function.
   @spec __scoped__(module(), keyword()) :: keyword()
   def __scoped__(router, opts) do
+    check_options!(opts)
+
     case {Keyword.get(opts, :session), reflection(router)} do
       {{module, function, args}, reflection} when is_atom(module) and reflection != nil ->
         scoped = reflection.scoped_alias(router, module)
@@ -124,6 +148,7 @@ defmodule ObservatoryWeb.LiveRouter do
   # operator and where the pages are.
   @spec __live_session__(String.t(), keyword()) :: {atom(), keyword()}
   def __live_session__(prefix, opts) do
+    check_options!(opts)
     host_session = Keyword.get(opts, :session)
 
     unless host_session == nil or valid_session?(host_session) do
@@ -157,6 +182,21 @@ defmodule ObservatoryWeb.LiveRouter do
     end
 
     Map.merge(host, %{"observatory_path" => prefix, "agents_path" => prefix <> "/agents"})
+  end
+
+  @options [:session, :on_mount, :layout, :root_layout, :live_session_name]
+
+  defp check_options!(opts) do
+    unless Keyword.keyword?(opts) do
+      raise ArgumentError,
+            "observatory_dashboard options must be a keyword list, got: #{inspect(opts)}"
+    end
+
+    for {key, _} <- opts, key not in @options do
+      raise ArgumentError,
+            "observatory_dashboard: unknown option #{inspect(key)} " <>
+              "(use #{Enum.map_join(@options, ", ", &inspect/1)})"
+    end
   end
 
   defp valid_session?({m, f, a}) when is_atom(f) and is_list(a),

@@ -28,4 +28,15 @@ if Code.ensure_loaded?(Plug.Conn) do
     @impl true
     def call(conn, mount), do: ObservatoryWeb.Conn.PlugAdapter.call(conn, mount)
   end
+else
+  defmodule ObservatoryWeb.LLMProxyPlug do
+    @moduledoc false
+    # Compiled without Plug: the host that plugs it in is told how to fix its build
+    # (Plug.Builder calls init/1 when it compiles the endpoint).
+    def init(_opts),
+      do: raise(ArgumentError, ObservatoryWeb.Mount.left_out(inspect(__MODULE__), "Plug"))
+
+    def call(_conn, _opts),
+      do: raise(ArgumentError, ObservatoryWeb.Mount.left_out(inspect(__MODULE__), "Plug"))
+  end
 end

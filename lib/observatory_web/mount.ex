@@ -20,6 +20,16 @@ defmodule ObservatoryWeb.Mount do
 
   alias ObservatoryWeb.{Conn, Router}
 
+  @doc false
+  # What a host meets when Observatory was compiled before `dependency` was there (Mix
+  # does not recompile a dependency when an optional one of its own is added later):
+  # `module` was left out of the build. Said where the host uses it.
+  @spec left_out(String.t(), String.t()) :: String.t()
+  def left_out(module, dependency) do
+    "#{module} is not in this build of Observatory: it was compiled before " <>
+      "#{dependency} was available to it. Recompile it once: mix deps.compile observatory --force"
+  end
+
   @enforce_keys [:api, :at]
   defstruct [:api, :at]
 

@@ -63,7 +63,10 @@ defmodule Observatory.HostEmbeddingTest do
         ])
 
       assert {:error, reason} = :erpc.call(node, Application, :ensure_all_started, [:observatory])
-      assert inspect(reason) =~ "no :port for ObservatoryWeb.Endpoint"
+
+      assert inspect(reason) =~
+               "no :port for ObservatoryWeb.Endpoint: config :observatory, ObservatoryWeb.Endpoint, server: true needs port: … (or OBSERVATORY_PORT)"
+
       # With its own server configured, Observatory says its sign-ins need a key.
       assert Enum.any?(logs(), &(&1 =~ "no OBSERVATORY_SECRET_KEY_BASE set"))
     end

@@ -83,6 +83,23 @@ defmodule Observatory.HostStateTest do
       assert {:raised, Observatory.StorageOffError, _} =
                :erpc.call(task, Remote, :try_call, [Observatory.AgentKeys, :issue, ["agent-task"]])
 
+      # Reads too (they exited with Mnesia's {:aborted, {:no_exists, _}}, or raised
+      # ArgumentError for a store that does not exist here).
+      for {module, fun, args} <- [
+            {Observatory.KillSwitch, :agent, ["agent-task"]},
+            {Observatory.KillSwitch, :agents, []},
+            {Observatory.KillSwitch, :events, [[]]},
+            {Observatory.KillSwitch, :status, ["agent-task"]},
+            {Observatory.Gateway.HITL, :paused?, ["sess-task"]},
+            {Observatory.Gateway.HITL, :paused_sessions, []},
+            {Observatory.Gateway.HITL, :audit_log, [[]]},
+            {Observatory.AgentKeys, :authenticate, ["oak_whatever"]}
+          ] do
+        assert {:raised, Observatory.StorageOffError, _} =
+                 :erpc.call(task, Remote, :try_call, [module, fun, args]),
+               "#{inspect(module)}.#{fun}"
+      end
+
       # The task's VM holds nothing: neither the lock nor Mnesia; the server is untouched.
       refute :erpc.call(task, Observatory.DataDirLock, :held?, [])
       assert :erpc.call(task, :mnesia, :system_info, [:is_running]) == :no

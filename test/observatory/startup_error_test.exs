@@ -121,7 +121,11 @@ defmodule Observatory.StartupErrorTest do
             {:budgets, [nope: 1], ":budgets"},
             {:notifications, [max_per_minute: 0], ":notifications"},
             {:guidance, [enabled: :maybe], ":guidance"},
-            {:agent_keys, ["shared"], ":agent_keys"}
+            {:agent_keys, ["shared"], ":agent_keys"},
+            {:storage, "no", ":storage"},
+            {:auth_throttle, 5, ":auth_throttle"},
+            {:kill_switch, %{threshold: 5}, ":kill_switch"},
+            {:data_dir, 42, ":data_dir"}
           ] do
         {output, status} = start_vm([{key, value}])
         assert {1, [line]} = {status, lines(output)}, "#{key}: #{output}"

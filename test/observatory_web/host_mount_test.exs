@@ -95,6 +95,21 @@ defmodule ObservatoryWeb.HostMountTest do
     end
   end
 
+  # This build has no Plug, as a host's build of Observatory made before it added Plug
+  # (Mix does not recompile a dependency when its optional one arrives later). Before:
+  # `plug ObservatoryWeb.AgentAPIPlug` failed with "module … is not available".
+  describe "a build of Observatory made without Plug" do
+    test "the plugs say, where the endpoint plugs them in, how to recompile" do
+      for plug <- [ObservatoryWeb.AgentAPIPlug, ObservatoryWeb.LLMProxyPlug] do
+        error = assert_raise ArgumentError, fn -> plug.init(at: "/observatory") end
+
+        assert error.message ==
+                 "#{inspect(plug)} is not in this build of Observatory: it was compiled before " <>
+                   "Plug was available to it. Recompile it once: mix deps.compile observatory --force"
+      end
+    end
+  end
+
   describe "the same authentication, caps and answers as Observatory's own server" do
     test "a step is scored and answered as the built-in server answers it", %{agent: agent, n: n} do
       envelope = fn session ->

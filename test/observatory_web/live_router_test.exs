@@ -247,6 +247,33 @@ defmodule ObservatoryWeb.LiveRouterTest do
       end
     end
 
+    # Before: a misspelt option was dropped without a word, and the pages ran with no
+    # operator session (every action recorded as "dashboard").
+    test "an unknown option (a typo of :session) is an error naming the options" do
+      assert_raise ArgumentError,
+                   ~r/unknown option :sesion \(use :session, :on_mount, :layout, :root_layout, :live_session_name\)/,
+                   fn ->
+                     LiveRouter.__live_session__("/o",
+                       sesion: {OperatorAuth, :observatory_session, []}
+                     )
+                   end
+
+      assert_raise ArgumentError, ~r/options must be a keyword list, got: "\/ops"/, fn ->
+        LiveRouter.__live_session__("/o", "/ops")
+      end
+    end
+
+    # Before: a host that added LiveView after Observatory was compiled got a router
+    # that compiled and an UndefinedFunctionError (…Live.__live__/0) at the first request.
+    test "LiveView there but the pages left out of Observatory's build: say how to recompile" do
+      assert_raise ArgumentError,
+                   ~r/SessionClusterManagerLive \(and the other pages\) is not in this build of Observatory: it was compiled before Phoenix LiveView was available to it. Recompile it once: mix deps.compile observatory --force/,
+                   fn -> LiveRouter.__pages_compiled__!(true, false) end
+
+      assert LiveRouter.__pages_compiled__!(true, true) == :ok
+      assert LiveRouter.__pages_compiled__!(false, false) == :ok
+    end
+
     test "a session callback that does not return a map" do
       assert_raise ArgumentError, ~r/must return a map/, fn ->
         LiveRouter.__session__(%{}, "/o", {Map, :keys, []})

@@ -101,6 +101,29 @@ defmodule Observatory.Cluster.Heal do
   end
 
   @doc """
+  Runs `fun` holding the cluster's heal lock on `nodes` (`:global`), or returns
+  `:aborted` at once when another process holds it: one heal at a time. The lock is
+  taken for the calling process (a lock requester shared by every caller would let
+  them all in).
+  """
+  @spec exclusive([node()], (() -> result)) :: result | :aborted when result: term()
+  def exclusive(nodes, fun), do: :global.trans({__MODULE__, self()}, fun, nodes, 0)
+
+  @doc "Who holds the heal lock as this node's `:global` knows, for a warning."
+  @spec lock_holder() :: String.t()
+  def lock_holder do
+    case :ets.lookup(:global_locks, __MODULE__) do
+      [{_, _requester, [{pid, _} | _]}] ->
+        "the heal lock is held by #{inspect(pid)} on #{node(pid)}"
+
+      _ ->
+        "the heal lock was held elsewhere"
+    end
+  rescue
+    ArgumentError -> "the heal lock was held elsewhere"
+  end
+
+  @doc """
   Asks every member for its view and heals when the cluster is split (see the
   module doc). Returns `:whole`, `{:wait, reason}`, `{:healed, report}` or
   `{:error, reason}`.

@@ -24,6 +24,11 @@ defmodule Observatory.Cluster.Monitor do
       the member's own subscribers of `"gateway:cluster"`
       (`%{event_type: "cluster_reconciled", report: report}`) and
       kept (the last 20) for `Observatory.Cluster.status/0`.
+    * **Stalls.** Nodes it reaches whose Mnesia still runs apart after
+      `:heal_timeout_ms`, or a heal still running after it, are logged once per stall
+      (`cluster: heal stalled: …`, naming the nodes, how long, and what the latest heal
+      came to) and emitted as `[:observatory, :cluster, :heal_stalled]`
+      (`Observatory.Cluster.HealWatch`).
 
   Nothing here blocks: every remote call runs in a process of its own.
   """
@@ -32,7 +37,7 @@ defmodule Observatory.Cluster.Monitor do
   require Logger
 
   alias Observatory.Cluster
-  alias Observatory.Cluster.{Heal, Reconcile, Tombstones}
+  alias Observatory.Cluster.{Heal, HealWatch, Reconcile, Tombstones}
 
   @history 20
 
@@ -88,7 +93,9 @@ defmodule Observatory.Cluster.Monitor do
       heal: nil,
       history: [],
       connector: nil,
-      verify_soon: false
+      verify_soon: false,
+      heal_watch: nil,
+      last_outcome: nil
     }
 
     schedule(:poll, :poll_ms)
@@ -178,6 +185,23 @@ defmodule Observatory.Cluster.Monitor do
     {:noreply, finish(%{state | heal: nil}, kind, result)}
   end
 
+  # The heal started `heal_timeout_ms` ago still runs: its write gates have expired.
+  def handle_info({:heal_overdue, pid, kind, peers, started}, %{heal: pid} = state) do
+    ms = now() - started
+    where = with {:current_function, mfa} <- Process.info(pid, :current_function), do: mfa
+
+    Logger.warning(
+      "cluster: heal stalled: the heal (#{kind}) among #{inspect(peers)} has run for #{ms} ms, longer " <>
+        "than heal_timeout_ms (#{Cluster.setting(:heal_timeout_ms)} ms); it is in " <>
+        "#{inspect(where)}"
+    )
+
+    stalled(ms, %{reason: :overdue, nodes: peers, kind: kind})
+    {:noreply, state}
+  end
+
+  def handle_info({:heal_overdue, _pid, _kind, _peers, _started}, state), do: {:noreply, state}
+
   def handle_info({:EXIT, pid, reason}, %{heal: pid} = state) do
     Logger.error("cluster: the heal failed: #{inspect(reason)}")
     {:noreply, %{state | heal: nil}}
@@ -256,6 +280,7 @@ defmodule Observatory.Cluster.Monitor do
   defp check_partition(state) do
     {peers, running} = reachable()
     leader = Enum.min(peers)
+    state = watch_heal(state, if(running == [], do: [], else: peers -- running), leader)
 
     cond do
       running == [] or peers -- running == [] -> state
@@ -280,10 +305,12 @@ defmodule Observatory.Cluster.Monitor do
 
       pid =
         spawn_link(fn ->
-          result = :global.trans({Heal, :lock}, fn -> heal(kind, peers) end, peers, 0)
+          result = Heal.exclusive(peers, fn -> heal(kind, peers) end)
           send(me, {:heal_done, kind, result})
         end)
 
+      overdue = {:heal_overdue, pid, kind, peers, now()}
+      Process.send_after(self(), overdue, Cluster.setting(:heal_timeout_ms))
       %{state | heal: pid}
     else
       state
@@ -303,21 +330,77 @@ defmodule Observatory.Cluster.Monitor do
     end
   end
 
-  defp finish(state, _kind, {:healed, report}), do: share(state, report)
-  defp finish(state, _kind, {:verified, %{changed: 0}}), do: state
-  defp finish(state, _kind, {:verified, report}), do: share(state, report)
+  defp finish(state, kind, result) do
+    state = %{state | last_outcome: outcome(result)}
+    act_on(state, kind, result)
+  end
 
-  defp finish(state, kind, {:wait, reason}) do
+  defp act_on(state, _kind, {:healed, report}), do: share(state, report)
+  defp act_on(state, _kind, {:verified, %{changed: 0}}), do: state
+  defp act_on(state, _kind, {:verified, report}), do: share(state, report)
+
+  defp act_on(state, kind, {:wait, reason}) do
     if kind == :check, do: Logger.info("cluster: not healing yet: #{reason}")
     state
   end
 
-  defp finish(state, _kind, {:error, reason}) do
+  defp act_on(state, _kind, {:error, reason}) do
     Logger.error("cluster: heal failed: #{reason}; retrying at the next poll")
     state
   end
 
-  defp finish(state, _kind, _whole_or_aborted), do: state
+  defp act_on(state, _kind, _whole_or_aborted), do: state
+
+  # What the latest heal came to, for a stall's warning.
+  defp outcome({:wait, reason}), do: "waiting: " <> reason
+  defp outcome({:error, reason}), do: "failed: " <> reason
+  defp outcome(:aborted), do: "not run: " <> Heal.lock_holder()
+  defp outcome(_done), do: nil
+
+  ## Stalls
+
+  # Reached nodes still apart after `heal_timeout_ms`: said once per stall, with what
+  # the latest heal on this node came to (only the leader runs heals).
+  defp watch_heal(state, apart, leader) do
+    timeout = Cluster.setting(:heal_timeout_ms)
+
+    case HealWatch.see(state.heal_watch, apart, now(), timeout) do
+      {watch, nil} ->
+        %{state | heal_watch: watch}
+
+      {watch, {:stalled, ms}} ->
+        latest =
+          if leader == node(),
+            do: "this node leads; its latest heal: #{state.last_outcome || "none finished"}",
+            else: "the leader, #{leader}, runs the heal"
+
+        Logger.warning(
+          "cluster: heal stalled: Mnesia on #{inspect(watch.apart)} has run apart from " <>
+            "#{node()} for #{ms} ms, longer than heal_timeout_ms (#{timeout} ms), although " <>
+            "they reach each other; #{latest}"
+        )
+
+        stalled(ms, %{reason: :apart, nodes: watch.apart, leader: leader, latest: latest})
+        %{state | heal_watch: watch}
+
+      {nil, {:ended, ms}} ->
+        Logger.info(
+          "cluster: the stalled heal is over: #{node()} runs whole again after #{ms} ms"
+        )
+
+        %{state | heal_watch: nil}
+    end
+  end
+
+  defp stalled(ms, metadata) do
+    Observatory.Telemetry.execute(
+      [:observatory, :cluster, :heal_stalled],
+      %{duration_ms: ms},
+      Map.put(metadata, :node, node())
+    )
+  end
+
+  defp now, do: System.monotonic_time(:millisecond)
 
   defp share(state, report) do
     for node <- audience(report), node != node(), do: record(node, report)

@@ -74,8 +74,11 @@ defmodule Observatory.Gateway.DecisionLog do
     end
   end
 
-  @doc "Validates an envelope given as a map (encoded, then parsed like any message)."
-  @spec from_map(map()) :: {:ok, map(), fields()} | {:error, [violation()]}
+  @doc """
+  Validates an envelope given as a map (encoded, then parsed like any message); anything
+  else is refused with a violation at `"$"`.
+  """
+  @spec from_map(term()) :: {:ok, map(), fields()} | {:error, [violation()]}
   def from_map(envelope) when is_map(envelope) do
     with {:ok, json} <- to_json(envelope), do: parse(json)
   end
@@ -97,6 +100,17 @@ defmodule Observatory.Gateway.DecisionLog do
       {:ok, json} -> {:ok, json}
       {:error, reason} -> {:error, [%{path: "$", reason: "cannot be encoded as JSON: #{reason}"}]}
     end
+  end
+
+  def from_map(other) do
+    {:error,
+     [
+       %{
+         path: "$",
+         reason:
+           "must be an envelope: a map or its JSON text, got: #{inspect(other, limit: 5, printable_limit: 64)}"
+       }
+     ]}
   end
 
   # The verdict's normalization rules (nil before LoopVerdict starts: the defaults).

@@ -28,10 +28,13 @@ defmodule Observatory.Gateway.Events do
   @default {Observatory.PubSub, Observatory.PubSub}
 
   @doc "Topic of `EntropyAlertEvent`s (FR-9.10)."
+  @spec entropy_alerts() :: String.t()
   def entropy_alerts, do: "gateway:entropy_alerts"
   @doc "Topic of node state changes."
+  @spec topology() :: String.t()
   def topology, do: "gateway:topology"
   @doc "Topic of every validated, re-scored DecisionLog."
+  @spec decision_logs() :: String.t()
   def decision_logs, do: "gateway:decision_logs"
 
   @doc "The configured `{module, server}`."

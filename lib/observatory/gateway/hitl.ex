@@ -46,6 +46,7 @@ defmodule Observatory.Gateway.HITL do
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
   @doc "The topic of pause and resume events."
+  @spec topic() :: String.t()
   def topic, do: "gateway:hitl"
 
   @doc """
@@ -89,8 +90,11 @@ defmodule Observatory.Gateway.HITL do
 
   @doc "Every paused session's pause entry."
   @spec paused_sessions() :: [audit_entry()]
-  def paused_sessions,
-    do: :mnesia.dirty_select(@paused, [{{@paused, :_, :"$1"}, [], [:"$1"]}])
+  def paused_sessions do
+    Observatory.Storage.reading(fn ->
+      :mnesia.dirty_select(@paused, [{{@paused, :_, :"$1"}, [], [:"$1"]}])
+    end)
+  end
 
   @doc "The audit log, newest first; `:session_id` filters, `:limit` caps (default 100)."
   @spec audit_log(keyword()) :: [audit_entry()]
@@ -99,8 +103,9 @@ defmodule Observatory.Gateway.HITL do
     session = Keyword.get(opts, :session_id)
 
     # An ordered set: the select answers oldest first.
-    @audit
-    |> :mnesia.dirty_select([{{@audit, :_, :"$1"}, [], [:"$1"]}])
+    Observatory.Storage.reading(fn ->
+      :mnesia.dirty_select(@audit, [{{@audit, :_, :"$1"}, [], [:"$1"]}])
+    end)
     |> Enum.reverse()
     |> Stream.filter(&(session == nil or &1.session_id == session))
     |> Enum.take(limit)

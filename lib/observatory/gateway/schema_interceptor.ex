@@ -110,7 +110,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   within `:rpc_timeout_ms`, the answer is `{:error, {:unavailable, violation}}` and
   no other node scores the step (the owner may have): the caller retries it.
   """
-  @spec ingest(binary() | map(), keyword()) ::
+  @spec ingest(term(), keyword()) ::
           {:ok, result()}
           | {:error,
              {:invalid, [DecisionLog.violation()]}

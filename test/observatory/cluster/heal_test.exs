@@ -54,4 +54,58 @@ defmodule Observatory.Cluster.HealTest do
     views = [view(:a, [:a], [:b]), view(:b, [], [:a], :starting)]
     assert {:wait, "Mnesia is starting on b"} = Heal.decide(views)
   end
+
+  describe "one heal at a time (the heal lock)" do
+    test "a second caller is refused while the first holds the lock, and let in once it is free" do
+      parent = self()
+
+      first =
+        spawn(fn ->
+          Heal.exclusive([node()], fn ->
+            send(parent, :holding)
+            receive do: (:done -> :ok)
+          end)
+
+          send(parent, :first_done)
+        end)
+
+      assert_receive :holding
+      assert Heal.exclusive([node()], fn -> :ran end) == :aborted
+      assert Heal.lock_holder() =~ "held by #{inspect(first)} on #{node()}"
+
+      send(first, :done)
+      assert_receive :first_done
+      assert Heal.exclusive([node()], fn -> :ran end) == :ran
+    end
+  end
+
+  describe "a heal that does not come (HealWatch)" do
+    alias Observatory.Cluster.HealWatch
+
+    test "nodes apart longer than the timeout: said once, then once more when it ends" do
+      {watch, nil} = HealWatch.see(nil, [:b], 0, 1_000)
+      {watch, nil} = HealWatch.see(watch, [:c, :b], 999, 1_000)
+      {watch, {:stalled, 1_000}} = HealWatch.see(watch, [:c, :b], 1_000, 1_000)
+      assert watch.apart == [:b, :c]
+      {watch, nil} = HealWatch.see(watch, [:b, :c], 5_000, 1_000)
+      {watch, nil} = HealWatch.see(watch, [:b], 9_000, 1_000)
+      assert {nil, {:ended, 9_500}} = HealWatch.see(watch, [], 9_500, 1_000)
+    end
+
+    test "a partition healed within the timeout is said neither as a stall nor as its end" do
+      {watch, nil} = HealWatch.see(nil, [:b], 0, 1_000)
+      {watch, nil} = HealWatch.see(watch, [:b], 900, 1_000)
+      assert {nil, nil} = HealWatch.see(watch, [], 950, 1_000)
+      assert {nil, nil} = HealWatch.see(nil, [], 5_000, 1_000)
+    end
+
+    test "a second stall after one that ended is timed from its own start" do
+      {watch, {:stalled, _}} =
+        HealWatch.see(%{since: 0, apart: [:b], warned: false}, [:b], 2_000, 1_000)
+
+      {nil, {:ended, _}} = HealWatch.see(watch, [], 3_000, 1_000)
+      {watch, nil} = HealWatch.see(nil, [:c], 10_000, 1_000)
+      assert {_, {:stalled, 1_200}} = HealWatch.see(watch, [:c], 11_200, 1_000)
+    end
+  end
 end

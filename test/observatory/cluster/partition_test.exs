@@ -8,7 +8,7 @@ defmodule Observatory.Cluster.PartitionTest do
   alias Observatory.{AgentKeys, Cluster, JSON, KillSwitch}
   alias Observatory.Gateway.{HITL, SchemaInterceptor, StepDetector}
   alias Observatory.Cluster.Reconcile
-  alias Observatory.Test.ClusterPeers
+  alias Observatory.Test.{ClusterPeers, PeerSignals}
 
   @moduletag :distributed
   @moduletag timeout: 180_000
@@ -90,6 +90,53 @@ defmodule Observatory.Cluster.PartitionTest do
       await(fn -> whole?(nodes) and Enum.all?(nodes, &healthy?/1) end, 15_000, fn ->
         views(nodes)
       end)
+    end
+  end
+
+  describe "a heal that stalls is said (heal_timeout_ms)" do
+    # The warnings' start.
+    @stall "cluster: heal stalled: "
+
+    @tag cluster: [heal_timeout_ms: 1_000]
+    test "the heal lock held on the leader: the leader warns once, naming the nodes apart, how long and who holds the lock, with a telemetry event; the heal runs once the lock is free",
+         %{nodes: [a, b, _c] = nodes} do
+      listen(nodes)
+      holder = :erpc.call(a, PeerSignals, :hold_heal_lock, [])
+      :erpc.call(a, :erlang, :disconnect_node, [b])
+
+      assert_receive {:peer_log, ^a, :warning, @stall <> _ = warning}, 20_000
+      assert warning =~ ~r/for \d+ ms, longer than heal_timeout_ms \(1000 ms\)/
+      assert warning =~ "this node leads; its latest heal: not run: the heal lock is held by"
+
+      assert_receive {:telemetry, [:observatory, :cluster, :heal_stalled], %{duration_ms: ms},
+                      %{node: ^a, reason: :apart, nodes: [_ | _] = apart, leader: ^a}},
+                     5_000
+
+      assert ms >= 1_000
+      assert warning =~ inspect(apart)
+
+      # Still stalled over the next polls (every 200 ms): said once, not at each.
+      refute_receive {:peer_log, ^a, :warning, @stall <> _}, 1_000
+
+      :erpc.call(a, PeerSignals, :release_heal_lock, [holder])
+
+      await(fn -> whole?(nodes) and Enum.all?(nodes, &healthy?/1) end, 30_000, fn ->
+        views(nodes)
+      end)
+    end
+
+    @tag cluster: [heal_timeout_ms: 3_000]
+    test "a heal that runs within heal_timeout_ms says no stall", %{nodes: [a, b, _c] = nodes} do
+      listen(nodes)
+      :erpc.call(a, :erlang, :disconnect_node, [b])
+      await(fn -> heal_reported?(nodes) end)
+
+      await(fn -> whole?(nodes) and Enum.all?(nodes, &healthy?/1) end, 15_000, fn ->
+        views(nodes)
+      end)
+
+      refute_receive {:peer_log, _, :warning, @stall <> _}, 500
+      refute_received {:telemetry, [:observatory, :cluster, :heal_stalled], _, _}
     end
   end
 
@@ -418,6 +465,14 @@ defmodule Observatory.Cluster.PartitionTest do
       %{inconsistent: [], unreachable: [], majority: true},
       :erpc.call(node, Cluster, :status, [])
     )
+  end
+
+  # The peers' warnings and telemetry events come to the test process.
+  defp listen(nodes) do
+    for n <- nodes do
+      :ok = :erpc.call(n, PeerSignals, :forward_logs, [self()])
+      {:ok, _} = :erpc.call(n, PeerSignals, :forward_telemetry, [self()])
+    end
   end
 
   defp heal_reported?(nodes) do

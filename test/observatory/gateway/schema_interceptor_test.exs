@@ -96,6 +96,22 @@ defmodule Observatory.Gateway.SchemaInterceptorTest do
     assert {:ok, %{entropy_score: 0.5}} = SchemaInterceptor.ingest(message(sid, 2))
   end
 
+  # Before: nil, a list or a keyword list raised FunctionClauseError in
+  # DecisionLog.from_map/1, where the documented contract is {:error, {:invalid, _}}.
+  test "neither a map nor JSON text: {:error, {:invalid, _}} at \"$\", not a crash" do
+    log =
+      capture_log(fn ->
+        for bad <- [nil, [1], [meta: %{}], 42, {:ok, %{}}] do
+          assert {:error, {:invalid, [%{path: "$", reason: reason}]}} =
+                   SchemaInterceptor.ingest(bad)
+
+          assert reason =~ "must be an envelope: a map or its JSON text, got: #{inspect(bad)}"
+        end
+      end)
+
+    assert log =~ "schema_violation"
+  end
+
   defp contains_value?(value, target) when is_map(value),
     do: Enum.any?(value, fn {_k, v} -> contains_value?(v, target) end)
 
