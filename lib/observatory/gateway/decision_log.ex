@@ -79,7 +79,7 @@ defmodule Observatory.Gateway.DecisionLog do
   else is refused with a violation at `"$"`.
   """
   @spec from_map(term()) :: {:ok, map(), fields()} | {:error, [violation()]}
-  def from_map(envelope) when is_map(envelope) do
+  def from_map(envelope) do
     with {:ok, json} <- to_json(envelope), do: parse(json)
   end
 
@@ -93,8 +93,11 @@ defmodule Observatory.Gateway.DecisionLog do
   def with_score(%{"cognition" => cognition} = envelope, score),
     do: %{envelope | "cognition" => Map.put(cognition, "entropy_score", score)}
 
-  @doc "An envelope given as a map, as JSON text (or the violation that it cannot be)."
-  @spec to_json(map()) :: {:ok, binary()} | {:error, [violation()]}
+  @doc """
+  An envelope given as a map, as JSON text; anything else, or a map that cannot be
+  encoded, is refused with a violation at `"$"`.
+  """
+  @spec to_json(term()) :: {:ok, binary()} | {:error, [violation()]}
   def to_json(envelope) when is_map(envelope) do
     case Observatory.JSON.encode(envelope) do
       {:ok, json} -> {:ok, json}
@@ -102,7 +105,7 @@ defmodule Observatory.Gateway.DecisionLog do
     end
   end
 
-  def from_map(other) do
+  def to_json(other) do
     {:error,
      [
        %{

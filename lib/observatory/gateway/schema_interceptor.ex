@@ -148,7 +148,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp build_envelope?(opts), do: Keyword.get(opts, :envelope, true) or not Events.own?()
 
   defp json(message) when is_binary(message), do: {:ok, message}
-  defp json(message) when is_map(message), do: DecisionLog.to_json(message)
+  defp json(message), do: DecisionLog.to_json(message)
 
   # Issue 14: a session's state lives on one node of the cluster, its owner. A step
   # that arrives elsewhere is scored there, synchronously, and answered here as the
