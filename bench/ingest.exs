@@ -17,7 +17,10 @@
 # not the cheapest.) Beside them, the same body POSTed to the 404: what a request
 # body costs the server when no handler reads it. Each route also gets the server's
 # CPU time per request (the VM's, over the run), which other programs on the
-# machine do not move as much as they move the rates.
+# machine do not move as much as they move the rates. The ingest is sent twice: every
+# session looping (each step the same call: the entropy window says LOOP and an alert
+# is raised on every step), and a fleet at work (the in-process breakdown's steps:
+# intent, tool and status vary, no loop).
 alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
@@ -168,22 +171,39 @@ if System.find_executable("wrk") do
   url = ObservatoryWeb.Endpoint.url()
   # Every run the same client work (wrk's Lua builds the ~600-byte body each time); the
   # baselines build it and send a GET without it, so only the server's work differs.
-  lua = fn path, send_body? ->
+  # `fleet?`: each session's steps vary their intent, tool and status as a working
+  # agent's do (the in-process breakdown's workload: no loop, no alert); otherwise
+  # every step of a session is the same call (the entropy window says LOOP and an
+  # alert is raised on every step).
+  lua = fn path, send_body?, fleet? ->
     script =
-      Path.join(System.tmp_dir!(), "observatory_wrk_#{:erlang.phash2({path, send_body?})}.lua")
+      Path.join(
+        System.tmp_dir!(),
+        "observatory_wrk_#{:erlang.phash2({path, send_body?, fleet?})}.lua"
+      )
 
     File.write!(script, """
     wrk.headers["Content-Type"] = "application/json"
     wrk.headers["Authorization"] = "Bearer #{bench_key}"
-    -- Each thread its own step ids: a step id sent twice would be answered as a replay.
-    local threads, n = 0, 0
+    -- Each run and thread its own step ids: a step id sent again would be answered as
+    -- a replay (or refused, under another body). Runs are seconds apart.
+    local threads, n, run = 0, 0, tostring(os.time())
     setup = function(thread)
       threads = threads + 1
-      thread:set("id", tostring(threads))
+      thread:set("id", run .. "-" .. tostring(threads))
     end
+    local intents = {"search", "plan", "execute", "summarize"}
+    local tools = {"read_file", "write_file", "list_files", "run_shell", "grep", "http_get", "sql", "edit"}
     request = function()
       n = n + 1
-      local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"wsess-%d","agent_id":"a","parent_step_id":"w%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"execute","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"success","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', id or "0", n, n % 1000, id or "0", n - 1, n % 37, n)
+      local s, k = n % 1000, math.floor(n / 1000)
+      local intent, tool, status = "execute", "read_file", "success"
+      if #{fleet?} then
+        intent = intents[(k + s) % 4 + 1]
+        tool = tools[(k * 3 + s) % 8 + 1]
+        if k % 5 == 4 then status = "failure" end
+      end
+      local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"#{if fleet?, do: "fsess", else: "wsess"}-%d","agent_id":"a","parent_step_id":"w%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"%s","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"%s","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"%s","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', id or "0", n, s, id or "0", n - 1, intent, tool, n % 37, status, n)
       if #{send_body?} then
         return wrk.format("POST", "#{path}", nil, body)
       else
@@ -216,10 +236,14 @@ if System.find_executable("wrk") do
   # round's faster baseline, and the table gives the medians.
   routes = [
     {"GET /assets/dashboard.css (a stylesheet from memory)",
-     lua.("/assets/dashboard.css", false)},
-    {"GET /no-such-page (the router's 404)", lua.("/no-such-page", false)},
-    {"POST /no-such-page, the ~600-byte step as its body (404)", lua.("/no-such-page", true)},
-    {"POST /api/v1/decision_logs, ~600-byte step", lua.("/api/v1/decision_logs", true)}
+     lua.("/assets/dashboard.css", false, false)},
+    {"GET /no-such-page (the router's 404)", lua.("/no-such-page", false, false)},
+    {"POST /no-such-page, the ~600-byte step as its body (404)",
+     lua.("/no-such-page", true, false)},
+    {"POST /api/v1/decision_logs, ~600-byte step, every session looping (an alert a step)",
+     lua.("/api/v1/decision_logs", true, false)},
+    {"POST /api/v1/decision_logs, ~600-byte step, a fleet at work (no loop)",
+     lua.("/api/v1/decision_logs", true, true)}
   ]
 
   rounds =

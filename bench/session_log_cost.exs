@@ -1,6 +1,7 @@
 # What the session log's put costs, taken apart: SessionLog.put/3 for a ~600-byte
 # step's envelope, and each thing it does alone (the settings it reads, measuring the
-# envelope, the head's counter, copying the envelope into ETS).
+# envelope, the head's counter, copying the envelope into ETS); and
+# SessionLog.put_json/4, which the ingest calls: the step kept as its JSON text.
 #
 #   MIX_ENV=prod mix run bench/session_log_cost.exs             # ~30 s
 #   MIX_ENV=prod mix run bench/session_log_cost.exs -- --quick
@@ -17,7 +18,7 @@ line =
 
 envelopes =
   for i <- 0..(n - 1) do
-    {:ok, envelope, fields} =
+    json =
       %{
         "meta" => %{
           "step_id" => "step-#{i}",
@@ -39,9 +40,9 @@ envelopes =
         }
       }
       |> Observatory.JSON.encode!()
-      |> DecisionLog.parse()
 
-    {fields.session_id, envelope}
+    {:ok, envelope, fields} = DecisionLog.parse(json)
+    {fields.session_id, envelope, json}
   end
   |> List.to_tuple()
 
@@ -60,7 +61,10 @@ end
 scratch = :ets.new(:bench_slots, [:public, :set, write_concurrency: true, read_concurrency: true])
 
 rows = [
-  {"SessionLog.put/3, the whole", fn {sid, e} -> SessionLog.put(sid, e, nil) end},
+  {"SessionLog.put_json/4 (the step as its text: what the ingest calls)",
+   fn {sid, _, json} -> SessionLog.put_json(sid, json, 0.5, nil) end},
+  {"SessionLog.put/3, the whole (the step as its term)",
+   fn {sid, e, _} -> SessionLog.put(sid, e, nil) end},
   {"  its settings (3 application-environment reads)",
    fn _ ->
      Application.get_env(:observatory, :session_log_size, 20)
@@ -68,9 +72,9 @@ rows = [
      Application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
    end},
   {"  measuring the envelope (:erlang.external_size/1)",
-   fn {_, e} -> :erlang.external_size(e) end},
+   fn {_, e, _} -> :erlang.external_size(e) end},
   {"  copying the envelope into an ETS table",
-   fn {sid, e} -> :ets.insert(scratch, {{sid, 1}, e}) end},
+   fn {sid, e, _} -> :ets.insert(scratch, {{sid, 1}, e}) end},
   {"  clocks and the unique order (system_time, unique_integer)",
    fn _ ->
      System.system_time(:millisecond)

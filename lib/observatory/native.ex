@@ -38,8 +38,11 @@ defmodule Observatory.Native do
   def json_encode(_term), do: :erlang.nif_error(:nif_not_loaded)
   def json_encode_dirty(_term), do: :erlang.nif_error(:nif_not_loaded)
 
-  def decision_log_parse(_body, _rules), do: :erlang.nif_error(:nif_not_loaded)
-  def decision_log_parse_dirty(_body, _rules), do: :erlang.nif_error(:nif_not_loaded)
+  def decision_log_parse(_body, _rules, _with_envelope), do: :erlang.nif_error(:nif_not_loaded)
+
+  def decision_log_parse_dirty(_body, _rules, _with_envelope),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def action_statuses, do: :erlang.nif_error(:nif_not_loaded)
 
   def json_stable_hash(_term), do: :erlang.nif_error(:nif_not_loaded)

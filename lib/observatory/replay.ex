@@ -566,11 +566,11 @@ defmodule Observatory.Replay do
     session = lookup(state, session_id)
     n = if session, do: session.steps + 1, else: 1
     json = Record.envelope_json(head, tail, n)
-    result(SchemaInterceptor.ingest(json), session, name, line_no, :flat, state)
+    result(SchemaInterceptor.ingest(json, envelope: false), session, name, line_no, :flat, state)
   end
 
   defp ingest({:envelope, name, line_no, text}, state) do
-    case SchemaInterceptor.ingest(text) do
+    case SchemaInterceptor.ingest(text, envelope: false) do
       {:ok, result} = ok ->
         result(ok, lookup(state, result.session_id), name, line_no, :envelope, state)
 

@@ -187,7 +187,9 @@ defmodule Observatory.Demo.Fleet do
           {session, i}
         else
           {:ok, _result} =
-            SchemaInterceptor.ingest(envelope(session, agent, state.run, i, step.(i)))
+            SchemaInterceptor.ingest(envelope(session, agent, state.run, i, step.(i)),
+              envelope: false
+            )
 
           {session, i + 1}
         end

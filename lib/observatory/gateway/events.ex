@@ -136,6 +136,29 @@ defmodule Observatory.Gateway.Events do
       {:error, :pubsub_not_running}
   end
 
+  @doc """
+  `broadcast/2` of the message `fun` makes, made only when someone may receive it:
+  with Observatory's own server, a topic nobody follows on any node costs one
+  lookup and `fun` is not called; a host's server is always given the message.
+  """
+  @spec broadcast_lazy(String.t(), (() -> term())) :: :ok | {:error, term()}
+  def broadcast_lazy(topic, fun) do
+    case pubsub() do
+      {Observatory.PubSub, server} ->
+        if subscribed?(server, topic), do: broadcast(topic, fun.()), else: :ok
+
+      _host ->
+        broadcast(topic, fun.())
+    end
+  end
+
+  # A server that does not run: broadcast/2 says so.
+  defp subscribed?(server, topic) do
+    Observatory.PubSub.Peer.subscribed?(server, topic)
+  rescue
+    ArgumentError -> true
+  end
+
   @doc false
   # Logs `not_running_message/0`, at most once a minute however many processes
   # broadcast at once (Observatory.PubSubCheck's report included).

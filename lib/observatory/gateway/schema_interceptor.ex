@@ -73,7 +73,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
           verdict: LoopVerdict.verdict() | nil,
           step: StepDetector.verdict() | nil,
           directives: [map()],
-          envelope: map(),
+          envelope: map() | nil,
           replayed: boolean()
         }
 
@@ -95,6 +95,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       (`Observatory.Gateway.SessionOwners`); otherwise `{:error, {:forbidden,
       violation}}` and nothing is touched. Unset (in-process callers, `:any_agent`):
       no check, but a new session is still claimed for the envelope's agent.
+    * `:envelope` — `false`: the result's `envelope` is nil, and the envelope's term is
+      never built unless a subscriber of `"gateway:decision_logs"` needs it (the
+      session log keeps the JSON text and decodes it when read). For a caller that
+      does not read `result.envelope` (the HTTP API, a replay) it saves about a third
+      of the parse. Default `true`.
 
   ## In a cluster (issue 14)
 
@@ -118,12 +123,14 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     started = System.monotonic_time(:microsecond)
 
     parsed =
-      if is_binary(message), do: DecisionLog.parse(message), else: DecisionLog.from_map(message)
+      with {:ok, json} <- json(message),
+           {:ok, envelope, fields} <- DecisionLog.parse(json, envelope: build_envelope?(opts)),
+           do: {:ok, {json, envelope}, fields}
 
     result =
       case parsed do
-        {:ok, envelope, fields} ->
-          score_on_owner(envelope, fields, opts, [])
+        {:ok, step, fields} ->
+          score_on_owner(step, fields, opts, [])
 
         {:error, violations} ->
           reject(violations, Keyword.get(opts, :log_violations, true))
@@ -135,29 +142,39 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result
   end
 
+  # The envelope's term is built in the parse when the caller wants it, or when a
+  # host's PubSub server is configured: whether anyone follows "gateway:decision_logs"
+  # cannot be known there, so its broadcast always carries the term.
+  defp build_envelope?(opts), do: Keyword.get(opts, :envelope, true) or not Events.own?()
+
+  defp json(message) when is_binary(message), do: {:ok, message}
+  defp json(message), do: DecisionLog.to_json(message)
+
   # Issue 14: a session's state lives on one node of the cluster, its owner. A step
   # that arrives elsewhere is scored there, synchronously, and answered here as the
   # owner answered it. With clustering off `Cluster.owner/2` is `node()` after one
   # :persistent_term read. A caller's own `:tracker` is a local process: scored here.
-  defp score_on_owner(envelope, fields, opts, down) do
+  # `step` is `{json, envelope}`: the envelope's JSON text, and its term unless the
+  # caller asked for none (`envelope: false`).
+  defp score_on_owner(step, fields, opts, down) do
     owner =
       if Keyword.has_key?(opts, :tracker),
         do: node(),
         else: Cluster.owner(fields.session_id, down)
 
     if owner == node() do
-      score_here(envelope, fields, opts)
+      score_here(step, fields, opts)
     else
       # At most once: an owner that gets the step after the caller gave up (a node
       # frozen, then thawed) refuses it (Observatory.Cluster.remote/4).
-      case Cluster.remote(owner, __MODULE__, :score_here, [envelope, fields, opts]) do
+      case Cluster.remote(owner, __MODULE__, :score_here, [step, fields, opts]) do
         {:ok, result} ->
           result
 
         # The owner is gone (distribution says so): the next owner scores the step,
         # in a fresh window (F1). Nothing was scored on the lost node.
         {:error, :noconnection} ->
-          score_on_owner(envelope, fields, opts, [owner | down])
+          score_on_owner(step, fields, opts, [owner | down])
 
         # The owner is there but did not answer in time: it may have scored the step,
         # so another node must not score it again. The caller gets an error to retry.
@@ -178,21 +195,21 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   @doc false
   # Runs on the session's owner (`score_on_owner/4`, possibly over :erpc).
-  def score_here(envelope, fields, opts) do
+  def score_here(step, fields, opts) do
     with :ok <- authorize(fields, opts[:agent], opts),
-         do: once(envelope, fields, opts)
+         do: once(step, fields, opts)
   end
 
   # Kept for a retry; the rest is its own (ids, envelope) or current (the pause).
   @kept [:entropy_score, :severity, :verdict, :step]
 
   # A step is scored once; its retries get the first answer (Idempotency).
-  defp once(envelope, fields, opts) do
+  defp once({_json, envelope} = step, fields, opts) do
     case Idempotency.claim(fields) do
       {:new, ticket} ->
         result =
           try do
-            accept(envelope, fields, opts)
+            accept(step, fields, opts)
           catch
             kind, reason ->
               Idempotency.release(ticket)
@@ -203,7 +220,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         {:ok, result}
 
       {:replay, first} ->
-        {:ok, replay(first, envelope, fields)}
+        {:ok, replay(first, if(Keyword.get(opts, :envelope, true), do: envelope), fields)}
 
       {:error, _refusal} = error ->
         error
@@ -215,8 +232,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     pause = HITL.pause_of(fields.session_id)
 
     envelope =
-      if first.severity,
-        do: with_score(envelope, first.entropy_score),
+      if first.severity && envelope,
+        do: DecisionLog.with_score(envelope, first.entropy_score),
         else: envelope
 
     Map.merge(first, %{
@@ -278,7 +295,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     {:error, {:forbidden, violation}}
   end
 
-  defp accept(envelope, fields, opts) do
+  defp accept({json, envelope}, fields, opts) do
     Metrics.inc(:messages)
 
     # FR-9.11's three settings, read once for the step: the tracker scores with them
@@ -294,11 +311,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     {recorded, observed, analysed, step_thresholds} =
       StepScore.score(fields, tracker, entropy_config, alerts?)
 
-    {envelope, score, severity} =
+    {score, severity} =
       case EntropyTracker.settle(recorded, fields.session_id, fields.agent_id, alerts?) do
         {:ok, score, severity} ->
           Metrics.inc(severity)
-          {with_score(envelope, score), score, severity}
+          {score, severity}
 
         {:error, reason} ->
           Metrics.inc(:entropy_errors)
@@ -309,33 +326,37 @@ defmodule Observatory.Gateway.SchemaInterceptor do
             event: :schema_violation
           )
 
-          {envelope, get_in(envelope, ["cognition", "entropy_score"]), nil}
+          {agent_score(envelope, json), nil}
       end
+
+    # The gateway's score only: after a tracker error `score` is the agent's own.
+    gateway_score = if severity, do: score
+    envelope = envelope && DecisionLog.with_score(envelope, gateway_score)
 
     verdict = judge(fields, observed)
 
     if alert_source == :verdict and verdict != nil do
-      # The gateway's score only: after a tracker error `score` is the agent's own.
-      gateway_score = if severity, do: score
-
       AlertSource.act(fields.session_id, fields.agent_id, verdict, gateway_score, tracker: tracker)
     end
 
     step = analyze_step(analysed, fields.session_id, step_thresholds)
     count_step_action(step)
     pause = HITL.pause_of(fields.session_id)
-    # Stored under the verdict's step number, which its evidence names.
-    SessionLog.put(fields.session_id, envelope, verdict && verdict.step_number)
+    # Stored as its text, under the verdict's step number, which its evidence names.
+    SessionLog.put_json(fields.session_id, json, gateway_score, verdict && verdict.step_number)
 
-    Events.broadcast(Events.decision_logs(), %{
-      event_type: "decision_log",
-      session_id: fields.session_id,
-      agent_id: fields.agent_id,
-      step_id: fields.step_id,
-      severity: severity,
-      verdict: verdict && verdict.verdict,
-      envelope: envelope
-    })
+    # The envelope's term is made for a subscriber only when there is one.
+    Events.broadcast_lazy(Events.decision_logs(), fn ->
+      %{
+        event_type: "decision_log",
+        session_id: fields.session_id,
+        agent_id: fields.agent_id,
+        step_id: fields.step_id,
+        severity: severity,
+        verdict: verdict && verdict.verdict,
+        envelope: envelope || decode(json, gateway_score)
+      }
+    end)
 
     %{
       step_id: fields.step_id,
@@ -347,14 +368,19 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       verdict: verdict,
       step: step,
       directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
-      envelope: envelope,
+      envelope: if(Keyword.get(opts, :envelope, true), do: envelope),
       replayed: false
     }
   end
 
-  # The gateway's score in the envelope (validated: "cognition" is a map).
-  defp with_score(%{"cognition" => cognition} = envelope, score),
-    do: %{envelope | "cognition" => Map.put(cognition, "entropy_score", score)}
+  defp decode(json, score) do
+    {:ok, envelope} = Observatory.JSON.decode(json)
+    DecisionLog.with_score(envelope, score)
+  end
+
+  # The agent's own `cognition.entropy_score` (kept when the tracker failed).
+  defp agent_score(nil, json), do: get_in(decode(json, nil), ["cognition", "entropy_score"])
+  defp agent_score(envelope, _json), do: get_in(envelope, ["cognition", "entropy_score"])
 
   # Issue 8: every valid step gets a verdict, result or not.
   defp judge(fields, observed) do

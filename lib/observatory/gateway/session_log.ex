@@ -13,6 +13,11 @@ defmodule Observatory.Gateway.SessionLog do
   `GET /api/v1/sessions/:id` list the steps under the numbers the verdict and the
   entropy window use (`steps/1`).
 
+  The ingest stores each step as the JSON text it arrived as, with the gateway's
+  entropy score beside it (`put_json/4`): no term is copied into the table, and a
+  reader gets the envelope decoded, the score in `cognition.entropy_score` — what
+  `put/3` of the ingest's envelope would have kept.
+
   ## Bounds
 
   Every size here is set by clients, so each is capped:
@@ -20,7 +25,7 @@ defmodule Observatory.Gateway.SessionLog do
   | key | default | what |
   |---|---|---|
   | `:session_log_max_sessions` | `100_000` | sessions kept; past it the least recently seen go |
-  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
+  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
   | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
 
   A writer that takes the log over a cap asks this process to trim, and it drops
@@ -32,7 +37,7 @@ defmodule Observatory.Gateway.SessionLog do
   use GenServer
   require Logger
 
-  alias Observatory.Gateway.IdleSweep
+  alias Observatory.Gateway.{DecisionLog, IdleSweep}
 
   @slots __MODULE__.Slots
   @heads __MODULE__.Heads
@@ -45,10 +50,39 @@ defmodule Observatory.Gateway.SessionLog do
   loop verdict's `step_number`); nil numbers it by the log's own count.
   """
   @spec put(String.t(), map(), pos_integer() | nil) :: :ok
-  def put(session_id, envelope, number \\ nil) do
+  def put(session_id, envelope, number \\ nil) when is_map(envelope) do
+    {envelope, bytes} = bounded(envelope)
+    store(session_id, envelope, bytes, number)
+  end
+
+  @doc """
+  Stores an accepted envelope as its JSON text, as `put/3` stores its term: the text
+  is kept as it is (a reference-counted binary: no copy of a term into the table) and
+  decoded when a reader asks for it, with `score` — the gateway's entropy score, nil
+  to keep the agent's — as its `cognition.entropy_score`. Readers get what `put/3`
+  of the decoded envelope would give them. `json` must be a valid DecisionLog's text.
+  """
+  @spec put_json(String.t(), binary(), number() | nil, pos_integer() | nil) :: :ok
+  def put_json(session_id, json, score, number \\ nil) when is_binary(json) do
+    bytes = byte_size(json)
+
+    if bytes <= max_envelope_bytes() do
+      store(session_id, {:json, own(json), score}, bytes, number)
+    else
+      {:ok, envelope} = Observatory.JSON.decode(json)
+      put(session_id, DecisionLog.with_score(envelope, score), number)
+    end
+  end
+
+  # A part of a larger binary (a line of an NDJSON body, a body read with its head)
+  # would keep the whole of it alive in the table: that part is copied.
+  defp own(json) do
+    if :binary.referenced_byte_size(json) > byte_size(json), do: :binary.copy(json), else: json
+  end
+
+  defp store(session_id, envelope, bytes, number) do
     size = size()
     now = System.system_time(:millisecond)
-    {envelope, bytes} = bounded(envelope)
     # `order` breaks ties between sessions seen in the same millisecond.
     order = System.unique_integer([:monotonic, :positive])
 
@@ -102,18 +136,38 @@ defmodule Observatory.Gateway.SessionLog do
           %{number: pos_integer(), at: integer(), envelope: map()}
         ]
   def steps(session_id) do
-    0..(size() - 1)
-    |> Enum.flat_map(&:ets.lookup(@slots, {session_id, &1}))
+    session_id
+    |> rows()
     |> Enum.sort_by(fn {_, seq, _, _, _, _} -> seq end)
-    |> Enum.map(fn {_, _, envelope, _, number, at} ->
-      %{number: number, at: at, envelope: envelope}
-    end)
+    |> Enum.map(&step/1)
   end
+
+  defp rows(session_id),
+    do: Enum.flat_map(0..(size() - 1), &:ets.lookup(@slots, {session_id, &1}))
+
+  defp step({_, _, envelope, _, number, at}),
+    do: %{number: number, at: at, envelope: envelope(envelope)}
+
+  # A stored text is decoded when read (put_json/4).
+  defp envelope({:json, json, score}) do
+    {:ok, envelope} = Observatory.JSON.decode(json)
+    DecisionLog.with_score(envelope, score)
+  end
+
+  defp envelope(envelope), do: envelope
 
   @doc "The stored step numbered `number`, or nil (not stored, or no longer)."
   @spec step(String.t(), pos_integer()) ::
           %{number: pos_integer(), at: integer(), envelope: map()} | nil
-  def step(session_id, number), do: Enum.find(steps(session_id), &(&1.number == number))
+  def step(session_id, number) do
+    # The oldest kept step with that number, as steps/1 would find it; only its
+    # envelope is decoded.
+    session_id
+    |> rows()
+    |> Enum.filter(fn {_, _, _, _, n, _} -> n == number end)
+    |> Enum.min_by(fn {_, seq, _, _, _, _} -> seq end, fn -> nil end)
+    |> then(&(&1 && step(&1)))
+  end
 
   @doc "When the gateway last received a step of the session (Unix ms), or nil."
   @spec last_at(String.t()) :: integer() | nil

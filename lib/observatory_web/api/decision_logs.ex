@@ -51,7 +51,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
   end
 
   defp single(conn, body, agent) do
-    case SchemaInterceptor.ingest(body, agent: agent) do
+    case SchemaInterceptor.ingest(body, agent: agent, envelope: false) do
       {:ok, %{replayed: true} = result} ->
         Conn.json(conn, 200, answer(result), [{"Idempotent-Replayed", "true"}])
 
@@ -115,7 +115,7 @@ defmodule ObservatoryWeb.API.DecisionLogs do
         if String.trim(line) == "" do
           {results, rejected}
         else
-          case SchemaInterceptor.ingest(line, log_violations: false, agent: agent) do
+          case SchemaInterceptor.ingest(line, log_violations: false, agent: agent, envelope: false) do
             {:ok, result} -> {[Map.put(answer(result), :line, number) | results], rejected}
             {:error, {:invalid, violations}} -> {results, [{number, violations} | rejected]}
             {:error, {_refused, violation}} -> {results, [{number, [violation]} | rejected]}

@@ -11,14 +11,17 @@ use crate::loop_verdict::VerdictRules;
 /// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
 /// {approach_digest, outcome_digest | nil, body_fingerprint}, {call_key, outcome_key,
 /// has_result, failure}}` or `{:error, [{path, reason}]}`. The verdict keys are normalized with
-/// `rules` (nil: the defaults).
+/// `rules` (nil: the defaults). `envelope` is the decoded envelope's term when
+/// `with_envelope`, else nil: building it is about a third of the call at 600 bytes,
+/// and a caller that keeps the JSON text decodes it only when something reads it.
 #[rustler::nif]
 fn decision_log_parse<'a>(
     env: Env<'a>,
     body: Binary<'a>,
     rules: Option<ResourceArc<VerdictRules>>,
+    with_envelope: bool,
 ) -> Term<'a> {
-    parse(env, body, rules)
+    parse(env, body, rules, with_envelope)
 }
 
 /// The same, on a dirty scheduler: the Elixir side picks it for large bodies.
@@ -27,8 +30,9 @@ fn decision_log_parse_dirty<'a>(
     env: Env<'a>,
     body: Binary<'a>,
     rules: Option<ResourceArc<VerdictRules>>,
+    with_envelope: bool,
 ) -> Term<'a> {
-    parse(env, body, rules)
+    parse(env, body, rules, with_envelope)
 }
 
 /// The status set, in code order (pinned against the Elixir list by a test).
@@ -37,7 +41,12 @@ fn action_statuses() -> Vec<&'static str> {
     ACTION_STATUSES.to_vec()
 }
 
-fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRules>>) -> Term<'a> {
+fn parse<'a>(
+    env: Env<'a>,
+    body: Binary<'a>,
+    rules: Option<ResourceArc<VerdictRules>>,
+    with_envelope: bool,
+) -> Term<'a> {
     let value = match decision_log::parse(body.as_slice()) {
         Ok(value) => value,
         Err(violation) => return violations(env, &[violation]),
@@ -63,7 +72,11 @@ fn parse<'a>(env: Env<'a>, body: Binary<'a>, rules: Option<ResourceArc<VerdictRu
             } = hashes;
             (
                 atoms::ok(),
-                value_to_term(env, &value),
+                if with_envelope {
+                    value_to_term(env, &value)
+                } else {
+                    rustler::types::atom::nil().encode(env)
+                },
                 (step_id, session_id, agent_id, intent, tool_call, status),
                 (
                     binary(env, &approach),
