@@ -178,7 +178,7 @@ defmodule Observatory.AgentKeys do
       |> case do
         {:ok, info} ->
           Logger.info(
-            "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{inspect(opts[:operator])}"
+            "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{Observatory.Operator.describe(opts)}"
           )
 
           {:ok, Map.put(Map.delete(info, :seeded), :key, key)}
@@ -220,7 +220,7 @@ defmodule Observatory.AgentKeys do
       |> case do
         {:ok, info, revoked} ->
           Logger.info(
-            "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{inspect(opts[:operator])}, " <>
+            "agent key #{info.key_id} issued for #{inspect(agent_id)} by #{Observatory.Operator.describe(opts)}, " <>
               "revoking #{inspect(revoked)}"
           )
 
@@ -247,7 +247,7 @@ defmodule Observatory.AgentKeys do
       if result == :ok,
         do:
           Logger.info(
-            "agent key #{key_id} of #{inspect(agent_id)} revoked by #{inspect(opts[:operator])}"
+            "agent key #{key_id} of #{inspect(agent_id)} revoked by #{Observatory.Operator.describe(opts)}"
           )
     end)
   end

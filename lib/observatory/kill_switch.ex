@@ -373,7 +373,11 @@ defmodule Observatory.KillSwitch do
   defp do_activate(agent_id, opts) do
     with {:ok, agent, event} <- Agents.activate(agent_id, audit(opts)) do
       Windows.clear(agent_id)
-      Logger.info("agent #{inspect(agent_id)} activated by #{inspect(opts[:operator])}")
+
+      Logger.info(
+        "agent #{inspect(agent_id)} activated by #{Observatory.Operator.describe(opts)}"
+      )
+
       broadcast(event)
       {:ok, agent}
     end
@@ -391,7 +395,10 @@ defmodule Observatory.KillSwitch do
     Observatory.Storage.require!()
 
     with {:ok, agent, event} <- Agents.deactivate(agent_id, :manual, audit(opts)) do
-      Logger.info("agent #{inspect(agent_id)} deactivated by #{inspect(opts[:operator])}")
+      Logger.info(
+        "agent #{inspect(agent_id)} deactivated by #{Observatory.Operator.describe(opts)}"
+      )
+
       broadcast(event)
       {:ok, agent}
     end
@@ -413,7 +420,7 @@ defmodule Observatory.KillSwitch do
       Observatory.Budget.Store.delete_agent(agent_id)
 
       Logger.info(
-        "agent #{inspect(agent_id)} deleted by #{inspect(opts[:operator])}, " <>
+        "agent #{inspect(agent_id)} deleted by #{Observatory.Operator.describe(opts)}, " <>
           "revoking keys #{inspect(revoked)}"
       )
 

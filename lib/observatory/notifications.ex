@@ -125,7 +125,7 @@ defmodule Observatory.Notifications do
       require Logger
 
       Logger.info(
-        "notification sink #{inspect(sink.name)} (#{sink.type}) set by #{inspect(opts[:operator])}"
+        "notification sink #{inspect(sink.name)} (#{sink.type}) set by #{Observatory.Operator.describe(opts)}"
       )
 
       {:ok, shown(sink, "api")}
@@ -145,7 +145,11 @@ defmodule Observatory.Notifications do
       true ->
         Storage.transaction("notification sinks", fn -> :mnesia.delete({@sinks, name}) end)
         require Logger
-        Logger.info("notification sink #{inspect(name)} removed by #{inspect(opts[:operator])}")
+
+        Logger.info(
+          "notification sink #{inspect(name)} removed by #{Observatory.Operator.describe(opts)}"
+        )
+
         :ok
     end
   end
