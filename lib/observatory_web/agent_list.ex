@@ -101,10 +101,7 @@ defmodule ObservatoryWeb.AgentList do
     ]
   end
 
-  defp body([], _path) do
-    ~s(<p class="empty">No agents yet. An operator registers an agent by issuing its key: ) <>
-      ~s(<code>POST /api/v1/agents/:id/keys</code>.</p>)
-  end
+  defp body([], _path), do: [~s(<p class="empty">No agents yet. ), how_to_register(), "</p>"]
 
   defp body(rows, path) do
     [
@@ -176,5 +173,14 @@ defmodule ObservatoryWeb.AgentList do
     socket
     |> Socket.assign(:agents, rows)
     |> Socket.assign(:total, length(all))
+  end
+
+  @doc false
+  # How an agent gets registered, for the pages that show none. A page does not know
+  # where a host app mounted the agents API, so it names both ways in.
+  def how_to_register do
+    ~s(An operator registers an agent by issuing its key: <code>POST /api/v1/agents/:id/keys</code> ) <>
+      ~s[on the agents API (under the path a host app mounts it at), or ] <>
+      ~s(<code>Observatory.AgentKeys.issue/2</code> from Elixir.)
   end
 end

@@ -102,6 +102,10 @@ defmodule ObservatoryWeb.AgentDetailTest do
       assert socket.assigns.agent == nil
       assert page =~ ~s(id="agent-missing")
       assert page =~ "No agent is registered as <code>#{id}</code>"
+      # Both ways in: the page cannot know where a host mounted the agents API.
+      assert page =~ "<code>POST /api/v1/agents/:id/keys</code> on the agents API"
+      assert page =~ "under the path a host app mounts it at"
+      assert page =~ "<code>Observatory.AgentKeys.issue/2</code> from Elixir"
       refute page =~ "kill-switch-toggle"
       refute page =~ ~s(phx-click="activate")
 
