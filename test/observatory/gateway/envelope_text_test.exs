@@ -195,6 +195,14 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       end
     end
 
+    test "envelope: nil is taken as false, as for the result (it raised BadBooleanError)" do
+      sid = unique_session("nil-opt")
+      envelope = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
+      json = Observatory.JSON.encode!(envelope)
+      assert {:ok, %{envelope: nil} = result} = SchemaInterceptor.ingest(json, envelope: nil)
+      assert SessionLog.recent(sid) == [DecisionLog.with_score(envelope, result.entropy_score)]
+    end
+
     test "an envelope given as a map is stored and answered as before" do
       sid = unique_session("map")
       envelope = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
