@@ -132,7 +132,7 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       assert :binary.referenced_byte_size(stored) == byte_size(line)
     end
 
-    test "a text over :session_log_max_envelope_bytes is kept as the stub put/3 keeps" do
+    test "a text over :session_log_max_envelope_bytes is kept as a stub that gives the text's size" do
       Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
       sid = unique_session("big")
 
@@ -149,7 +149,24 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       assert [%{"truncated" => true, "bytes" => bytes, "meta" => %{"session_id" => ^sid}}] =
                SessionLog.recent(sid)
 
-      assert bytes > 50_000
+      assert bytes == byte_size(json)
+    end
+
+    test "a text over the cap is a stub even when its term would be under it (the cap is on the text)" do
+      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      sid = unique_session("padded")
+      json = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+      # The same envelope with 8 KB of spaces before its closing brace.
+      padded = binary_part(json, 0, byte_size(json) - 1) <> String.duplicate(" ", 8_192) <> "}"
+      {:ok, term} = Observatory.JSON.decode(padded)
+      assert :erlang.external_size(term) < 4_096
+
+      SessionLog.put_json(sid, padded, 0.2, 1)
+
+      assert [%{"truncated" => true, "bytes" => bytes, "meta" => %{"session_id" => ^sid}}] =
+               SessionLog.recent(sid)
+
+      assert bytes == byte_size(padded)
     end
   end
 
