@@ -212,6 +212,25 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       end
     end
 
+    test "Events.broadcast_lazy/2 makes the message only for a topic someone follows" do
+      topic = "test:lazy:#{System.unique_integer([:positive])}"
+      me = self()
+      make = fn -> send(me, :made) && %{hello: 1} end
+
+      assert Events.broadcast_lazy(topic, make) == :ok
+      refute_received :made
+
+      :ok = Events.subscribe(topic)
+
+      try do
+        assert Events.broadcast_lazy(topic, make) == :ok
+        assert_received :made
+        assert_received %{hello: 1}
+      after
+        Events.unsubscribe(topic)
+      end
+    end
+
     test "envelope: nil is taken as false, as for the result (it raised BadBooleanError)" do
       sid = unique_session("nil-opt")
       envelope = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
