@@ -280,7 +280,8 @@ defmodule Observatory.Cluster.Monitor do
   defp check_partition(state) do
     {peers, running} = reachable()
     leader = Enum.min(peers)
-    state = watch_heal(state, if(running == [], do: [], else: peers -- running), leader)
+    # Mnesia not running here: not "whole again", just not known.
+    state = watch_heal(state, if(running == [], do: :unknown, else: peers -- running), leader)
 
     cond do
       running == [] or peers -- running == [] -> state
