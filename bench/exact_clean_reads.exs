@@ -72,7 +72,8 @@ defmodule Observatory.Bench.ExactCleanReads do
 
     total = length(clean)
     sum = fn key -> strata |> Enum.map(& &1[key]) |> Enum.sum() end
-    share = fn key -> if total > 0, do: sum.(key) / total end
+    # No session read: no estimate (nil, shown "-"), not a share of 0.
+    share = fn key -> if total > 0 and strata != [], do: sum.(key) / total end
 
     %{
       clean: total,

@@ -28,8 +28,10 @@ defmodule Observatory.ConfigCheck do
   @doc "Raises unless each of `keys` that `config` sets is a positive integer."
   @spec positive_integers!(keyword(), atom(), [atom()]) :: :ok
   def positive_integers!(config, name, keys) do
-    for key <- keys,
-        value = config[key],
+    # A key set to nil is set: it replaces the default (`Keyword.merge/2`,
+    # `Keyword.get/3`). (A `value = config[key]` filter here skipped nil and false.)
+    for {key, value} <- config,
+        key in keys,
         not (is_integer(value) and value > 0) do
       raise ArgumentError,
             "expected config :observatory, #{inspect(name)}, #{inspect(key)} to be a positive integer, got: #{inspect(value)}"

@@ -61,6 +61,18 @@ defmodule Observatory.ConfigCheckTest do
                ":auth_throttle, :window_s to be a positive integer"
     end
 
+    test "a key set to nil is refused, not skipped (it replaced the default: auth_throttle max_failures: nil never locked anyone out)" do
+      assert refused(:auth_throttle, max_failures: nil) =~
+               ":auth_throttle, :max_failures to be a positive integer, got: nil"
+
+      message =
+        with_env(:budgets, [sweep_interval_ms: nil], fn ->
+          assert_raise(ArgumentError, &Observatory.Budget.check_config!/0).message
+        end)
+
+      assert message =~ ":budgets, :sweep_interval_ms to be a positive integer, got: nil"
+    end
+
     test "loop_verdict: a keyword list of its settings (:on was ignored without a word)" do
       assert refused(:loop_verdict, :on) =~ ":loop_verdict to be a keyword list, got: :on"
       assert refused(:loop_verdict, repeat_lop: 3) =~ "unknown key :repeat_lop"

@@ -15,12 +15,16 @@ defmodule Observatory.Cluster.HealWatch do
 
   @doc """
   The watch after a look that found `apart` (the reached nodes whose Mnesia runs
-  apart from this node's; `[]`: whole) at monotonic time `now`, and what to say:
+  apart from this node's; `[]`: whole; `:unknown`: this node's Mnesia does not run,
+  the watch is kept) at monotonic time `now`, and what to say:
   `{:stalled, ms}` once a stall has lasted `timeout` ms, `{:ended, ms}` when a stall
   that was said is over, else `nil`.
   """
-  @spec see(t(), [node()], integer(), pos_integer()) ::
+  @spec see(t(), [node()] | :unknown, integer(), pos_integer()) ::
           {t(), nil | {:stalled, non_neg_integer()} | {:ended, non_neg_integer()}}
+  # `:unknown`: this node's Mnesia does not run, so which nodes run apart from it
+  # cannot be told. Not the end of a stall: the watch is kept as it is.
+  def see(watch, :unknown, _now, _timeout), do: {watch, nil}
   def see(nil, [], _now, _timeout), do: {nil, nil}
   def see(%{warned: true} = watch, [], now, _timeout), do: {nil, {:ended, now - watch.since}}
   def see(_watch, [], _now, _timeout), do: {nil, nil}

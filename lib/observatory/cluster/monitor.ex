@@ -280,7 +280,8 @@ defmodule Observatory.Cluster.Monitor do
   defp check_partition(state) do
     {peers, running} = reachable()
     leader = Enum.min(peers)
-    state = watch_heal(state, if(running == [], do: [], else: peers -- running), leader)
+    # Mnesia not running here: not "whole again", just not known.
+    state = watch_heal(state, if(running == [], do: :unknown, else: peers -- running), leader)
 
     cond do
       running == [] or peers -- running == [] -> state
@@ -351,11 +352,14 @@ defmodule Observatory.Cluster.Monitor do
 
   defp act_on(state, _kind, _whole_or_aborted), do: state
 
-  # What the latest heal came to, for a stall's warning.
+  # What the latest heal came to, for a stall's warning (nil: none finished yet). A heal
+  # that found or made the cluster whole says so: a stall after it is news.
   defp outcome({:wait, reason}), do: "waiting: " <> reason
   defp outcome({:error, reason}), do: "failed: " <> reason
   defp outcome(:aborted), do: "not run: " <> Heal.lock_holder()
-  defp outcome(_done), do: nil
+  defp outcome(:whole), do: "found every member's Mnesia running as one"
+  defp outcome({:healed, _report}), do: "healed"
+  defp outcome({:verified, _report}), do: "compared the replicas (nothing apart)"
 
   ## Stalls
 

@@ -145,7 +145,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # The envelope's term is built in the parse when the caller wants it, or when a
   # host's PubSub server is configured: whether anyone follows "gateway:decision_logs"
   # cannot be known there, so its broadcast always carries the term.
-  defp build_envelope?(opts), do: Keyword.get(opts, :envelope, true) or not Events.own?()
+  # (`envelope: nil` is false here as for the result: `or` would raise on it.)
+  defp build_envelope?(opts),
+    do: if(Keyword.get(opts, :envelope, true), do: true, else: not Events.own?())
 
   defp json(message) when is_binary(message), do: {:ok, message}
   defp json(message), do: DecisionLog.to_json(message)

@@ -16,7 +16,8 @@ defmodule Observatory.Gateway.SessionLog do
   The ingest stores each step as the JSON text it arrived as, with the gateway's
   entropy score beside it (`put_json/4`): no term is copied into the table, and a
   reader gets the envelope decoded, the score in `cognition.entropy_score` — what
-  `put/3` of the ingest's envelope would have kept.
+  `put/3` of the ingest's envelope would have kept, except that the size cap below
+  is measured on the text.
 
   ## Bounds
 
@@ -25,7 +26,7 @@ defmodule Observatory.Gateway.SessionLog do
   | key | default | what |
   |---|---|---|
   | `:session_log_max_sessions` | `100_000` | sessions kept; past it the least recently seen go |
-  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` plus its `meta` when small |
+  | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` (`n` that size) plus its `meta` when small |
   | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
 
   A writer that takes the log over a cap asks this process to trim, and it drops
@@ -60,7 +61,9 @@ defmodule Observatory.Gateway.SessionLog do
   is kept as it is (a reference-counted binary: no copy of a term into the table) and
   decoded when a reader asks for it, with `score` — the gateway's entropy score, nil
   to keep the agent's — as its `cognition.entropy_score`. Readers get what `put/3`
-  of the decoded envelope would give them. `json` must be a valid DecisionLog's text.
+  of the decoded envelope would give them, but a text over
+  `:session_log_max_envelope_bytes` is a stub whose `"bytes"` is the text's size,
+  whatever the size of its term. `json` must be a valid DecisionLog's text.
   """
   @spec put_json(String.t(), binary(), number() | nil, pos_integer() | nil) :: :ok
   def put_json(session_id, json, score, number \\ nil) when is_binary(json) do
@@ -69,8 +72,10 @@ defmodule Observatory.Gateway.SessionLog do
     if bytes <= max_envelope_bytes() do
       store(session_id, {:json, own(json), score}, bytes, number)
     else
+      # Over the cap by its text: the stub, whatever size its term would be.
       {:ok, envelope} = Observatory.JSON.decode(json)
-      put(session_id, DecisionLog.with_score(envelope, score), number)
+      {stub, stub_bytes} = stub(envelope, bytes)
+      store(session_id, stub, stub_bytes, number)
     end
   end
 
@@ -195,19 +200,22 @@ defmodule Observatory.Gateway.SessionLog do
   defp bounded(envelope) do
     bytes = :erlang.external_size(envelope)
 
-    if bytes <= max_envelope_bytes() do
-      {envelope, bytes}
-    else
-      meta = Map.get(envelope, "meta")
-      stub = %{"truncated" => true, "bytes" => bytes}
+    if bytes <= max_envelope_bytes(),
+      do: {envelope, bytes},
+      else: stub(envelope, bytes)
+  end
 
-      stub =
-        if :erlang.external_size(meta) <= @small_meta_bytes,
-          do: Map.put(stub, "meta", meta),
-          else: stub
+  # The stub of an envelope of `bytes` bytes, and its own size.
+  defp stub(envelope, bytes) do
+    meta = Map.get(envelope, "meta")
+    stub = %{"truncated" => true, "bytes" => bytes}
 
-      {stub, :erlang.external_size(stub)}
-    end
+    stub =
+      if :erlang.external_size(meta) <= @small_meta_bytes,
+        do: Map.put(stub, "meta", meta),
+        else: stub
+
+    {stub, :erlang.external_size(stub)}
   end
 
   defp size, do: Application.get_env(:observatory, :session_log_size, 20)

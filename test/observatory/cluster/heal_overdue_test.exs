@@ -42,6 +42,22 @@ defmodule Observatory.Cluster.HealOverdueTest do
     Process.exit(heal, :kill)
   end
 
+  # A stall's warning on the leader names what its latest heal came to; one that found
+  # the cluster whole was recorded as nil, and the warning said "none finished".
+  test "a heal that finished whole or verified is remembered as such for a stall's warning" do
+    state = %{heal: self(), last_outcome: "failed: earlier"}
+
+    assert {:noreply, %{heal: nil, last_outcome: whole}} =
+             Monitor.handle_info({:heal_done, :check, :whole}, state)
+
+    assert whole == "found every member's Mnesia running as one"
+
+    assert {:noreply, %{last_outcome: verified}} =
+             Monitor.handle_info({:heal_done, :verify, {:verified, %{changed: 0}}}, state)
+
+    assert verified =~ "compared the replicas"
+  end
+
   test "a heal that finished before its time (another heal, or none, runs now): nothing said" do
     finished = stuck_heal()
     state = %{heal: nil}

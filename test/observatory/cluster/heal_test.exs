@@ -99,6 +99,21 @@ defmodule Observatory.Cluster.HealTest do
       assert {nil, nil} = HealWatch.see(nil, [], 5_000, 1_000)
     end
 
+    # Before: the monitor fed a node whose own Mnesia does not run as [] (whole), so a
+    # stall was said to be over ("runs whole again") and timed afresh afterwards.
+    test "a look without this node's Mnesia (:unknown) neither ends a stall nor restarts its clock" do
+      {watch, {:stalled, _}} =
+        HealWatch.see(%{since: 0, apart: [:b], warned: false}, [:b], 2_000, 1_000)
+
+      assert {^watch, nil} = HealWatch.see(watch, :unknown, 3_000, 1_000)
+      assert {nil, {:ended, 4_000}} = HealWatch.see(watch, [], 4_000, 1_000)
+
+      {young, nil} = HealWatch.see(nil, [:b], 0, 1_000)
+      assert {^young, nil} = HealWatch.see(young, :unknown, 500, 1_000)
+      assert {_, {:stalled, 1_000}} = HealWatch.see(young, [:b], 1_000, 1_000)
+      assert {nil, nil} = HealWatch.see(nil, :unknown, 0, 1_000)
+    end
+
     test "a second stall after one that ended is timed from its own start" do
       {watch, {:stalled, _}} =
         HealWatch.see(%{since: 0, apart: [:b], warned: false}, [:b], 2_000, 1_000)

@@ -132,7 +132,7 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       assert :binary.referenced_byte_size(stored) == byte_size(line)
     end
 
-    test "a text over :session_log_max_envelope_bytes is kept as the stub put/3 keeps" do
+    test "a text over :session_log_max_envelope_bytes is kept as a stub that gives the text's size" do
       Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
       sid = unique_session("big")
 
@@ -149,7 +149,24 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       assert [%{"truncated" => true, "bytes" => bytes, "meta" => %{"session_id" => ^sid}}] =
                SessionLog.recent(sid)
 
-      assert bytes > 50_000
+      assert bytes == byte_size(json)
+    end
+
+    test "a text over the cap is a stub even when its term would be under it (the cap is on the text)" do
+      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      sid = unique_session("padded")
+      json = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+      # The same envelope with 8 KB of spaces before its closing brace.
+      padded = binary_part(json, 0, byte_size(json) - 1) <> String.duplicate(" ", 8_192) <> "}"
+      {:ok, term} = Observatory.JSON.decode(padded)
+      assert :erlang.external_size(term) < 4_096
+
+      SessionLog.put_json(sid, padded, 0.2, 1)
+
+      assert [%{"truncated" => true, "bytes" => bytes, "meta" => %{"session_id" => ^sid}}] =
+               SessionLog.recent(sid)
+
+      assert bytes == byte_size(padded)
     end
   end
 
@@ -193,6 +210,33 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
         assert_receive {:host_bus, "gateway:decision_logs",
                         %{step_id: ^step_id, envelope: ^expected}}
       end
+    end
+
+    test "Events.broadcast_lazy/2 makes the message only for a topic someone follows" do
+      topic = "test:lazy:#{System.unique_integer([:positive])}"
+      me = self()
+      make = fn -> send(me, :made) && %{hello: 1} end
+
+      assert Events.broadcast_lazy(topic, make) == :ok
+      refute_received :made
+
+      :ok = Events.subscribe(topic)
+
+      try do
+        assert Events.broadcast_lazy(topic, make) == :ok
+        assert_received :made
+        assert_received %{hello: 1}
+      after
+        Events.unsubscribe(topic)
+      end
+    end
+
+    test "envelope: nil is taken as false, as for the result (it raised BadBooleanError)" do
+      sid = unique_session("nil-opt")
+      envelope = HTTP.envelope(%{"meta" => %{"session_id" => sid}})
+      json = Observatory.JSON.encode!(envelope)
+      assert {:ok, %{envelope: nil} = result} = SchemaInterceptor.ingest(json, envelope: nil)
+      assert SessionLog.recent(sid) == [DecisionLog.with_score(envelope, result.entropy_score)]
     end
 
     test "an envelope given as a map is stored and answered as before" do
