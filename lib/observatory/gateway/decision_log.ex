@@ -94,6 +94,16 @@ defmodule Observatory.Gateway.DecisionLog do
     do: %{envelope | "cognition" => Map.put(cognition, "entropy_score", score)}
 
   @doc """
+  A validated envelope's JSON text decoded, with `score` as its
+  `cognition.entropy_score` (`with_score/2`): what a step kept as text reads back as.
+  """
+  @spec decode(binary(), number() | nil) :: map()
+  def decode(json, score) do
+    {:ok, envelope} = Observatory.JSON.decode(json)
+    with_score(envelope, score)
+  end
+
+  @doc """
   An envelope given as a map, as JSON text; anything else, or a map that cannot be
   encoded, is refused with a violation at `"$"`.
   """

@@ -147,7 +147,10 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # cannot be known there, so its broadcast always carries the term.
   # (`envelope: nil` is false here as for the result: `or` would raise on it.)
   defp build_envelope?(opts),
-    do: if(Keyword.get(opts, :envelope, true), do: true, else: not Events.own?())
+    do: if(envelope_wanted?(opts), do: true, else: not Events.own?())
+
+  # Whether the caller reads `result.envelope` (`envelope:`, default true; nil is false).
+  defp envelope_wanted?(opts), do: Keyword.get(opts, :envelope, true)
 
   defp json(message) when is_binary(message), do: {:ok, message}
   defp json(message), do: DecisionLog.to_json(message)
@@ -222,7 +225,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         {:ok, result}
 
       {:replay, first} ->
-        {:ok, replay(first, if(Keyword.get(opts, :envelope, true), do: envelope), fields)}
+        {:ok, replay(first, if(envelope_wanted?(opts), do: envelope), fields)}
 
       {:error, _refusal} = error ->
         error
@@ -356,7 +359,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         step_id: fields.step_id,
         severity: severity,
         verdict: verdict && verdict.verdict,
-        envelope: envelope || decode(json, gateway_score)
+        envelope: envelope || DecisionLog.decode(json, gateway_score)
       }
     end)
 
@@ -370,18 +373,15 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       verdict: verdict,
       step: step,
       directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
-      envelope: if(Keyword.get(opts, :envelope, true), do: envelope),
+      envelope: if(envelope_wanted?(opts), do: envelope),
       replayed: false
     }
   end
 
-  defp decode(json, score) do
-    {:ok, envelope} = Observatory.JSON.decode(json)
-    DecisionLog.with_score(envelope, score)
-  end
-
   # The agent's own `cognition.entropy_score` (kept when the tracker failed).
-  defp agent_score(nil, json), do: get_in(decode(json, nil), ["cognition", "entropy_score"])
+  defp agent_score(nil, json),
+    do: get_in(DecisionLog.decode(json, nil), ["cognition", "entropy_score"])
+
   defp agent_score(envelope, _json), do: get_in(envelope, ["cognition", "entropy_score"])
 
   # Issue 8: every valid step gets a verdict, result or not.

@@ -73,8 +73,7 @@ defmodule Observatory.Gateway.SessionLog do
       store(session_id, {:json, own(json), score}, bytes, number)
     else
       # Over the cap by its text: the stub, whatever size its term would be.
-      {:ok, envelope} = Observatory.JSON.decode(json)
-      {stub, stub_bytes} = stub(envelope, bytes)
+      {stub, stub_bytes} = stub(DecisionLog.decode(json, nil), bytes)
       store(session_id, stub, stub_bytes, number)
     end
   end
@@ -154,10 +153,7 @@ defmodule Observatory.Gateway.SessionLog do
     do: %{number: number, at: at, envelope: envelope(envelope)}
 
   # A stored text is decoded when read (put_json/4).
-  defp envelope({:json, json, score}) do
-    {:ok, envelope} = Observatory.JSON.decode(json)
-    DecisionLog.with_score(envelope, score)
-  end
+  defp envelope({:json, json, score}), do: DecisionLog.decode(json, score)
 
   defp envelope(envelope), do: envelope
 
