@@ -10,7 +10,10 @@ defmodule ObservatoryWeb.RequestHygieneTest do
   alias Observatory.Test.DashboardClient, as: Client
   alias Observatory.Test.{HTTP, Upstream}
 
-  defp raw_request(lines), do: HTTP.raw([Enum.join(lines, "\r\n"), "\r\n\r\n"])
+  # A request head: its lines, each ended by CRLF, and the blank line.
+  defp head(lines), do: Enum.join(lines, "\r\n") <> "\r\n\r\n"
+
+  defp raw_request(lines), do: HTTP.raw(head(lines))
 
   # Sends `bytes` on a new connection; what the server answers within `ms`, and whether
   # it closed the connection by then. (The idle timeout is longer: an answer here is
@@ -43,8 +46,7 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       "Content-Type: application/json",
       "Authorization: Bearer #{HTTP.agent_key()}" | extra
     ]
-    |> Enum.join("\r\n")
-    |> Kernel.<>("\r\n\r\n")
+    |> head()
   end
 
   defp chunk(data, ext \\ ""),
@@ -231,21 +233,18 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       body =
         ~s({"model":"claude-test","max_tokens":10,"messages":[{"role":"user","content":"hi"}]})
 
-      head =
-        Enum.join(
-          [
-            "POST /v1/messages HTTP/1.1",
-            "Host: localhost",
-            "Connection: close",
-            "Authorization: Bearer #{HTTP.agent_key()}",
-            "Content-Type: application/json",
-            version_line,
-            "Content-Length: #{byte_size(body)}"
-          ],
-          "\r\n"
-        )
-
-      HTTP.raw([head, "\r\n\r\n", body])
+      HTTP.raw([
+        head([
+          "POST /v1/messages HTTP/1.1",
+          "Host: localhost",
+          "Connection: close",
+          "Authorization: Bearer #{HTTP.agent_key()}",
+          "Content-Type: application/json",
+          version_line,
+          "Content-Length: #{byte_size(body)}"
+        ]),
+        body
+      ])
     end
 
     test "a folded or CR-split anthropic-version is a 400 and nothing goes upstream" do
@@ -324,11 +323,10 @@ defmodule ObservatoryWeb.RequestHygieneTest do
     end
 
     defp post_404(body, extra \\ []) do
-      Enum.join(
+      head(
         ["POST /no-such-page HTTP/1.1", "Host: localhost", "Content-Length: #{byte_size(body)}"] ++
-          extra,
-        "\r\n"
-      ) <> "\r\n\r\n" <> body
+          extra
+      ) <> body
     end
 
     @get_404 "GET /no-such-page?next=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
@@ -491,16 +489,13 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       body = Observatory.JSON.encode!(envelope)
 
       request =
-        Enum.join(
-          [
-            "POST /api/v1/decision_logs HTTP/1.1",
-            "HOST: localhost",
-            "CONTENT-TYPE: application/json",
-            "x-AGENT-key: #{HTTP.agent_key()}",
-            "content-LENGTH: #{byte_size(body)}"
-          ],
-          "\r\n"
-        ) <> "\r\n\r\n" <> body
+        head([
+          "POST /api/v1/decision_logs HTTP/1.1",
+          "HOST: localhost",
+          "CONTENT-TYPE: application/json",
+          "x-AGENT-key: #{HTTP.agent_key()}",
+          "content-LENGTH: #{byte_size(body)}"
+        ]) <> body
 
       {answer, _state} = exchange(request, 1_000)
       assert answer =~ ~r"^HTTP/1.1 200 "
@@ -547,11 +542,10 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
     test "a head of 20 headers in one packet takes one read of the socket, no round trip per line" do
       request =
-        Enum.join(
+        head(
           ["GET /no-such-page HTTP/1.1", "Host: localhost", "Connection: close"] ++
-            twenty_headers(),
-          "\r\n"
-        ) <> "\r\n\r\n"
+            twenty_headers()
+        )
 
       calls =
         server_socket_calls(fn ->
@@ -632,16 +626,13 @@ defmodule ObservatoryWeb.RequestHygieneTest do
 
     test "more than 100 headers is a 431 and the connection closes" do
       headers = for i <- 1..101, do: "X-H#{i}: v"
-      {answer, state} = exchange(Enum.join(["GET / HTTP/1.1" | headers], "\r\n") <> "\r\n\r\n")
+      {answer, state} = exchange(head(["GET / HTTP/1.1" | headers]))
       assert answer =~ ~r"^HTTP/1.1 431 Request Header Fields Too Large\r\n"
       assert answer =~ "request_header_fields_too_large"
       assert state == :closed
 
       # 100 are served.
-      {answer, _} =
-        exchange(
-          Enum.join(["GET /no-such-page HTTP/1.1" | Enum.take(headers, 99)], "\r\n") <> "\r\n\r\n"
-        )
+      {answer, _} = exchange(head(["GET /no-such-page HTTP/1.1" | Enum.take(headers, 99)]))
 
       assert answer =~ ~r"^HTTP/1.1 404 "
     end
@@ -665,16 +656,13 @@ defmodule ObservatoryWeb.RequestHygieneTest do
       body = Observatory.JSON.encode!(envelope)
 
       request =
-        Enum.join(
-          [
-            "POST /api/v1/decision_logs HTTP/1.1",
-            "Host: localhost",
-            "Content-Type: application/json \t",
-            "Authorization: Bearer #{HTTP.agent_key()} \t ",
-            "Content-Length: #{byte_size(body)}"
-          ],
-          "\r\n"
-        ) <> "\r\n\r\n" <> body
+        head([
+          "POST /api/v1/decision_logs HTTP/1.1",
+          "Host: localhost",
+          "Content-Type: application/json \t",
+          "Authorization: Bearer #{HTTP.agent_key()} \t ",
+          "Content-Length: #{byte_size(body)}"
+        ]) <> body
 
       {answer, _state} = exchange(request, 1_000)
       assert answer =~ ~r"^HTTP/1.1 200 "
