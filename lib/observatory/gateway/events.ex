@@ -52,8 +52,8 @@ defmodule Observatory.Gateway.Events do
   end
 
   @doc "Whether the configured server is Observatory's own, which it starts itself."
-  @spec own?() :: boolean()
-  def own?, do: pubsub() == @default
+  @spec own?({module(), atom()}) :: boolean()
+  def own?(pubsub \\ pubsub()), do: pubsub == @default
 
   @doc """
   Raises `ArgumentError` unless `:pubsub` is `{module, name}` and the module has
@@ -140,10 +140,13 @@ defmodule Observatory.Gateway.Events do
   `broadcast/2` of the message `fun` makes, made only when someone may receive it:
   with Observatory's own server, a topic nobody follows on any node costs one
   lookup and `fun` is not called; a host's server is always given the message.
+  `pubsub` is the configured `{module, server}` (`pubsub/0`), for a caller that has
+  read it already for the same step.
   """
-  @spec broadcast_lazy(String.t(), (() -> term())) :: :ok | {:error, term()}
-  def broadcast_lazy(topic, fun) do
-    case pubsub() do
+  @spec broadcast_lazy(String.t(), (() -> term()), {module(), atom()}) ::
+          :ok | {:error, term()}
+  def broadcast_lazy(topic, fun, pubsub \\ pubsub()) do
+    case pubsub do
       {Observatory.PubSub, server} ->
         if subscribed?(server, topic), do: broadcast(topic, fun.()), else: :ok
 

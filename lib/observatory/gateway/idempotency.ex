@@ -62,7 +62,8 @@ defmodule Observatory.Gateway.Idempotency do
   ]
 
   @typedoc "What `claim/1` hands the first delivery, for `complete/2` or `release/1`."
-  @opaque ticket :: {String.t(), String.t(), non_neg_integer()} | nil
+  # The store travels with the claim: `complete/2` does not look it up again.
+  @opaque ticket :: {reference(), String.t(), String.t(), non_neg_integer()} | nil
 
   @typedoc "Why a delivery is not scored: its step's violation, path `meta.step_id`."
   @type refusal :: {:conflict | :in_progress, %{path: String.t(), reason: String.t()}}
@@ -110,9 +111,23 @@ defmodule Observatory.Gateway.Idempotency do
 
   # `{window_ms, max_steps_per_session, max_steps_per_agent, max_steps}`, or nil when
   # the check is off.
+  # The setting is read on every step (a change applies to the next one); what it
+  # comes to is worked out again only when it differs from the last step's.
   defp limits do
     env = env()
 
+    case :persistent_term.get({__MODULE__, :limits}, nil) do
+      {^env, limits} ->
+        limits
+
+      _changed ->
+        limits = limits(env)
+        :persistent_term.put({__MODULE__, :limits}, {env, limits})
+        limits
+    end
+  end
+
+  defp limits(env) do
     if setting(env, :enabled),
       do:
         {setting(env, :window_ms), setting(env, :max_steps_per_session),
@@ -122,10 +137,11 @@ defmodule Observatory.Gateway.Idempotency do
   defp claim(%{session_id: session_id, step_id: step_id, agent_id: agent_id}, fingerprint, limits) do
     now = :erlang.monotonic_time(:millisecond)
     step = {session_id, step_id, agent_id}
+    store = store()
 
-    case Native.answered_claim(store(), step, fingerprint, now, limits) do
+    case Native.answered_claim(store, step, fingerprint, now, limits) do
       {:new, seq} ->
-        {:new, {session_id, step_id, seq}}
+        {:new, {store, session_id, step_id, seq}}
 
       {:replay, answer} ->
         Metrics.inc(:step_replays)
@@ -166,8 +182,8 @@ defmodule Observatory.Gateway.Idempotency do
   @spec complete(ticket(), term()) :: :ok
   def complete(nil, _answer), do: :ok
 
-  def complete({session_id, step_id, seq}, answer) do
-    Native.answered_complete(store(), session_id, step_id, seq, :erlang.term_to_binary(answer))
+  def complete({store, session_id, step_id, seq}, answer) do
+    Native.answered_complete(store, session_id, step_id, seq, :erlang.term_to_binary(answer))
     :ok
   end
 
@@ -175,8 +191,8 @@ defmodule Observatory.Gateway.Idempotency do
   @spec release(ticket()) :: :ok
   def release(nil), do: :ok
 
-  def release({session_id, step_id, seq}) do
-    Native.answered_release(store(), session_id, step_id, seq)
+  def release({store, session_id, step_id, seq}) do
+    Native.answered_release(store, session_id, step_id, seq)
     :ok
   end
 

@@ -120,34 +120,37 @@ defmodule Observatory.Gateway.SchemaInterceptor do
              | {:unavailable, DecisionLog.violation()}}
   def ingest(message, opts \\ []) do
     Observatory.Storage.require!()
-    started = System.monotonic_time(:microsecond)
+    started = :erlang.monotonic_time()
+    # Each setting is read once for the step and handed down (the PubSub server: here
+    # when the parse needs it, else by the broadcast).
+    pubsub = if envelope_wanted?(opts), do: nil, else: Events.pubsub()
 
     parsed =
       with {:ok, json} <- json(message),
-           {:ok, envelope, fields} <- DecisionLog.parse(json, envelope: build_envelope?(opts)),
+           {:ok, envelope, fields} <-
+             DecisionLog.parse(json, envelope: build_envelope?(pubsub)),
            do: {:ok, {json, envelope}, fields}
 
     result =
       case parsed do
         {:ok, step, fields} ->
-          score_on_owner(step, fields, opts, [])
+          score_on_owner(step, fields, opts, pubsub, [])
 
         {:error, violations} ->
           reject(violations, Keyword.get(opts, :log_violations, true))
       end
 
-    elapsed = System.monotonic_time(:microsecond) - started
-    Metrics.observe_latency(elapsed)
-    emit_ingest(result, System.convert_time_unit(elapsed, :microsecond, :native))
+    elapsed = :erlang.monotonic_time() - started
+    Metrics.observe_latency(:erlang.convert_time_unit(elapsed, :native, :microsecond))
+    emit_ingest(result, elapsed)
     result
   end
 
   # The envelope's term is built in the parse when the caller wants it, or when a
   # host's PubSub server is configured: whether anyone follows "gateway:decision_logs"
   # cannot be known there, so its broadcast always carries the term.
-  # (`envelope: nil` is false here as for the result: `or` would raise on it.)
-  defp build_envelope?(opts),
-    do: if(envelope_wanted?(opts), do: true, else: not Events.own?())
+  defp build_envelope?(nil), do: true
+  defp build_envelope?(pubsub), do: not Events.own?(pubsub)
 
   # Whether the caller reads `result.envelope` (`envelope:`, default true; nil is false).
   defp envelope_wanted?(opts), do: Keyword.get(opts, :envelope, true)
@@ -161,14 +164,16 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # :persistent_term read. A caller's own `:tracker` is a local process: scored here.
   # `step` is `{json, envelope}`: the envelope's JSON text, and its term unless the
   # caller asked for none (`envelope: false`).
-  defp score_on_owner(step, fields, opts, down) do
+  # `pubsub` is the step's PubSub setting if read already (nil: not yet); the owner
+  # reads its own.
+  defp score_on_owner(step, fields, opts, pubsub, down) do
     owner =
       if Keyword.has_key?(opts, :tracker),
         do: node(),
         else: Cluster.owner(fields.session_id, down)
 
     if owner == node() do
-      score_here(step, fields, opts)
+      score_here(step, fields, opts, pubsub)
     else
       # At most once: an owner that gets the step after the caller gave up (a node
       # frozen, then thawed) refuses it (Observatory.Cluster.remote/4).
@@ -179,7 +184,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         # The owner is gone (distribution says so): the next owner scores the step,
         # in a fresh window (F1). Nothing was scored on the lost node.
         {:error, :noconnection} ->
-          score_on_owner(step, fields, opts, [owner | down])
+          score_on_owner(step, fields, opts, pubsub, [owner | down])
 
         # The owner is there but did not answer in time: it may have scored the step,
         # so another node must not score it again. The caller gets an error to retry.
@@ -200,37 +205,66 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   @doc false
   # Runs on the session's owner (`score_on_owner/4`, possibly over :erpc).
-  def score_here(step, fields, opts) do
+  def score_here(step, fields, opts, pubsub \\ nil) do
     with :ok <- authorize(fields, opts[:agent], opts),
-         do: once(step, fields, opts)
+         do: once(step, fields, opts, pubsub)
   end
 
-  # Kept for a retry; the rest is its own (ids, envelope) or current (the pause).
-  @kept [:entropy_score, :severity, :verdict, :step]
-
   # A step is scored once; its retries get the first answer (Idempotency).
-  defp once({_json, envelope} = step, fields, opts) do
+  defp once({_json, envelope} = step, fields, opts, pubsub) do
     case Idempotency.claim(fields) do
       {:new, ticket} ->
         result =
           try do
-            accept(step, fields, opts)
+            accept(step, fields, opts, pubsub || Events.pubsub())
           catch
             kind, reason ->
               Idempotency.release(ticket)
               :erlang.raise(kind, reason, __STACKTRACE__)
           end
 
-        Idempotency.complete(ticket, Map.take(result, @kept))
+        Idempotency.complete(ticket, kept(result))
         {:ok, result}
 
-      {:replay, first} ->
-        {:ok, replay(first, if(envelope_wanted?(opts), do: envelope), fields)}
+      {:replay, kept} ->
+        {:ok, replay(unkept(kept), if(envelope_wanted?(opts), do: envelope), fields)}
 
       {:error, _refusal} = error ->
         error
     end
   end
+
+  # What a retry is answered from: the score, the severity, the verdict and the step
+  # detector's verdict; the rest is its own (ids, envelope) or current (the pause).
+  # Kept as tuples of values (the two verdicts' too, when they have their usual
+  # keys): the store encodes no key names, about half the bytes to write and keep.
+  defp kept(result),
+    do: {result.entropy_score, result.severity, pack(result.verdict), pack(result.step)}
+
+  defp unkept({score, severity, verdict, step}),
+    do: %{entropy_score: score, severity: severity, verdict: unpack(verdict), step: unpack(step)}
+
+  # An answer completed as a map (`Idempotency.complete/2` takes any term).
+  defp unkept(%{} = first), do: first
+
+  defp pack(%{verdict: v, previous: p, rule: r, reason: why, evidence: e, step_number: n} = m)
+       when map_size(m) == 6,
+       do: {:loop_verdict, v, p, r, why, e, n}
+
+  defp pack(%{cell: c, stagnation_streak: ss, stuck_streak: st, action: a, guidance: g} = m)
+       when map_size(m) == 5,
+       do: {:step_verdict, c, ss, st, a, g}
+
+  # nil, or a verdict of another shape: kept as it is.
+  defp pack(other), do: other
+
+  defp unpack({:loop_verdict, v, p, r, why, e, n}),
+    do: %{verdict: v, previous: p, rule: r, reason: why, evidence: e, step_number: n}
+
+  defp unpack({:step_verdict, c, ss, st, a, g}),
+    do: %{cell: c, stagnation_streak: ss, stuck_streak: st, action: a, guidance: g}
+
+  defp unpack(other), do: other
 
   # The first answer again, with the session's pause as it is now.
   defp replay(first, envelope, fields) do
@@ -300,7 +334,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     {:error, {:forbidden, violation}}
   end
 
-  defp accept({json, envelope}, fields, opts) do
+  defp accept({json, envelope}, fields, opts, pubsub) do
     Metrics.inc(:messages)
 
     # FR-9.11's three settings, read once for the step: the tracker scores with them
@@ -351,17 +385,21 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     SessionLog.put_json(fields.session_id, json, gateway_score, verdict && verdict.step_number)
 
     # The envelope's term is made for a subscriber only when there is one.
-    Events.broadcast_lazy(Events.decision_logs(), fn ->
-      %{
-        event_type: "decision_log",
-        session_id: fields.session_id,
-        agent_id: fields.agent_id,
-        step_id: fields.step_id,
-        severity: severity,
-        verdict: verdict && verdict.verdict,
-        envelope: envelope || DecisionLog.decode(json, gateway_score)
-      }
-    end)
+    Events.broadcast_lazy(
+      Events.decision_logs(),
+      fn ->
+        %{
+          event_type: "decision_log",
+          session_id: fields.session_id,
+          agent_id: fields.agent_id,
+          step_id: fields.step_id,
+          severity: severity,
+          verdict: verdict && verdict.verdict,
+          envelope: envelope || DecisionLog.decode(json, gateway_score)
+        }
+      end,
+      pubsub
+    )
 
     %{
       step_id: fields.step_id,

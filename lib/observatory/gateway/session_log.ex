@@ -112,10 +112,11 @@ defmodule Observatory.Gateway.SessionLog do
       end
 
     :ets.insert(@slots, {key, seq, envelope, bytes, number || seq, now})
-    :counters.add(counter(), 1, bytes - replaced)
+    counter = counter()
+    :counters.add(counter, 1, bytes - replaced)
 
     if (seq == 1 and :ets.info(@heads, :size) > max_sessions()) or
-         :counters.get(counter(), 1) > max_bytes(),
+         :counters.get(counter, 1) > max_bytes(),
        do: request_trim()
 
     :ok

@@ -9,7 +9,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
   alias Observatory.Test.HTTP
 
   setup do
-    restore_env_on_exit([:step_detection, :session_log_size])
+    restore_env_on_exit([:step_detection, :session_log_size, :idempotency])
     %{sid: unique_session("hot")}
   end
 
@@ -92,6 +92,44 @@ defmodule Observatory.Gateway.IngestHotPathTest do
       Application.put_env(:observatory, :entropy_window_size, 4)
       {:ok, _} = SchemaInterceptor.ingest(step(sid, 5, "/p5"))
       assert length(EntropyTracker.window(sid)) == 4
+    end
+  end
+
+  describe "the idempotency setting is read on every step (its limits kept only while it is unchanged)" do
+    test "a changed :idempotency applies to the next step: off, back on, a smaller cap",
+         %{sid: sid} do
+      json = Observatory.JSON.encode!(step(sid, 1, "/a"))
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json)
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(json)
+
+      # Off: the same delivery is scored again, nothing is remembered.
+      Application.put_env(:observatory, :idempotency, enabled: false)
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json)
+
+      # On again, one step per session: step 2 pushes step 1 out on the next claim.
+      Application.put_env(:observatory, :idempotency, max_steps_per_session: 1)
+      json2 = Observatory.JSON.encode!(step(sid, 2, "/b"))
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json2)
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(json2)
+      assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json)
+    end
+  end
+
+  describe "a retry gets the first answer, as it was" do
+    test "the loop verdict and the step detector's verdict come back field for field",
+         %{sid: sid} do
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+      for n <- 1..4, do: {:ok, _} = SchemaInterceptor.ingest(step(sid, n))
+      json = Observatory.JSON.encode!(step(sid, 5))
+      {:ok, first} = SchemaInterceptor.ingest(json)
+      assert %{step: %{action: :block, guidance: guidance}, verdict: %{evidence: [_ | _]}} = first
+      assert is_binary(guidance)
+
+      {:ok, again} = SchemaInterceptor.ingest(json)
+      assert again.replayed
+
+      kept = [:entropy_score, :severity, :verdict, :step, :directives, :paused]
+      assert Map.take(again, kept) == Map.take(first, kept)
     end
   end
 
