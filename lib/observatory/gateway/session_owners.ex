@@ -12,9 +12,10 @@ defmodule Observatory.Gateway.SessionOwners do
   gateway forget one of its sessions:
 
     * an agent owns at most `:max_sessions_per_agent` sessions (default 10,000); a
-      new one past the quota makes it give up its own least recently used session,
-      whose windows are dropped too (`claim/2` returns it), so one agent can neither
-      grow memory nor crowd other agents' windows out of the stores;
+      new one past the quota makes it give up its own least recently used session
+      (used to the minute: sessions used within the same minute may go in either
+      order), whose windows are dropped too (`claim/2` returns it), so one agent can
+      neither grow memory nor crowd other agents' windows out of the stores;
     * a session with no step for `:session_owner_ttl_ms` (default 24 h, well past the
       detectors' idle TTL) is forgotten by the periodic sweep.
 
@@ -47,13 +48,20 @@ defmodule Observatory.Gateway.SessionOwners do
 
   # {session_id, agent_id, last_seen_ms, lru_key}
   @owners __MODULE__.Owners
-  # ordered_set: {{agent_id, seq}, session_id} — each agent's sessions, least recent first
+  # ordered_set: {lru_key, session_id}, lru_key = {agent_id, {keyed_at_ms, seq}} — each
+  # agent's sessions, least recent first
   @lru __MODULE__.LRU
   # {agent_id, sessions owned}
   @counts __MODULE__.Counts
 
   @default_quota 10_000
   @default_ttl_ms :timer.hours(24)
+
+  # A session's place in its agent's LRU order is moved at most once a minute: moving
+  # it (an atomic swap of the row, an insert and a delete in the ordered LRU table)
+  # costs ~2 µs, and agents send a session's steps seconds apart. Its last-seen time,
+  # which the TTL and failover go by, is kept to the second with one cheap update.
+  @lru_precision_ms 60_000
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
@@ -70,6 +78,11 @@ defmodule Observatory.Gateway.SessionOwners do
     case :ets.lookup(@owners, session_id) do
       # Seen within the last second: recent enough for the LRU order and the TTL.
       [{_, ^agent_id, seen, _}] when now - seen < 1_000 ->
+        {:ok, []}
+
+      # Its LRU place moved within the last minute: only the last-seen time moves.
+      [{_, ^agent_id, _, {_, {keyed, _}}}] when now - keyed < @lru_precision_ms ->
+        :ets.update_element(@owners, session_id, {3, now})
         {:ok, []}
 
       [{_, ^agent_id, _, lru_key} = row] ->
@@ -186,7 +199,7 @@ defmodule Observatory.Gateway.SessionOwners do
   ## Claiming
 
   defp touch(row, session_id, agent_id, old_key, now) do
-    new_key = {agent_id, System.unique_integer([:monotonic, :positive])}
+    new_key = lru_key(agent_id, now)
     new_row = {session_id, agent_id, now, new_key}
 
     # Only the writer that replaces the row it read moves the LRU entry.
@@ -209,13 +222,17 @@ defmodule Observatory.Gateway.SessionOwners do
 
   # A new row, unless the session has one already: the agent's sessions then, or nil.
   defp insert(session_id, agent_id, seen) do
-    key = {agent_id, System.unique_integer([:monotonic, :positive])}
+    key = lru_key(agent_id, seen)
 
     if :ets.insert_new(@owners, {session_id, agent_id, seen, key}) do
       :ets.insert(@lru, {key, session_id})
       :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
     end
   end
+
+  # Sorted by the time it was made, then made unique.
+  defp lru_key(agent_id, at_ms),
+    do: {agent_id, {at_ms, System.unique_integer([:monotonic, :positive])}}
 
   # Gives up the agent's `n` least recently used sessions.
   defp release_oldest(_agent_id, n, released) when n <= 0, do: released
@@ -232,8 +249,8 @@ defmodule Observatory.Gateway.SessionOwners do
     end
   end
 
-  # The agent's least recently used session: its smallest LRU key (sequence numbers
-  # are positive, so `{agent_id, 0}` sorts just before all of them).
+  # The agent's least recently used session: its smallest LRU key (a number sorts
+  # before every tuple, so `{agent_id, 0}` sorts just before all of them).
   defp oldest(agent_id) do
     with {^agent_id, _} = key <- :ets.next(@lru, {agent_id, 0}),
          [{^key, session_id}] <- :ets.lookup(@lru, key) do

@@ -75,17 +75,30 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       Application.put_env(:observatory, :max_sessions_per_agent, 2)
       assert {:ok, []} = SessionOwners.claim("#{attacker}-a", attacker)
       assert {:ok, []} = SessionOwners.claim("#{attacker}-b", attacker)
-      # Touching `a` (more than a second later, as the LRU order is kept to the second)
+      # Touching `a` (more than a minute later, as the LRU order is kept to the minute)
       # makes `b` the oldest.
-      :ets.update_element(
-        SessionOwners.Owners,
-        "#{attacker}-a",
-        {3, System.monotonic_time(:millisecond) - 10_000}
-      )
-
+      age("#{attacker}-a", 120_000)
       assert {:ok, []} = SessionOwners.claim("#{attacker}-a", attacker)
       b = "#{attacker}-b"
       assert {:ok, [^b]} = SessionOwners.claim("#{attacker}-c", attacker)
+    end
+
+    test "a step within the minute moves the session's last-seen time, not its LRU place",
+         %{attacker: attacker} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 2)
+      {a, b} = {"#{attacker}-a1", "#{attacker}-b1"}
+      assert {:ok, []} = SessionOwners.claim(a, attacker)
+      assert {:ok, []} = SessionOwners.claim(b, attacker)
+      [{^a, ^attacker, _, key}] = :ets.lookup(SessionOwners.Owners, a)
+      # Last seen 10 s ago, its LRU place made just now.
+      :ets.update_element(SessionOwners.Owners, a, {3, now_ms() - 10_000})
+
+      assert {:ok, []} = SessionOwners.claim(a, attacker)
+      # The TTL and failover go by the time just set (to the second), the key is kept.
+      assert [{^a, ^attacker, seen, ^key}] = :ets.lookup(SessionOwners.Owners, a)
+      assert now_ms() - seen < 1_000
+      # So `a` is still the older of the two.
+      assert {:ok, [^a]} = SessionOwners.claim("#{attacker}-c1", attacker)
     end
   end
 
@@ -210,5 +223,17 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert SessionOwners.count(attacker) == 3
       for sid <- own, do: assert(SessionOwners.owner(sid) == attacker)
     end
+  end
+
+  defp now_ms, do: System.monotonic_time(:millisecond)
+
+  # As if the session's last step and its LRU place were `ms` old.
+  defp age(sid, ms) do
+    [{^sid, agent, _seen, {agent, {_keyed, seq}} = key}] = :ets.lookup(SessionOwners.Owners, sid)
+
+    old = {agent, {now_ms() - ms, seq}}
+    :ets.delete(SessionOwners.LRU, key)
+    :ets.insert(SessionOwners.LRU, {old, sid})
+    :ets.update_element(SessionOwners.Owners, sid, [{3, now_ms() - ms}, {4, old}])
   end
 end
