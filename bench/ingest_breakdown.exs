@@ -154,6 +154,11 @@ pubsub_event = fn {envelope, f, _json} ->
   }
 end
 
+kept_answer =
+  {0.8112781244591328, :normal,
+   {:loop_verdict, :progress, :progress, nil, "no rule fired", [], 17},
+   {:step_verdict, :full_progress, 0, 0, :continue, nil}}
+
 stages = [
   {"decode + validate (parse NIF)",
    fn size -> {&message.(size, &1, fresh.()), &DecisionLog.parse/1} end},
@@ -194,18 +199,26 @@ stages = [
      {&parsed.(size, &1),
       fn {_e, f, _json} ->
         {:new, ticket} = Idempotency.claim(f)
-
-        Idempotency.complete(ticket, %{
-          entropy_score: 1.0,
-          severity: :normal,
-          verdict: nil,
-          step: nil
-        })
+        # What the ingest keeps for a retry: the score, the severity, the loop verdict
+        # and the step detector's verdict, as tuples of their values.
+        Idempotency.complete(ticket, kept_answer)
       end}
    end},
+  # Who owns the session: the cluster's owner node (one :persistent_term read with
+  # clustering off) and the agent that owns it (SessionOwners, one ETS lookup).
+  {"session ownership (cluster owner, session's agent)",
+   fn size ->
+     {&parsed.(size, &1),
+      fn {_e, f, _json} ->
+        Observatory.Cluster.owner(f.session_id, [])
+        Observatory.Gateway.SessionOwners.claim(f.session_id, f.agent_id)
+      end}
+   end},
+  # As the ingest broadcasts: the event is made only when someone follows the topic.
   {"broadcasts (no subscriber)",
    fn size ->
-     {&parsed.(size, &1), fn p -> Events.broadcast(Events.decision_logs(), pubsub_event.(p)) end}
+     {&parsed.(size, &1),
+      fn p -> Events.broadcast_lazy(Events.decision_logs(), fn -> pubsub_event.(p) end) end}
    end},
   {"metrics + telemetry",
    fn size ->
