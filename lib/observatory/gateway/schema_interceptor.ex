@@ -204,7 +204,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   end
 
   @doc false
-  # Runs on the session's owner (`score_on_owner/4`, possibly over :erpc).
+  # Runs on the session's owner (`score_on_owner/5`, possibly over :erpc, then with
+  # `pubsub` nil: the owner reads its own setting).
   def score_here(step, fields, opts, pubsub \\ nil) do
     with :ok <- authorize(fields, opts[:agent], opts),
          do: once(step, fields, opts, pubsub)
