@@ -31,7 +31,7 @@ defmodule Observatory.Gateway.StepScore do
   @spec score(map(), atom(), {pos_integer(), float(), float()}, boolean()) ::
           {tuple(), tuple(), tuple() | nil, tuple()}
   def score(fields, tracker, entropy_config, alerts?) do
-    {thresholds, _history} = step_settings = StepDetector.step_settings()
+    {thresholds, step_settings} = StepDetector.scoring_settings()
     step = if fields.outcome, do: {fields.approach, fields.outcome}
 
     # A status outside ActionStatus's (the parse never gives one) is not recorded:
@@ -46,7 +46,7 @@ defmodule Observatory.Gateway.StepScore do
 
     others =
       {LoopVerdict.store_or_nil(), StepDetector.store_or_nil(), fields.verdict_keys,
-       LoopVerdict.config(), step, step_settings}
+       LoopVerdict.packed_config(), step, step_settings}
 
     {e, v, s} =
       try do

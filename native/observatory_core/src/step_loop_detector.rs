@@ -26,7 +26,7 @@
 //! for the LLM to read beside the real result; reaching a block threshold blocks the
 //! detector until [`StepLoopDetector::reset`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 
 use crate::stable_json::Digest;
@@ -291,12 +291,14 @@ impl StepLoopDetector {
     }
 }
 
-/// The digests of the last `capacity` steps, with a count per digest so membership is
-/// one hash lookup whatever the capacity.
+/// The digests of the last `capacity` steps, oldest first. Membership is a scan: at the
+/// gateway's history (16) the ring is 512 contiguous bytes, cheaper to scan than a hash
+/// map is to hash into (keyed SipHash over 32 bytes, several lookups a step, each
+/// session's map a separate allocation); at the largest history (1024) a scan is 32 KiB,
+/// about a microsecond.
 #[derive(Debug, Clone)]
 struct Recent {
     order: VecDeque<Digest>,
-    counts: HashMap<Digest, u32>,
     capacity: usize,
 }
 
@@ -304,33 +306,27 @@ impl Recent {
     fn new(capacity: usize) -> Self {
         Self {
             order: VecDeque::new(),
-            counts: HashMap::new(),
             capacity,
         }
     }
 
     fn contains(&self, digest: &Digest) -> bool {
-        self.counts.contains_key(digest)
+        // The first 8 bytes (of a SHA-256) tell nearly every other digest apart without
+        // a call to memcmp; only those that match are compared whole.
+        let head = |d: &Digest| u64::from_ne_bytes(d[..8].try_into().expect("8 bytes"));
+        let wanted = head(digest);
+        self.order.iter().any(|d| head(d) == wanted && d == digest)
     }
 
     fn push(&mut self, digest: Digest) {
         if self.order.len() == self.capacity {
-            if let Some(oldest) = self.order.pop_front() {
-                if let Some(count) = self.counts.get_mut(&oldest) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.counts.remove(&oldest);
-                    }
-                }
-            }
+            self.order.pop_front();
         }
         self.order.push_back(digest);
-        *self.counts.entry(digest).or_insert(0) += 1;
     }
 
     fn clear(&mut self) {
         self.order.clear();
-        self.counts.clear();
     }
 }
 
