@@ -5,6 +5,12 @@
 #
 #   MIX_ENV=prod mix run bench/scoring_cost.exs             # ~1 min
 #   MIX_ENV=prod mix run bench/scoring_cost.exs -- --quick  # ~15 s
+#   MIX_ENV=prod mix run bench/scoring_cost.exs -- --against ../other-checkout  # ~5 min
+#
+# `--against DIR`: the scoring stage as the ingest runs it (bench/scoring_stage.exs),
+# run in turn in DIR (another checkout, built with MIX_ENV=prod: *before*) and in this
+# one (*after*), each in a VM of its own with one scheduler, rounds alternated, for a
+# fleet at work and for every session looping; then this checkout's table below.
 #
 # 1,000 sessions, each step a new one (as bench/ingest_breakdown.exs sends them: the
 # entropy severity normal, no verdict or block). Figures are the VM's CPU time per
@@ -16,6 +22,64 @@ alias Observatory.{Native, NativeStores}
 
 Logger.configure(level: :error)
 {rounds, n} = if "--quick" in System.argv(), do: {3, 10_000}, else: {7, 40_000}
+
+# Before (DIR) and after (here), alternated: the median of each side's runs, each run
+# the median of its rounds.
+{opts, _, _} =
+  OptionParser.parse(System.argv() -- ["--"], strict: [against: :string, quick: :boolean])
+
+if opts[:against] do
+  stage = Path.expand("scoring_stage.exs", __DIR__)
+  runs = if opts[:quick], do: 3, else: 5
+
+  run = fn dir, workload ->
+    data = Path.join(System.tmp_dir!(), "scoring-stage-#{System.unique_integer([:positive])}")
+
+    {out, 0} =
+      System.cmd("mix", ["run", stage, "--", workload, "9"],
+        cd: dir,
+        stderr_to_stdout: true,
+        env: [
+          {"MIX_ENV", "prod"},
+          {"OBSERVATORY_PORT", "0"},
+          {"OBSERVATORY_DATA_DIR", data},
+          {"ELIXIR_ERL_OPTIONS", "+S 1"}
+        ]
+      )
+
+    File.rm_rf!(data)
+    [_, ^workload, median, _min] = Regex.run(~r/scoring_stage (\w+) (\d+) (\d+)/, out)
+    String.to_integer(median)
+  end
+
+  mid = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
+  load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
+
+  IO.puts(
+    "before: #{opts[:against]}; after: #{File.cwd!()}; 1-min load #{load}; #{runs} runs each\n"
+  )
+
+  IO.puts("| the ingest's scoring stage, CPU ns per step | before | after | after / before |")
+  IO.puts("|---|---:|---:|---:|")
+
+  for workload <- ~w(work loop) do
+    {before, after_} =
+      Enum.unzip(
+        for _ <- 1..runs, do: {run.(opts[:against], workload), run.(File.cwd!(), workload)}
+      )
+
+    {b, a} = {mid.(before), mid.(after_)}
+
+    label =
+      if workload == "work",
+        do: "a fleet at work (no alert)",
+        else: "every session looping (alerts, blocks)"
+
+    IO.puts("| #{label} | #{b} | #{a} | #{Float.round(a / b, 2)} |")
+  end
+
+  IO.puts("")
+end
 
 intents = ~w(search plan execute summarize)
 tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
@@ -66,7 +130,10 @@ stores =
 
 {estore, vstore, sstore} = stores
 verdict_config = LoopVerdict.config()
-{thresholds, history} = step_settings = StepDetector.step_settings()
+{thresholds, history} = StepDetector.step_settings()
+# score_step takes both packed (once per change of the configuration).
+packed_config = LoopVerdict.packed_config()
+{_thresholds, packed_settings} = StepDetector.scoring_settings()
 code = fn f -> elem(Observatory.Gateway.ActionStatus.to_code(f.status), 1) end
 
 entropy_nif = fn f ->
@@ -110,9 +177,9 @@ rows = [
        f.session_id,
        entropy,
        f.verdict_keys,
-       verdict_config,
+       packed_config,
        {f.approach, f.outcome},
-       step_settings
+       packed_settings
      )
    end},
   {"EntropyTracker.record_and_score/3 (reads the three entropy settings)",
@@ -140,9 +207,10 @@ rows = [
      StepDetector.settle(s, f.session_id, t)
    end},
   {"  of which: EntropyConfig.read/0 (3 settings)", fn _ -> EntropyConfig.read() end},
-  {"  of which: LoopVerdict.config/0 (the :loop_verdict setting)",
-   fn _ -> LoopVerdict.config() end},
-  {"  of which: StepDetector.step_settings/0", fn _ -> StepDetector.step_settings() end},
+  {"  of which: LoopVerdict.packed_config/0 (the :loop_verdict setting)",
+   fn _ -> LoopVerdict.packed_config() end},
+  {"  of which: StepDetector.scoring_settings/0 (the :step_detection setting)",
+   fn _ -> StepDetector.scoring_settings() end},
   {"  of which: the three stores looked up",
    fn _ ->
      {NativeStores.get({EntropyTracker, EntropyTracker}, nil), LoopVerdict.store_or_nil(),

@@ -46,6 +46,45 @@ pub struct Thresholds {
     pub stuck_block: u32,
 }
 
+/// Bytes of packed thresholds and history: four little-endian `u32`s and a `u64`.
+pub const PACKED_SETTINGS: usize = 4 * 4 + 8;
+
+impl Thresholds {
+    /// The thresholds and a history length as [`PACKED_SETTINGS`] bytes: how the
+    /// gateway hands them to its per-step NIF.
+    pub fn pack(self, history: u64) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(PACKED_SETTINGS);
+        for n in [
+            self.stagnation_warn,
+            self.stagnation_block,
+            self.stuck_warn,
+            self.stuck_block,
+        ] {
+            bytes.extend_from_slice(&n.to_le_bytes());
+        }
+        bytes.extend_from_slice(&history.to_le_bytes());
+        bytes
+    }
+
+    /// What [`pack`](Self::pack) packed, the thresholds validated again; `None` for
+    /// anything else.
+    pub fn unpack(bytes: &[u8]) -> Option<(Self, u64)> {
+        if bytes.len() != PACKED_SETTINGS {
+            return None;
+        }
+        let n = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        let thresholds = Self {
+            stagnation_warn: n(0),
+            stagnation_block: n(1),
+            stuck_warn: n(2),
+            stuck_block: n(3),
+        };
+        thresholds.validate().ok()?;
+        let history = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+        Some((thresholds, history))
+    }
+}
+
 impl Default for Thresholds {
     /// The seed's table: stagnation warns at 3 and blocks at 5, stuck at 5 and 8. Stuck
     /// is given more room because trying new code is what a working agent does.
@@ -395,6 +434,41 @@ mod tests {
         det.analyze(d(4), d(40));
         // Step (1, 10) has left the last two steps.
         assert_eq!(det.analyze(d(1), d(10)).cell, Cell::FullProgress);
+    }
+
+    #[test]
+    fn packed_thresholds_read_back_the_same() {
+        let t = Thresholds {
+            stagnation_warn: 2,
+            stagnation_block: 4,
+            stuck_warn: 6,
+            stuck_block: 9,
+        };
+        assert_eq!(Thresholds::unpack(&t.pack(16)), Some((t, 16)));
+        let big = u64::from(u32::MAX) + 1;
+        let default = Thresholds::default();
+        assert_eq!(Thresholds::unpack(&default.pack(big)), Some((default, big)));
+    }
+
+    #[test]
+    fn packed_thresholds_that_are_not_valid_are_refused() {
+        let packed = Thresholds::default().pack(16);
+        assert_eq!(Thresholds::unpack(&packed[1..]), None);
+        // warn above block: checked again when read.
+        let mut bad = packed;
+        bad[..4].copy_from_slice(&9u32.to_le_bytes());
+        assert_eq!(Thresholds::unpack(&bad), None);
+    }
+
+    #[test]
+    fn digests_alike_in_their_first_bytes_are_told_apart() {
+        let mut det = detector();
+        let (mut a, mut b) = (d(7), d(7));
+        a[31] = 1;
+        b[31] = 2;
+        assert_eq!(det.analyze(a, a).cell, Cell::FullProgress);
+        assert_eq!(det.analyze(b, b).cell, Cell::FullProgress);
+        assert_eq!(det.analyze(a, b).cell, Cell::FullStagnation);
     }
 
     #[test]

@@ -282,75 +282,14 @@ pub(crate) fn to_config(t: ConfigTuple) -> NifResult<Config> {
     Ok(config)
 }
 
-/// Bytes of a packed configuration: its 19 numbers, each a little-endian `u32`.
-const PACKED_CONFIG: usize = 19 * 4;
-
 /// The thresholds `verdict_observe` takes (a [`ConfigTuple`]), checked and packed as
-/// `score_step` takes them: a binary is read in one call where the nested tuple took
-/// some thirty (the caller packs once per change of the configuration, not per step).
+/// `score_step` takes them ([`Config::pack`]): a binary is read in one call where the
+/// nested tuple took some thirty (the caller packs once per change of the
+/// configuration, not per step).
 #[rustler::nif]
 fn verdict_config_pack(env: Env<'_>, config: ConfigTuple) -> NifResult<Term<'_>> {
-    let c = to_config(config)?;
-    let opt = |n: Option<u32>| n.unwrap_or(0);
-    let numbers = [
-        c.history as u32,
-        c.max_period as u32,
-        c.repeat_suspect,
-        c.repeat_loop,
-        c.blank_repeat_loop,
-        c.cycle_suspect,
-        c.cycle_loop,
-        c.failure_suspect,
-        opt(c.failure_loop),
-        u32::from(c.entropy),
-        c.near_share,
-        c.near_repeat_suspect,
-        c.near_repeat_loop,
-        c.blank_near_repeat_loop,
-        c.failure_run_suspect,
-        opt(c.failure_run_loop),
-        c.revisit_window as u32,
-        c.revisit_suspect,
-        opt(c.revisit_loop),
-    ];
-    let bytes: Vec<u8> = numbers.iter().flat_map(|n| n.to_le_bytes()).collect();
-    Ok(crate::json::binary(env, &bytes))
-}
-
-/// The configuration [`verdict_config_pack`] packed, checked again (a NIF's argument
-/// is never trusted); `None` for anything else.
-pub(crate) fn unpack_config(bytes: &[u8]) -> Option<Config> {
-    if bytes.len() != PACKED_CONFIG {
-        return None;
-    }
-    let n = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-    let never_as_zero = |v: u32| (v > 0).then_some(v);
-    let config = Config {
-        history: n(0) as usize,
-        max_period: n(1) as usize,
-        repeat_suspect: n(2),
-        repeat_loop: n(3),
-        blank_repeat_loop: n(4),
-        cycle_suspect: n(5),
-        cycle_loop: n(6),
-        failure_suspect: n(7),
-        failure_loop: never_as_zero(n(8)),
-        entropy: match n(9) {
-            0 => false,
-            1 => true,
-            _ => return None,
-        },
-        near_share: n(10),
-        near_repeat_suspect: n(11),
-        near_repeat_loop: n(12),
-        blank_near_repeat_loop: n(13),
-        failure_run_suspect: n(14),
-        failure_run_loop: never_as_zero(n(15)),
-        revisit_window: n(16) as usize,
-        revisit_suspect: n(17),
-        revisit_loop: never_as_zero(n(18)),
-    };
-    config.validate().ok().map(|_| config)
+    let config = to_config(config)?;
+    Ok(crate::json::binary(env, &config.pack()))
 }
 
 fn verdict_term<'a>(env: Env<'a>, v: &Verdict) -> Term<'a> {

@@ -91,53 +91,31 @@ pub(crate) fn analyze<'a>(
         .encode(env)
 }
 
-/// Bytes of packed step settings: the four thresholds (`u32`) and the history (`u64`),
-/// little-endian.
-const PACKED_SETTINGS: usize = 4 * 4 + 8;
-
 /// `{{stagnation_warn, stagnation_block, stuck_warn, stuck_block}, history}` packed as
-/// `score_step` takes it (the caller packs once per change of the configuration), or
-/// nil when they are not valid thresholds: `score_step` then answers
-/// `{:error, :invalid_step_thresholds}`, as it did for the tuple.
+/// `score_step` takes it ([`Thresholds::pack`]; the caller packs once per change of
+/// the configuration), or nil when they are not valid thresholds: `score_step` then
+/// answers `{:error, :invalid_step_thresholds}`, as it did for the tuple.
 #[rustler::nif]
 fn step_settings_pack<'a>(env: Env<'a>, settings: Term<'a>) -> Term<'a> {
-    let Ok(((stagnation_warn, stagnation_block, stuck_warn, stuck_block), history)) =
-        settings.decode::<((u32, u32, u32, u32), u64)>()
-    else {
-        return rustler::types::atom::nil().encode(env);
-    };
-    let thresholds = Thresholds {
-        stagnation_warn,
-        stagnation_block,
-        stuck_warn,
-        stuck_block,
-    };
-    if thresholds.validate().is_err() {
-        return rustler::types::atom::nil().encode(env);
+    let packed = settings
+        .decode::<((u32, u32, u32, u32), u64)>()
+        .ok()
+        .and_then(
+            |((stagnation_warn, stagnation_block, stuck_warn, stuck_block), history)| {
+                let thresholds = Thresholds {
+                    stagnation_warn,
+                    stagnation_block,
+                    stuck_warn,
+                    stuck_block,
+                };
+                thresholds.validate().ok()?;
+                Some(thresholds.pack(history))
+            },
+        );
+    match packed {
+        Some(bytes) => crate::json::binary(env, &bytes),
+        None => rustler::types::atom::nil().encode(env),
     }
-    let mut bytes = Vec::with_capacity(PACKED_SETTINGS);
-    for n in [stagnation_warn, stagnation_block, stuck_warn, stuck_block] {
-        bytes.extend_from_slice(&n.to_le_bytes());
-    }
-    bytes.extend_from_slice(&history.to_le_bytes());
-    crate::json::binary(env, &bytes)
-}
-
-/// The settings [`step_settings_pack`] packed, checked again; `None` for anything else.
-pub(crate) fn unpack_settings(bytes: &[u8]) -> Option<(Thresholds, usize)> {
-    if bytes.len() != PACKED_SETTINGS {
-        return None;
-    }
-    let n = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-    let thresholds = Thresholds {
-        stagnation_warn: n(0),
-        stagnation_block: n(1),
-        stuck_warn: n(2),
-        stuck_block: n(3),
-    };
-    let history = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
-    thresholds.validate().ok()?;
-    Some((thresholds, usize::try_from(history).unwrap_or(usize::MAX)))
 }
 
 /// `{stagnation_streak, stuck_streak, blocked}` or `nil`.

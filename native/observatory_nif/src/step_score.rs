@@ -145,7 +145,7 @@ fn verdict_inputs(
     let config = config
         .decode::<Binary<'_>>()
         .ok()
-        .and_then(|c| loop_verdict::unpack_config(c.as_slice()))
+        .and_then(|c| observatory_core::loop_verdict::Config::unpack(c.as_slice()))
         .ok_or_else(atoms::invalid_verdict_config)?;
     Ok((keys, config))
 }
@@ -164,9 +164,14 @@ fn step_inputs(
     let (thresholds, history) = settings
         .decode::<Binary<'_>>()
         .ok()
-        .and_then(|b| step_detector::unpack_settings(b.as_slice()))
+        .and_then(|b| StepThresholds::unpack(b.as_slice()))
         .ok_or_else(atoms::invalid_step_thresholds)?;
-    Ok((approach, outcome, thresholds, history))
+    Ok((
+        approach,
+        outcome,
+        thresholds,
+        usize::try_from(history).unwrap_or(usize::MAX),
+    ))
 }
 
 fn error(env: Env<'_>, reason: rustler::Atom) -> Term<'_> {
