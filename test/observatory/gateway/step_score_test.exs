@@ -264,6 +264,31 @@ defmodule Observatory.Gateway.StepScoreTest do
     end
   end
 
+  describe "the verdict's reason, written on the stack by the one call" do
+    test "is the sentence the session's stored verdict gives, rule by rule", %{tracker: t} do
+      sid = unique_session("reasons")
+      # Varied work, a repeat, a cycle, then failures: progress, repeat, cycle, failure rules.
+      steps =
+        for(i <- 1..3, do: {i, i, i, "success"}) ++
+          for(_ <- 1..3, do: {4, 4, 4, "success"}) ++
+          for(_ <- 1..3, i <- 1..2, do: {i, i, i, "success"}) ++
+          for(_ <- 1..4, do: {0, 5, 5, "failure"})
+
+      reasons =
+        for {step, n} <- Enum.with_index(steps, 1) do
+          {_, {:ok, verdict}, _} = fused(fields(sid, n, step), t, true)
+          # LoopVerdict.session/1 formats the same verdict apart (Rust's to_string).
+          assert verdict.reason == LoopVerdict.session(sid).reason
+          {verdict.rule, verdict.reason}
+        end
+
+      assert {:none, "the session's first step: nothing to compare yet"} = hd(reasons)
+      assert {:none, "no repeated call pattern in the last 2 steps"} = Enum.at(reasons, 1)
+      assert {:repeat, "the same call 3 times in a row, its result saying nothing new"} in reasons
+      assert Enum.uniq(Enum.map(reasons, &elem(&1, 0))) |> length() >= 3
+    end
+  end
+
   describe "forget and reset paths" do
     test "a forgotten session starts a fresh window and history", %{tracker: t} do
       sid = unique_session("forget")
