@@ -12,10 +12,14 @@
 # one (*after*), each in a VM of its own with one scheduler, rounds alternated, for a
 # fleet at work and for every session looping; then this checkout's table below.
 #
-# 1,000 sessions, each step a new one (as bench/ingest_breakdown.exs sends them: the
-# entropy severity normal, no verdict or block). Figures are the VM's CPU time per
-# call (:erlang.statistics(:runtime)), the median of the rounds: on a machine shared
-# with other work, wall time measures the neighbours as much as the code.
+# 1,000 sessions, 40 steps each (10 with --quick). The table's rows feed the same steps
+# to the same sessions again and again (and the warm-up three times before them), so
+# the verdict's history and the step detector's see repeats: its sessions end up
+# looping, and its "ingest's scoring" rows cost what a looping fleet costs.
+# `--against` measures the stage on a fleet at work (bench/scoring_stage.exs).
+# Figures are the VM's CPU time per call (:erlang.statistics(:runtime)), the median
+# of the rounds: on a machine shared with other work, wall time measures the
+# neighbours as much as the code.
 alias Observatory.Gateway.{DecisionLog, EntropyConfig, EntropyTracker, LoopVerdict}
 alias Observatory.Gateway.{StepDetector, StepScore}
 alias Observatory.{Native, NativeStores}
@@ -107,13 +111,26 @@ step = fn i ->
   |> elem(2)
 end
 
-fields = List.to_tuple(for i <- 0..(n - 1), do: step.(i))
+# The steps live in :persistent_term: kept on the process heap, every garbage
+# collection of the loops below copied all of them (a fifth of the time measured).
+:persistent_term.put(:scoring_cost_steps, List.to_tuple(for i <- 0..(n - 1), do: step.(i)))
+
+defmodule ScoringCost do
+  # `fun` on each step, nothing kept.
+  def each(fun, n), do: each(fun, 0, n)
+  defp each(_fun, n, n), do: :ok
+
+  defp each(fun, i, n) do
+    fun.(elem(:persistent_term.get(:scoring_cost_steps), i))
+    each(fun, i + 1, n)
+  end
+end
 
 cpu_ns = fn fun ->
   samples =
     for _ <- 1..rounds do
       {_, _} = :erlang.statistics(:runtime)
-      for i <- 0..(n - 1), do: fun.(elem(fields, i))
+      ScoringCost.each(fun, n)
       {_, ms} = :erlang.statistics(:runtime)
       ms * 1_000_000 / n
     end
@@ -251,7 +268,7 @@ together = fn f ->
 end
 
 # Every session warmed: windows and histories full.
-for _ <- 1..3, i <- 0..(n - 1), do: StepScore.score(elem(fields, i), EntropyTracker, config, true)
+for _ <- 1..3, do: ScoringCost.each(&StepScore.score(&1, EntropyTracker, config, true), n)
 
 load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
 IO.puts("1-min load average at the start: #{load}; #{n} steps a round, #{rounds} rounds\n")
@@ -261,7 +278,7 @@ for {label, fun} <- rows, do: IO.puts("| #{label} | #{cpu_ns.(fun)} |")
 # A and B in alternate rounds, so that the machine's other work weighs on both alike.
 one_round = fn fun ->
   {_, _} = :erlang.statistics(:runtime)
-  for i <- 0..(n - 1), do: fun.(elem(fields, i))
+  ScoringCost.each(fun, n)
   {_, ms} = :erlang.statistics(:runtime)
   ms * 1_000_000 / n
 end

@@ -100,6 +100,38 @@ samples =
     ms * 1_000_000 / n
   end
 
+# What the steps came to, one more round: the workload is the one intended.
+counts = :counters.new(1, [])
+tally = :ets.new(:scoring_stage_tally, [:set, :public])
+
+ScoringStage.run(
+  fn f ->
+    config = EntropyConfig.read()
+    {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+    entropy = EntropyTracker.settle(e, f.session_id, f.agent_id, true)
+    verdict = LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
+    step = s && StepDetector.settle(s, f.session_id, t)
+    severity = with {:ok, _, severity} <- entropy, do: severity, else: (_ -> :error)
+    level = with {:ok, v} <- verdict, do: v.verdict, else: (_ -> :error)
+    action = with {:ok, s} <- step, do: s.action, else: (_ -> :error)
+
+    for key <- [{:entropy, severity}, {:verdict, level}, {:step, action}],
+        do: :ets.update_counter(tally, key, 1, {key, 0})
+
+    :counters.add(counts, 1, 1)
+  end,
+  0,
+  n
+)
+
+came_to =
+  tally
+  |> :ets.tab2list()
+  |> Enum.sort()
+  |> Enum.map_join(", ", fn {{k, v}, c} -> "#{k} #{v} #{c}" end)
+
+IO.puts("steps came to: #{came_to}")
+
 sorted = Enum.sort(samples)
 
 IO.puts(
