@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use observatory_core::answered_steps::{AnsweredSteps, Claim, Limits, StepId};
-use observatory_core::decision_log::{self, body_fingerprint, step_hashes};
+use observatory_core::decision_log::{check, fingerprint_of, hashes_of, read};
 use observatory_core::loop_verdict::keys::Normalization;
 
 const ENVELOPE: &[u8] = br#"{"meta":{"step_id":"step-1","session_id":"sess-1","agent_id":"agent-1","parent_step_id":"step-0","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"search","reasoning_chain":["read the task","pick a tool"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"read_file","tool_input":{"path":"/srv/app/file-1.ex","limit":200},"status":"success","result":{"bytes":1025}}}"#;
@@ -24,17 +24,17 @@ fn bench_fingerprint(c: &mut Criterion) {
     let mut group = c.benchmark_group("parse_envelope");
     group.bench_function("baseline_parse_validate_hash", |b| {
         b.iter(|| {
-            let value = decision_log::parse(black_box(ENVELOPE)).unwrap();
-            decision_log::validate(&value).unwrap();
-            step_hashes(&value, rules).approach[0]
+            let tree = read(black_box(ENVELOPE)).unwrap();
+            check(&tree).unwrap();
+            hashes_of(&tree, rules).approach[0]
         })
     });
     group.bench_function("with_body_fingerprint", |b| {
         b.iter(|| {
-            let value = decision_log::parse(black_box(ENVELOPE)).unwrap();
-            decision_log::validate(&value).unwrap();
-            let hashes = step_hashes(&value, rules);
-            body_fingerprint(&value, &hashes)[0]
+            let tree = read(black_box(ENVELOPE)).unwrap();
+            check(&tree).unwrap();
+            let hashes = hashes_of(&tree, rules);
+            fingerprint_of(&tree, &hashes)[0]
         })
     });
     group.finish();

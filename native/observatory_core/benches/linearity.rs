@@ -28,7 +28,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use observatory_core::conversation::PromptSource;
-use observatory_core::decision_log::{parse, step_hashes, validate};
+use observatory_core::decision_log::{check, hashes_of, read};
 use observatory_core::loop_verdict::keys::{keys_from_canonical, Normalization};
 use observatory_core::messages::request_fingerprint;
 use observatory_core::normalize::{normalize, normalize_hex_ids, normalize_ids, IdRules};
@@ -264,9 +264,9 @@ fn parsers() -> Vec<Parser> {
 }
 
 fn ingest(body: &[u8]) -> usize {
-    let value = parse(body).unwrap();
-    validate(&value).unwrap();
-    let hashes = step_hashes(&value, Normalization::shared_default());
+    let tree = read(body).unwrap();
+    check(&tree).unwrap();
+    let hashes = hashes_of(&tree, Normalization::shared_default());
     hashes.verdict.outcome as usize
 }
 

@@ -1,18 +1,24 @@
 //! DecisionLog envelope validation (design.md §3).
 //!
-//! [`parse`] turns bytes into a JSON value (serde_json: strict UTF-8, nesting limited
-//! to 128 levels); [`validate`] checks every field the gateway relies on and lists
-//! every violation at once, each with its field path, so an agent can fix its message
-//! in one round trip. Unknown fields are not checked: they pass through untouched.
+//! [`read`] turns bytes into a JSON tree that borrows its text ([`borrowed::Json`]:
+//! serde_json's parser, strict UTF-8, nesting limited to 128 levels); [`check`]
+//! verifies every field the gateway relies on and lists every violation at once, each
+//! with its field path, so an agent can fix its message in one round trip. Unknown
+//! fields are not checked: they pass through untouched. [`parse`] and [`validate`] do
+//! the same for a `serde_json::Value`.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+pub use borrowed::{Json, Object};
 
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
-use crate::stable_json::{
-    hash_parts, stable_stringify, stable_stringify_into, stable_stringify_without, Digest,
-};
+use crate::stable_json::{hash_parts, stable_stringify, Digest};
+
+pub mod borrowed;
+#[doc(hidden)]
+pub mod value_path;
 
 /// The fixed set of `action.status` values; a status's code is its index here.
 /// `Observatory.Gateway.ActionStatus` lists the same values in the same order (a test
@@ -64,11 +70,35 @@ pub struct Fields<'a> {
 /// Parses one JSON document. Syntax errors, invalid UTF-8 and nesting deeper than
 /// 128 levels are reported as a violation of `$` with serde_json's line and column.
 pub fn parse(bytes: &[u8]) -> Result<Value, Violation> {
-    serde_json::from_slice(bytes).map_err(|e| Violation::new("$", format!("invalid JSON: {e}")))
+    serde_json::from_slice(bytes).map_err(invalid_json)
+}
+
+/// [`parse`] into a tree that borrows the text: the same document, the same
+/// violation.
+pub fn read(bytes: &[u8]) -> Result<Json<'_>, Violation> {
+    Json::read(bytes).map_err(invalid_json)
+}
+
+fn invalid_json(e: serde_json::Error) -> Violation {
+    Violation::new("$", format!("invalid JSON: {e}"))
+}
+
+/// [`check`] of a `Value`.
+pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
+    let status = check(&Json::from(envelope))?.status;
+    let text = |section: &str, key: &str| envelope[section][key].as_str().unwrap_or_default();
+    Ok(Fields {
+        step_id: text("meta", "step_id"),
+        session_id: text("meta", "session_id"),
+        agent_id: text("meta", "agent_id"),
+        intent: text("cognition", "intent"),
+        tool_call: text("action", "tool_call"),
+        status,
+    })
 }
 
 /// Checks an envelope; returns its key fields or every violation found.
-pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
+pub fn check<'t>(envelope: &'t Json<'_>) -> Result<Fields<'t>, Vec<Violation>> {
     let mut v = Vec::new();
     let Some(root) = envelope.as_object() else {
         return Err(vec![Violation::new("$", "must be a JSON object")]);
@@ -82,9 +112,9 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
         meta.and_then(|m| string(m, "meta.agent_id", "agent_id", 1, MAX_ID_BYTES, &mut v));
     if let Some(m) = meta {
         match m.get("parent_step_id") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s.len() <= MAX_ID_BYTES => {}
-            Some(Value::String(_)) => v.push(Violation::new(
+            None | Some(Json::Null) => {}
+            Some(Json::String(s)) if s.len() <= MAX_ID_BYTES => {}
+            Some(Json::String(_)) => v.push(Violation::new(
                 "meta.parent_step_id",
                 format!("must be at most {MAX_ID_BYTES} bytes"),
             )),
@@ -95,7 +125,7 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
         }
         match m.get("timestamp") {
             None => v.push(Violation::new("meta.timestamp", "is required")),
-            Some(Value::String(s)) if is_iso8601(s) => {}
+            Some(Json::String(s)) if is_iso8601(s) => {}
             Some(_) => v.push(Violation::new(
                 "meta.timestamp",
                 "must be an ISO 8601 date-time string, e.g. 2026-02-22T10:30:00Z",
@@ -128,7 +158,7 @@ pub fn validate(envelope: &Value) -> Result<Fields<'_>, Vec<Violation>> {
             v.push(Violation::new("action.status", "is required"));
             None
         }
-        Some(Value::String(s)) => match status_code(s) {
+        Some(Json::String(s)) => match status_code(s) {
             Some(code) => Some(code),
             None => {
                 v.push(Violation::new(
@@ -211,8 +241,13 @@ pub struct StepHashes {
 /// and of the result is written once and hashed twice, SHA-256 as it is and the 64-bit
 /// keys after normalization.
 pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
+    hashes_of(&Json::from(envelope), rules)
+}
+
+/// [`step_hashes`] of a tree.
+pub fn hashes_of(envelope: &Json<'_>, rules: &Normalization) -> StepHashes {
     TEXTS.with(|texts| {
-        let (input, result_text) = &mut *texts.borrow_mut();
+        let (input, result_text, _) = &mut *texts.borrow_mut();
         let hashes = step_hashes_with(envelope, rules, input, result_text);
         for text in [input, result_text] {
             if text.capacity() > KEPT_TEXT_BYTES {
@@ -228,30 +263,38 @@ pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
 const KEPT_TEXT_BYTES: usize = 64 * 1024;
 
 thread_local! {
-    /// The canonical text of a step's input and of its result, kept between steps on
-    /// this thread: written into memory already there, not grown and copied anew.
-    static TEXTS: std::cell::RefCell<(String, String)> =
-        const { std::cell::RefCell::new((String::new(), String::new())) };
+    /// The canonical text of a step's input, of its result and of the rest of its
+    /// envelope, kept between steps on this thread: written into memory already
+    /// there, not grown and copied anew.
+    static TEXTS: std::cell::RefCell<(String, String, String)> =
+        const { std::cell::RefCell::new((String::new(), String::new(), String::new())) };
 }
 
 fn step_hashes_with(
-    envelope: &Value,
+    envelope: &Json<'_>,
     rules: &Normalization,
     input: &mut String,
     result_text: &mut String,
 ) -> StepHashes {
-    let action = &envelope["action"];
-    let tool = action["tool_call"].as_str().unwrap_or_default();
-    let status = action["status"].as_str().unwrap_or_default();
-    stable_stringify_into(input, action.get("tool_input").unwrap_or(&Value::Null));
-    let result = action.get("result");
+    let action = envelope.get("action");
+    let field = |key: &str| action.and_then(|a| a.get(key));
+    let tool = field("tool_call")
+        .and_then(Json::as_str)
+        .unwrap_or_default();
+    let status = field("status").and_then(Json::as_str).unwrap_or_default();
+    input.clear();
+    field("tool_input")
+        .unwrap_or(&Json::Null)
+        .write_canonical(input);
+    let result = field("result");
     let result_text = result.map(|result| {
-        stable_stringify_into(result_text, result);
+        result_text.clear();
+        result.write_canonical(result_text);
         result_text.as_str()
     });
     let approach = hash_parts(&[tool.as_bytes(), input.as_bytes()]);
     let outcome = result_text.map(|text| hash_parts(&[status.as_bytes(), text.as_bytes()]));
-    let verdict_result = result_text.filter(|_| !result.is_some_and(Value::is_null));
+    let verdict_result = result_text.filter(|_| !result.is_some_and(Json::is_null));
     StepHashes {
         approach,
         outcome,
@@ -267,21 +310,47 @@ fn step_hashes_with(
 /// which 16 bytes are kept. The tool's input and result, the parts that can be large,
 /// enter through `hashes` (the same canonical text, hashed once already).
 pub fn body_fingerprint(envelope: &Value, hashes: &StepHashes) -> [u8; 16] {
+    fingerprint_of(&Json::from(envelope), hashes)
+}
+
+/// [`body_fingerprint`] of a tree.
+pub fn fingerprint_of(envelope: &Json<'_>, hashes: &StepHashes) -> [u8; 16] {
+    TEXTS.with(|texts| {
+        let rest = &mut texts.borrow_mut().2;
+        rest.clear();
+        write_rest(envelope, rest);
+        let outcome = hashes
+            .outcome
+            .as_ref()
+            .map_or(&[][..], |digest| &digest[..]);
+        let digest = hash_parts(&[rest.as_bytes(), &hashes.approach, outcome]);
+        if rest.capacity() > KEPT_TEXT_BYTES {
+            *rest = String::new();
+        }
+        let mut fingerprint = [0; 16];
+        fingerprint.copy_from_slice(&digest[..16]);
+        fingerprint
+    })
+}
+
+/// The canonical text of the envelope without the members the fingerprint leaves out.
+fn write_rest(envelope: &Json<'_>, out: &mut String) {
     const LEFT_OUT: [(&str, &str); 4] = [
         ("meta", "timestamp"),
         ("cognition", "entropy_score"),
         ("action", "tool_input"),
         ("action", "result"),
     ];
-    let rest = stable_stringify_without(envelope, &LEFT_OUT);
-    let outcome = hashes
-        .outcome
-        .as_ref()
-        .map_or(&[][..], |digest| &digest[..]);
-    let digest = hash_parts(&[rest.as_bytes(), &hashes.approach, outcome]);
-    let mut fingerprint = [0; 16];
-    fingerprint.copy_from_slice(&digest[..16]);
-    fingerprint
+    let Json::Object(root) = envelope else {
+        return envelope.write_canonical(out);
+    };
+    root.write_canonical_with(out, |section, member, out| match member {
+        Json::Object(members) if LEFT_OUT.iter().any(|&(s, _)| s == section) => members
+            .write_canonical(out, |key| {
+                !LEFT_OUT.iter().any(|&(s, k)| s == section && k == key)
+            }),
+        other => other.write_canonical(out),
+    });
 }
 
 /// The code of a status string, or `None` when it is not in the fixed set.
@@ -292,13 +361,13 @@ pub fn status_code(status: &str) -> Option<u8> {
         .map(|i| i as u8)
 }
 
-fn section<'a>(
-    root: &'a Map<String, Value>,
+fn section<'t, 'a>(
+    root: &'t Object<'a>,
     key: &str,
     v: &mut Vec<Violation>,
-) -> Option<&'a Map<String, Value>> {
+) -> Option<&'t Object<'a>> {
     match root.get(key) {
-        Some(Value::Object(m)) => Some(m),
+        Some(Json::Object(m)) => Some(m),
         Some(_) => {
             v.push(Violation::new(key, "must be an object"));
             None
@@ -310,18 +379,18 @@ fn section<'a>(
     }
 }
 
-fn string<'a>(
-    obj: &'a Map<String, Value>,
+fn string<'t>(
+    obj: &'t Object<'_>,
     path: &str,
     key: &str,
     min: usize,
     max: usize,
     v: &mut Vec<Violation>,
-) -> Option<&'a str> {
+) -> Option<&'t str> {
     match obj.get(key) {
         None => v.push(Violation::new(path, "is required")),
-        Some(Value::String(s)) if (min..=max).contains(&s.len()) => return Some(s),
-        Some(Value::String(_)) => v.push(Violation::new(
+        Some(Json::String(s)) if (min..=max).contains(&s.len()) => return Some(s),
+        Some(Json::String(_)) => v.push(Violation::new(
             path,
             format!("must be {min} to {max} bytes"),
         )),
@@ -330,27 +399,27 @@ fn string<'a>(
     None
 }
 
-fn unit_number(obj: &Map<String, Value>, path: &str, key: &str, v: &mut Vec<Violation>) {
+fn unit_number(obj: &Object<'_>, path: &str, key: &str, v: &mut Vec<Violation>) {
     match obj.get(key) {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)) => {}
+        None | Some(Json::Null) => {}
+        Some(Json::Number(n)) if n.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)) => {}
         Some(_) => v.push(Violation::new(path, "must be a number between 0 and 1")),
     }
 }
 
-fn reasoning_chain(cognition: &Map<String, Value>, v: &mut Vec<Violation>) {
+fn reasoning_chain(cognition: &Object<'_>, v: &mut Vec<Violation>) {
     let path = "cognition.reasoning_chain";
     match cognition.get("reasoning_chain") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(steps)) if steps.len() > MAX_REASONING_STEPS => v.push(Violation::new(
+        None | Some(Json::Null) => {}
+        Some(Json::Array(steps)) if steps.len() > MAX_REASONING_STEPS => v.push(Violation::new(
             path,
             format!("must have at most {MAX_REASONING_STEPS} entries"),
         )),
-        Some(Value::Array(steps)) => {
+        Some(Json::Array(steps)) => {
             for (i, step) in steps.iter().enumerate() {
                 match step {
-                    Value::String(s) if s.len() <= MAX_REASONING_BYTES => {}
-                    Value::String(_) => v.push(Violation::new(
+                    Json::String(s) if s.len() <= MAX_REASONING_BYTES => {}
+                    Json::String(_) => v.push(Violation::new(
                         &format!("{path}.{i}"),
                         format!("must be at most {MAX_REASONING_BYTES} bytes"),
                     )),

@@ -159,7 +159,7 @@ fn write_members<'a>(out: &mut String, members: impl Iterator<Item = (&'a String
     }
 }
 
-fn write_number(out: &mut String, n: &Number) {
+pub(crate) fn write_number(out: &mut String, n: &Number) {
     const MIN_I64: f64 = -9_223_372_036_854_775_808.0; // -2^63
     const END_U64: f64 = 18_446_744_073_709_551_616.0; // 2^64
     match (n.as_u64(), n.as_i64(), n.as_f64()) {
@@ -200,7 +200,7 @@ fn write_integer(out: &mut String, negative: bool, mut magnitude: u64) {
 
 /// The escapes of `serde_json`: every byte that needs one is ASCII, so the runs between
 /// them are whole UTF-8 sequences and can be copied as `str` slices.
-fn write_string(out: &mut String, s: &str) {
+pub(crate) fn write_string(out: &mut String, s: &str) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let bytes = s.as_bytes();
     out.push('"');

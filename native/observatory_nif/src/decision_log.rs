@@ -5,7 +5,7 @@ use observatory_core::loop_verdict::keys::Normalization;
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
 use crate::atoms;
-use crate::json::{binary, value_to_term};
+use crate::json::{binary, tree_to_term};
 use crate::loop_verdict::VerdictRules;
 
 /// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
@@ -47,11 +47,11 @@ fn parse<'a>(
     rules: Option<ResourceArc<VerdictRules>>,
     with_envelope: bool,
 ) -> Term<'a> {
-    let value = match decision_log::parse(body.as_slice()) {
+    let value = match decision_log::read(body.as_slice()) {
         Ok(value) => value,
         Err(violation) => return violations(env, &[violation]),
     };
-    match decision_log::validate(&value) {
+    match decision_log::check(&value) {
         Ok(Fields {
             step_id,
             session_id,
@@ -63,8 +63,8 @@ fn parse<'a>(
             let rules = rules
                 .as_ref()
                 .map_or(Normalization::shared_default(), |r| &r.0);
-            let hashes = decision_log::step_hashes(&value, rules);
-            let fingerprint = decision_log::body_fingerprint(&value, &hashes);
+            let hashes = decision_log::hashes_of(&value, rules);
+            let fingerprint = decision_log::fingerprint_of(&value, &hashes);
             let StepHashes {
                 approach,
                 outcome,
@@ -73,7 +73,7 @@ fn parse<'a>(
             (
                 atoms::ok(),
                 if with_envelope {
-                    value_to_term(env, &value)
+                    tree_to_term(env, &value)
                 } else {
                     rustler::types::atom::nil().encode(env)
                 },

@@ -6,6 +6,7 @@
 //! strings); tuples, pids, refs, funs, structs and invalid UTF-8 are refused with a
 //! reason. Inputs above a few tens of KiB go to the dirty-scheduler twins.
 
+use observatory_core::decision_log::Json as Tree;
 use rustler::types::map::MapIterator;
 use rustler::{Binary, Encoder, Env, NewBinary, Term, TermType};
 use serde::ser::{Error as _, SerializeMap, SerializeSeq};
@@ -104,6 +105,45 @@ pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
         Value::Object(map) => {
             let keys: Vec<Term<'a>> = map.keys().map(|k| binary(env, k.as_bytes())).collect();
             let values: Vec<Term<'a>> = map.values().map(|v| value_to_term(env, v)).collect();
+            Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
+        }
+    }
+}
+
+/// A decision log's tree as a term: the same term [`value_to_term`] makes of the
+/// same document.
+pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
+    match value {
+        Tree::Null => rustler::types::atom::nil().encode(env),
+        Tree::Bool(b) => b.encode(env),
+        Tree::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.encode(env),
+            (None, Some(u)) => u.encode(env),
+            _ => n.as_f64().unwrap_or(0.0).encode(env),
+        },
+        Tree::String(s) => binary(env, s.as_bytes()),
+        Tree::Array(items) => items
+            .iter()
+            .rev()
+            .fold(Term::list_new_empty(env), |list, item| {
+                list.list_prepend(tree_to_term(env, item))
+            }),
+        Tree::Object(object) if object.len() <= SMALL_OBJECT => {
+            let nil = rustler::types::atom::nil().encode(env);
+            let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
+            for (i, (key, value)) in object.iter().enumerate() {
+                keys[i] = binary(env, key.as_bytes());
+                values[i] = tree_to_term(env, value);
+            }
+            let n = object.len();
+            Term::map_from_term_arrays(env, &keys[..n], &values[..n])
+                .expect("JSON object keys are unique")
+        }
+        Tree::Object(object) => {
+            let (keys, values): (Vec<Term<'a>>, Vec<Term<'a>>) = object
+                .iter()
+                .map(|(k, v)| (binary(env, k.as_bytes()), tree_to_term(env, v)))
+                .unzip();
             Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
         }
     }

@@ -76,4 +76,29 @@ defmodule Observatory.Gateway.DecisionLogTest do
     assert {:error, [%{path: "$", reason: "cannot be encoded as JSON" <> _}]} =
              DecisionLog.from_map(%{"meta" => {:tuple}})
   end
+
+  describe "the envelope term is Observatory.JSON.decode/1's term of the same text" do
+    # The parse reads a borrowed tree, the JSON decoder a serde_json Value: the same text
+    # must give the same term, with and without the envelope term asked for.
+    test "escapes, unicode, numbers of every kind, duplicate keys, large objects" do
+      base = Observatory.JSON.encode!(HTTP.envelope(%{}))
+      "{" <> rest = base
+
+      extras = [
+        ~s("s":"a\\"b\\\\c\\n\\u00e9\\ud83d\\ude00\\/ é 日本"),
+        ~s("n":[0,-0,1.0,-0.0,1e20,2.5e-8,18446744073709551615,18446744073709551616,-9223372036854775808,0.1]),
+        ~s("d":{"k":1,"k":2,"\\u006b":3}),
+        ~s("big":{#{Enum.map_join(1..40, ",", &~s("k#{&1}":#{&1}))}}),
+        ~s("e":{},"l":[[],[{}]],"t":true,"f":false,"z":null)
+      ]
+
+      for extra <- extras do
+        text = "{" <> extra <> "," <> rest
+        assert {:ok, expected} = Observatory.JSON.decode(text)
+        assert {:ok, envelope, fields} = DecisionLog.parse(text)
+        assert envelope == expected, text
+        assert {:ok, nil, ^fields} = DecisionLog.parse(text, envelope: false)
+      end
+    end
+  end
 end

@@ -247,3 +247,388 @@ fn the_body_fingerprint_changes_with_anything_else() {
     null["action"]["result"] = Value::Null;
     assert_ne!(fingerprint(&without), fingerprint(&null));
 }
+
+/// The borrowed tree against the `Value` implementation it replaced
+/// ([`value_path`]), over generated envelope texts: every answer the gateway takes from
+/// a step must be the same, bit for bit.
+mod borrowed_tree_answers_as_the_value_path {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What one step's parse gives: the violations, or the fields and every hash.
+    #[derive(Debug, PartialEq)]
+    enum Answer {
+        Invalid(Vec<Violation>),
+        Valid {
+            fields: (String, String, String, String, String, u8),
+            hashes: Box<StepHashes>,
+            fingerprint: [u8; 16],
+        },
+    }
+
+    fn owned(f: Fields<'_>) -> (String, String, String, String, String, u8) {
+        let s = |x: &str| x.to_owned();
+        (
+            s(f.step_id),
+            s(f.session_id),
+            s(f.agent_id),
+            s(f.intent),
+            s(f.tool_call),
+            f.status,
+        )
+    }
+
+    fn old(bytes: &[u8]) -> Answer {
+        let rules = Normalization::shared_default();
+        let value = match parse(bytes) {
+            Ok(value) => value,
+            Err(violation) => return Answer::Invalid(vec![violation]),
+        };
+        match value_path::validate(&value) {
+            Ok(fields) => {
+                let hashes = value_path::step_hashes(&value, rules);
+                Answer::Valid {
+                    fields: owned(fields),
+                    hashes: Box::new(hashes),
+                    fingerprint: value_path::body_fingerprint(&value, &hashes),
+                }
+            }
+            Err(list) => Answer::Invalid(list),
+        }
+    }
+
+    fn new(bytes: &[u8]) -> Answer {
+        let rules = Normalization::shared_default();
+        let tree = match read(bytes) {
+            Ok(tree) => tree,
+            Err(violation) => return Answer::Invalid(vec![violation]),
+        };
+        match check(&tree) {
+            Ok(fields) => {
+                let hashes = hashes_of(&tree, rules);
+                Answer::Valid {
+                    fields: owned(fields),
+                    hashes: Box::new(hashes),
+                    fingerprint: fingerprint_of(&tree, &hashes),
+                }
+            }
+            Err(list) => Answer::Invalid(list),
+        }
+    }
+
+    /// Both answers agree, and the tree is the `Value`'s (so the envelope's term is).
+    fn assert_same(bytes: &[u8]) -> Result<(), TestCaseError> {
+        prop_assert_eq!(
+            new(bytes),
+            old(bytes),
+            "text: {}",
+            String::from_utf8_lossy(bytes)
+        );
+        if let Ok(value) = parse(bytes) {
+            prop_assert_eq!(read(bytes).unwrap(), Json::from(&value));
+            prop_assert_eq!(Json::from(value.clone()), Json::from(&value));
+        }
+        Ok(())
+    }
+
+    /// Optional whitespace between tokens.
+    fn ws() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec!["", "", "", " ", "\n  ", "\t"])
+    }
+
+    fn number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| format!("{f:?}")),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| format!("{f:e}")),
+            prop::sample::select(vec![
+                "0",
+                "-0",
+                "1.0",
+                "-0.0",
+                "0.5",
+                "1e20",
+                "1E+2",
+                "2.5e-8",
+                "-1.5e300",
+                "1e400",
+                "18446744073709551615",
+                "18446744073709551616",
+                "-9223372036854775808",
+                "-9223372036854775809",
+                "123456789012345678901234567890",
+                "0.1",
+                "4242",
+            ])
+            .prop_map(str::to_owned),
+        ]
+    }
+
+    /// A JSON string's text: plain and non-ASCII characters, every kind of escape,
+    /// surrogate pairs, and the ids and timestamps normalization looks for.
+    fn string() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            4 => "[a-zA-Z0-9 _./:-]{1,12}",
+            1 => any::<char>()
+                .prop_filter("no quote, backslash or control", |c| {
+                    !matches!(c, '"' | '\\') && !c.is_control()
+                })
+                .prop_map(String::from),
+            2 => prop::sample::select(vec![
+                "\\n", "\\t", "\\\"", "\\\\", "\\/", "\\u00e9", "\\u0000", "\\ud83d\\ude00",
+                "\\u001f", "\\b", "\\f", "\\r", "é", "日本", "😀", "\u{7f}",
+                "2026-02-22T10:30:00Z", "550e8400-e29b-41d4-a716-446655440000",
+                "req-42", "pid 4242", "deadbeefcafe1234",
+            ])
+            .prop_map(str::to_owned),
+        ];
+        prop::collection::vec(piece, 0..6).prop_map(|pieces| format!("\"{}\"", pieces.concat()))
+    }
+
+    /// An object key: few names, so that repeats (duplicate keys) are common.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => prop::sample::select(vec![
+                "a", "b", "Z", "é", "\\u0061", "path", "", "request_id", "elapsed_ms", "\\n",
+            ])
+            .prop_map(|k| format!("\"{k}\"")),
+            1 => string(),
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            prop::sample::select(vec!["null", "true", "false"]).prop_map(str::to_owned),
+            number(),
+            string(),
+        ];
+        leaf.prop_recursive(4, 24, 5, |inner| {
+            prop_oneof![
+                (prop::collection::vec((ws(), inner.clone()), 0..5)).prop_map(|items| {
+                    let items: Vec<String> =
+                        items.into_iter().map(|(w, v)| format!("{w}{v}")).collect();
+                    format!("[{}]", items.join(","))
+                }),
+                prop::collection::vec((key(), ws(), inner), 0..6).prop_map(|members| {
+                    let members: Vec<String> = members
+                        .into_iter()
+                        .map(|(k, w, v)| format!("{k}{w}:{v}"))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }),
+            ]
+        })
+    }
+
+    /// A field's value: one the check accepts (`ok`); or, in a spoiled envelope, mostly
+    /// such one, else one it refuses, any JSON, or no field.
+    fn field(
+        spoil: bool,
+        name: &'static str,
+        ok: Vec<&'static str>,
+        bad: Vec<&'static str>,
+    ) -> BoxedStrategy<String> {
+        let member = move |v: &str| format!("\"{name}\":{v}");
+        let good = prop::sample::select(ok).prop_map(member);
+        if !spoil {
+            return good.boxed();
+        }
+        prop_oneof![
+            6 => good,
+            1 => prop::sample::select(bad).prop_map(member),
+            1 => json().prop_map(move |v| member(&v)),
+            1 => Just(String::new()),
+        ]
+        .boxed()
+    }
+
+    fn section(
+        spoil: bool,
+        name: &'static str,
+        fields: Vec<BoxedStrategy<String>>,
+    ) -> BoxedStrategy<String> {
+        let members = fields.into_iter().fold(Just(Vec::new()).boxed(), |acc, f| {
+            (acc, f)
+                .prop_map(|(mut v, f)| {
+                    v.push(f);
+                    v
+                })
+                .boxed()
+        });
+        let body = (members, Just(())).prop_shuffle_members();
+        let body = if spoil {
+            prop_oneof![8 => body, 1 => json().boxed()].boxed()
+        } else {
+            body
+        };
+        body.prop_map(move |body| format!("\"{name}\":{body}"))
+            .boxed()
+    }
+
+    trait ShuffleMembers {
+        fn prop_shuffle_members(self) -> BoxedStrategy<String>;
+    }
+
+    impl<S: Strategy<Value = (Vec<String>, ())> + 'static> ShuffleMembers for S {
+        /// The members in any order, the empty ones (absent fields) left out.
+        fn prop_shuffle_members(self) -> BoxedStrategy<String> {
+            self.prop_map(|(v, ())| v)
+                .prop_shuffle()
+                .prop_map(|v| {
+                    let v: Vec<String> = v.into_iter().filter(|m| !m.is_empty()).collect();
+                    format!("{{{}}}", v.join(","))
+                })
+                .boxed()
+        }
+    }
+
+    /// An envelope's text: its three sections (fields valid, or in half of them
+    /// anything, in any order, sometimes repeated), unknown members, whitespace.
+    fn envelope() -> impl Strategy<Value = String> {
+        any::<bool>().prop_flat_map(envelope_spoiled_or_not)
+    }
+
+    fn envelope_spoiled_or_not(spoil: bool) -> impl Strategy<Value = String> {
+        let id = || vec!["\"step-1\"", "\"s\\u00e9\"", "\"sess-ABC-42\""];
+        let f = |name, ok, bad| field(spoil, name, ok, bad);
+        let meta = section(
+            spoil,
+            "meta",
+            vec![
+                f("step_id", id(), vec!["\"\"", "7"]),
+                f("session_id", id(), vec!["\"\"", "[]"]),
+                f("agent_id", id(), vec!["null"]),
+                f("parent_step_id", vec!["null", "\"step-0\""], vec!["3"]),
+                f(
+                    "timestamp",
+                    vec![
+                        "\"2026-02-22T10:30:00Z\"",
+                        "\"2026-02-22T10:30:00.123+01:00\"",
+                    ],
+                    vec!["\"2026-13-22T10:30:00Z\"", "\"yesterday\""],
+                ),
+            ],
+        );
+        let cognition = section(
+            spoil,
+            "cognition",
+            vec![
+                f("intent", vec!["\"search\"", "\"plan\\n\""], vec!["\"\""]),
+                f(
+                    "reasoning_chain",
+                    vec!["[]", "[\"a\",\"b\"]", "null"],
+                    vec!["[1]", "\"a\""],
+                ),
+                f(
+                    "confidence",
+                    vec!["0.8", "1", "1.0", "-0.0", "null"],
+                    vec!["1.5"],
+                ),
+                f("entropy_score", vec!["0.9", "0"], vec!["2"]),
+            ],
+        );
+        let action = section(
+            spoil,
+            "action",
+            vec![
+                f(
+                    "tool_call",
+                    vec!["\"read_file\"", "\"run\\tshell\""],
+                    vec!["\"\""],
+                ),
+                json().prop_map(|v| format!("\"tool_input\":{v}")).boxed(),
+                f(
+                    "status",
+                    vec!["\"success\"", "\"failure\"", "\"timeout\"", "\"cancelled\""],
+                    vec!["\"ok\""],
+                ),
+                prop_oneof![
+                    4 => json().prop_map(|v| format!("\"result\":{v}")),
+                    1 => Just("\"result\":null".to_owned()),
+                    1 => Just(String::new()),
+                ]
+                .boxed(),
+            ],
+        );
+        let extra = prop_oneof![
+            2 => Just(String::new()).boxed(),
+            1 => (key(), json()).prop_map(|(k, v)| format!("{k}:{v}")).boxed(),
+            1 => section(spoil, "meta", vec![f("step_id", vec!["\"again\""], vec!["1"])]),
+        ];
+        (meta, cognition, action, extra, ws())
+            .prop_map(|(m, c, a, e, w)| (vec![m, c, a, e], w))
+            .prop_flat_map(|(parts, w)| (Just(parts).prop_shuffle(), Just(w)))
+            .prop_map(|(parts, w)| {
+                let parts: Vec<String> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+                format!("{w}{{{w}{}}}{w}", parts.join(&format!(",{w}")))
+            })
+    }
+
+    /// A text spoiled: cut short, an invalid UTF-8 byte put in, or nested too deep.
+    fn spoiled(text: String, how: u8, at: usize) -> Vec<u8> {
+        let mut bytes = text.into_bytes();
+        let at = at % (bytes.len() + 1);
+        match how {
+            0 => bytes.truncate(at),
+            1 => bytes.insert(at, 0xff),
+            2 => bytes.splice(at..at, [0xc3]).for_each(drop),
+            _ => {
+                let deep = format!("{}1{}", "[".repeat(130), "]".repeat(130));
+                return format!("{{\"meta\":{deep}}}").into_bytes();
+            }
+        }
+        bytes
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn on_generated_envelopes(text in envelope()) {
+            assert_same(text.as_bytes())?;
+        }
+
+        #[test]
+        fn on_any_json(text in json()) {
+            assert_same(text.as_bytes())?;
+        }
+
+        #[test]
+        fn on_spoiled_texts(text in envelope(), how in 0u8..4, at in any::<usize>()) {
+            assert_same(&spoiled(text, how, at))?;
+        }
+    }
+
+    #[test]
+    fn on_edge_texts() {
+        let texts: [&[u8]; 10] = [
+            // The raw-value token as an object's first key: `Value` reads the string.
+            br#"{"$serde_json::private::RawValue":"[1,2]"}"#,
+            br#"{"action":{"$serde_json::private::RawValue":"{\"result\":1}"}}"#,
+            br#"{"a":1,"$serde_json::private::RawValue":"x"}"#,
+            br#"{"meta":{"step_id":"a","step_id":"b"},"meta":{"step_id":"c"}}"#,
+            b"\xef\xbb\xbf{}",
+            b"{} {}",
+            b"",
+            b"[]",
+            br#"{"meta":1e400}"#,
+            br#"{"meta":{"step_id":"\ud800"}}"#,
+        ];
+        for text in texts {
+            assert_same(text).unwrap();
+        }
+        let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        for n in [127, 128, 129] {
+            let text = format!(
+                r#"{{"meta":{{}},"cognition":{{}},"action":{{"result":{}}}}}"#,
+                nested(n)
+            );
+            assert_same(text.as_bytes()).unwrap();
+        }
+    }
+}

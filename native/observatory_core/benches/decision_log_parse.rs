@@ -1,0 +1,202 @@
+//! The parse stage of one ingest, in Rust alone: the three steps of
+//! `bench/ingest_breakdown.exs` (small, 600 B, 4 KiB) through parse, validate, the
+//! step's hashes and its body fingerprint: each stage added in turn, on the
+//! `serde_json::Value` path the gateway took before (`decision_log::value_path`) and on
+//! the borrowed tree it takes now, batches of both alternated in the same run. The
+//! last row is the whole's speed-up (old / new).
+//!
+//! cargo bench -p observatory_core --bench decision_log_parse
+//! cargo bench -p observatory_core --bench decision_log_parse -- --quick
+//!
+//! Times are the thread's CPU time per call, the median of many batches, so a loaded
+//! machine's preemptions do not count.
+
+use std::hint::black_box;
+
+use observatory_core::decision_log::value_path::{body_fingerprint, step_hashes, validate};
+use observatory_core::decision_log::{check, fingerprint_of, hashes_of, parse, read};
+use observatory_core::loop_verdict::keys::Normalization;
+
+const LINE: &str =
+    "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n";
+
+/// The bench's step `i` of a size, as `Observatory.JSON.encode!` writes it (keys sorted).
+fn step(size: &str, i: usize) -> String {
+    let (s, k) = (i % 1000, i / 1000);
+    let intents = ["search", "plan", "execute", "summarize"];
+    let tools = [
+        "read_file",
+        "write_file",
+        "list_files",
+        "run_shell",
+        "grep",
+        "http_get",
+        "sql",
+        "edit",
+    ];
+    let step_id = format!("r1-{i}");
+    let intent = intents[(k + s) % 4];
+    let json_str = |text: &str| serde_json::to_string(text).unwrap();
+    let result = match size {
+        "small" => format!(r#"{{"bytes":{},"etag":"{step_id}"}}"#, 1024 + i),
+        "600 B" => format!(
+            r#"{{"content":{},"lines":4}}"#,
+            json_str(&format!("# {step_id}\n{}", LINE.repeat(3)))
+        ),
+        _ => format!(
+            r#"{{"content":{},"lines":43}}"#,
+            json_str(&format!("# {step_id}\n{}", LINE.repeat(42)))
+        ),
+    };
+    let cognition = if size == "small" {
+        format!(r#"{{"entropy_score":0.9,"intent":"{intent}"}}"#)
+    } else {
+        format!(
+            r#"{{"confidence":0.8,"entropy_score":0.9,"intent":"{intent}","reasoning_chain":["read the failing test","open the module it names"]}}"#
+        )
+    };
+    let status = if k % 5 == 4 { "failure" } else { "success" };
+    format!(
+        r#"{{"action":{{"result":{result},"status":"{status}","tool_call":"{tool}","tool_input":{{"limit":200,"path":"/srv/app/lib/app/file_{k}.ex"}}}},"cognition":{cognition},"meta":{{"agent_id":"agent-{agent}","parent_step_id":"step-{prev}","session_id":"sess-{size}-{s}","step_id":"{step_id}","timestamp":"2026-02-22T10:30:00.123Z"}}}}"#,
+        tool = tools[(k * 3 + s) % 8],
+        agent = s % 50,
+        prev = i as i64 - 1,
+    )
+}
+
+fn cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+const BATCH: usize = 200;
+
+/// One batch of `BATCH` calls of `stage` over `steps`: CPU ns per call.
+fn batch(steps: &[String], from: usize, stage: &dyn Fn(&[u8])) -> f64 {
+    let t0 = cpu_ns();
+    for n in 0..BATCH {
+        stage(black_box(steps[(from + n) % steps.len()].as_bytes()));
+    }
+    (cpu_ns() - t0) as f64 / BATCH as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let batches = if quick { 200 } else { 1000 };
+    let rules = Normalization::shared_default();
+    type Stage<'r> = (&'static str, Box<dyn Fn(&[u8]) + 'r>);
+    let stages: Vec<Stage> = vec![
+        (
+            "Value: parse",
+            Box::new(|b| {
+                black_box(parse(b).unwrap());
+            }),
+        ),
+        (
+            "Value: + validate",
+            Box::new(|b| {
+                let v = parse(b).unwrap();
+                black_box(validate(&v).unwrap());
+            }),
+        ),
+        (
+            "Value: + step hashes",
+            Box::new(|b| {
+                let v = parse(b).unwrap();
+                black_box(validate(&v).unwrap());
+                black_box(step_hashes(&v, rules));
+            }),
+        ),
+        (
+            "Value: whole (+ fingerprint)",
+            Box::new(|b| {
+                let v = parse(b).unwrap();
+                black_box(validate(&v).unwrap());
+                let h = step_hashes(&v, rules);
+                black_box(body_fingerprint(&v, &h));
+            }),
+        ),
+        (
+            "borrowed: read",
+            Box::new(|b| {
+                black_box(read(b).unwrap());
+            }),
+        ),
+        (
+            "borrowed: + check",
+            Box::new(|b| {
+                let v = read(b).unwrap();
+                black_box(check(&v).unwrap());
+            }),
+        ),
+        (
+            "borrowed: + step hashes",
+            Box::new(|b| {
+                let v = read(b).unwrap();
+                black_box(check(&v).unwrap());
+                black_box(hashes_of(&v, rules));
+            }),
+        ),
+        (
+            "borrowed: whole (+ fingerprint)",
+            Box::new(|b| {
+                let v = read(b).unwrap();
+                black_box(check(&v).unwrap());
+                let h = hashes_of(&v, rules);
+                black_box(fingerprint_of(&v, &h));
+            }),
+        ),
+    ];
+    println!("CPU ns per call, median of {batches} batches of {BATCH}");
+    print!("{:<32}", "stage");
+    for size in ["small", "600 B", "4 KiB"] {
+        print!("{size:>10}");
+    }
+    println!();
+    let mut table = vec![vec![0.0; 3]; stages.len()];
+    // For profiling: ONLY="600 B" STAGE="borrowed: read" runs that one alone.
+    let only = std::env::var("ONLY").ok();
+    let only_stage = std::env::var("STAGE").ok();
+    for (col, size) in ["small", "600 B", "4 KiB"].iter().enumerate() {
+        if only.as_deref().is_some_and(|o| o != *size) {
+            continue;
+        }
+        let steps: Vec<String> = (0..2000).map(|i| step(size, i)).collect();
+        let mut times = vec![Vec::new(); stages.len()];
+        for b in 0..batches {
+            for (row, (name, stage)) in stages.iter().enumerate() {
+                if only_stage.as_deref().is_some_and(|o| o != *name) {
+                    continue;
+                }
+                times[row].push(batch(&steps, b * BATCH, stage.as_ref()));
+            }
+        }
+        for (row, t) in times.into_iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            table[row][col] = median(t);
+        }
+    }
+    for (row, (name, _)) in stages.iter().enumerate() {
+        print!("{name:<32}");
+        for x in &table[row] {
+            print!("{x:>10.0}");
+        }
+        println!();
+    }
+    let (old, new) = (&table[3], &table[7]);
+    print!("{:<32}", "whole: old / new");
+    for (o, n) in old.iter().zip(new) {
+        print!("{:>9.2}x", o / n);
+    }
+    println!();
+}
