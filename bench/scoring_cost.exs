@@ -5,17 +5,85 @@
 #
 #   MIX_ENV=prod mix run bench/scoring_cost.exs             # ~1 min
 #   MIX_ENV=prod mix run bench/scoring_cost.exs -- --quick  # ~15 s
+#   MIX_ENV=prod mix run bench/scoring_cost.exs -- --against ../other-checkout  # ~5 min
 #
-# 1,000 sessions, each step a new one (as bench/ingest_breakdown.exs sends them: the
-# entropy severity normal, no verdict or block). Figures are the VM's CPU time per
-# call (:erlang.statistics(:runtime)), the median of the rounds: on a machine shared
-# with other work, wall time measures the neighbours as much as the code.
+# `--against DIR`: the scoring stage as the ingest runs it (bench/scoring_stage.exs),
+# run in turn in DIR (another checkout, built with MIX_ENV=prod: *before*) and in this
+# one (*after*), each in a VM of its own with one scheduler, rounds alternated, for a
+# fleet at work and for every session looping; then this checkout's table below.
+#
+# 1,000 sessions, 40 steps each (10 with --quick). The table's rows feed the same steps
+# to the same sessions again and again (and the warm-up three times before them), so
+# the verdict's history and the step detector's see repeats: its sessions end up
+# looping, and its "ingest's scoring" rows cost what a looping fleet costs.
+# `--against` measures the stage on a fleet at work (bench/scoring_stage.exs).
+# Figures are the VM's CPU time per call (:erlang.statistics(:runtime)), the median
+# of the rounds: on a machine shared with other work, wall time measures the
+# neighbours as much as the code.
 alias Observatory.Gateway.{DecisionLog, EntropyConfig, EntropyTracker, LoopVerdict}
 alias Observatory.Gateway.{StepDetector, StepScore}
 alias Observatory.{Native, NativeStores}
 
 Logger.configure(level: :error)
 {rounds, n} = if "--quick" in System.argv(), do: {3, 10_000}, else: {7, 40_000}
+
+# Before (DIR) and after (here), alternated: the median of each side's runs, each run
+# the median of its rounds.
+{opts, _, _} =
+  OptionParser.parse(System.argv() -- ["--"], strict: [against: :string, quick: :boolean])
+
+if opts[:against] do
+  stage = Path.expand("scoring_stage.exs", __DIR__)
+  runs = if opts[:quick], do: 3, else: 5
+
+  run = fn dir, workload ->
+    data = Path.join(System.tmp_dir!(), "scoring-stage-#{System.unique_integer([:positive])}")
+
+    {out, 0} =
+      System.cmd("mix", ["run", stage, "--", workload, "9"],
+        cd: dir,
+        stderr_to_stdout: true,
+        env: [
+          {"MIX_ENV", "prod"},
+          {"OBSERVATORY_PORT", "0"},
+          {"OBSERVATORY_DATA_DIR", data},
+          {"ELIXIR_ERL_OPTIONS", "+S 1"}
+        ]
+      )
+
+    File.rm_rf!(data)
+    [_, ^workload, median, _min] = Regex.run(~r/scoring_stage (\w+) (\d+) (\d+)/, out)
+    String.to_integer(median)
+  end
+
+  mid = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
+  load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
+
+  IO.puts(
+    "before: #{opts[:against]}; after: #{File.cwd!()}; 1-min load #{load}; #{runs} runs each\n"
+  )
+
+  IO.puts("| the ingest's scoring stage, CPU ns per step | before | after | after / before |")
+  IO.puts("|---|---:|---:|---:|")
+
+  for workload <- ~w(work loop) do
+    {before, after_} =
+      Enum.unzip(
+        for _ <- 1..runs, do: {run.(opts[:against], workload), run.(File.cwd!(), workload)}
+      )
+
+    {b, a} = {mid.(before), mid.(after_)}
+
+    label =
+      if workload == "work",
+        do: "a fleet at work (no alert)",
+        else: "every session looping (alerts, blocks)"
+
+    IO.puts("| #{label} | #{b} | #{a} | #{Float.round(a / b, 2)} |")
+  end
+
+  IO.puts("")
+end
 
 intents = ~w(search plan execute summarize)
 tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
@@ -43,13 +111,26 @@ step = fn i ->
   |> elem(2)
 end
 
-fields = List.to_tuple(for i <- 0..(n - 1), do: step.(i))
+# The steps live in :persistent_term: kept on the process heap, every garbage
+# collection of the loops below copied all of them (a fifth of the time measured).
+:persistent_term.put(:scoring_cost_steps, List.to_tuple(for i <- 0..(n - 1), do: step.(i)))
+
+defmodule ScoringCost do
+  # `fun` on each step, nothing kept.
+  def each(fun, n), do: each(fun, 0, n)
+  defp each(_fun, n, n), do: :ok
+
+  defp each(fun, i, n) do
+    fun.(elem(:persistent_term.get(:scoring_cost_steps), i))
+    each(fun, i + 1, n)
+  end
+end
 
 cpu_ns = fn fun ->
   samples =
     for _ <- 1..rounds do
       {_, _} = :erlang.statistics(:runtime)
-      for i <- 0..(n - 1), do: fun.(elem(fields, i))
+      ScoringCost.each(fun, n)
       {_, ms} = :erlang.statistics(:runtime)
       ms * 1_000_000 / n
     end
@@ -66,7 +147,10 @@ stores =
 
 {estore, vstore, sstore} = stores
 verdict_config = LoopVerdict.config()
-{thresholds, history} = step_settings = StepDetector.step_settings()
+{thresholds, history} = StepDetector.step_settings()
+# score_step takes both packed (once per change of the configuration).
+packed_config = LoopVerdict.packed_config()
+{_thresholds, packed_settings} = StepDetector.scoring_settings()
 code = fn f -> elem(Observatory.Gateway.ActionStatus.to_code(f.status), 1) end
 
 entropy_nif = fn f ->
@@ -110,9 +194,9 @@ rows = [
        f.session_id,
        entropy,
        f.verdict_keys,
-       verdict_config,
+       packed_config,
        {f.approach, f.outcome},
-       step_settings
+       packed_settings
      )
    end},
   {"EntropyTracker.record_and_score/3 (reads the three entropy settings)",
@@ -140,9 +224,10 @@ rows = [
      StepDetector.settle(s, f.session_id, t)
    end},
   {"  of which: EntropyConfig.read/0 (3 settings)", fn _ -> EntropyConfig.read() end},
-  {"  of which: LoopVerdict.config/0 (the :loop_verdict setting)",
-   fn _ -> LoopVerdict.config() end},
-  {"  of which: StepDetector.step_settings/0", fn _ -> StepDetector.step_settings() end},
+  {"  of which: LoopVerdict.packed_config/0 (the :loop_verdict setting)",
+   fn _ -> LoopVerdict.packed_config() end},
+  {"  of which: StepDetector.scoring_settings/0 (the :step_detection setting)",
+   fn _ -> StepDetector.scoring_settings() end},
   {"  of which: the three stores looked up",
    fn _ ->
      {NativeStores.get({EntropyTracker, EntropyTracker}, nil), LoopVerdict.store_or_nil(),
@@ -183,7 +268,7 @@ together = fn f ->
 end
 
 # Every session warmed: windows and histories full.
-for _ <- 1..3, i <- 0..(n - 1), do: StepScore.score(elem(fields, i), EntropyTracker, config, true)
+for _ <- 1..3, do: ScoringCost.each(&StepScore.score(&1, EntropyTracker, config, true), n)
 
 load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
 IO.puts("1-min load average at the start: #{load}; #{n} steps a round, #{rounds} rounds\n")
@@ -193,7 +278,7 @@ for {label, fun} <- rows, do: IO.puts("| #{label} | #{cpu_ns.(fun)} |")
 # A and B in alternate rounds, so that the machine's other work weighs on both alike.
 one_round = fn fun ->
   {_, _} = :erlang.statistics(:runtime)
-  for i <- 0..(n - 1), do: fun.(elem(fields, i))
+  ScoringCost.each(fun, n)
   {_, ms} = :erlang.statistics(:runtime)
   ms * 1_000_000 / n
 end

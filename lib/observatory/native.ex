@@ -71,6 +71,8 @@ defmodule Observatory.Native do
 
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
 
+  def step_settings_pack(_settings), do: :erlang.nif_error(:nif_not_loaded)
+
   def step_analyze(_store, _session_id, _approach, _outcome, _thresholds, _history),
     do: :erlang.nif_error(:nif_not_loaded)
 
@@ -85,6 +87,7 @@ defmodule Observatory.Native do
     do: :erlang.nif_error(:nif_not_loaded)
 
   def verdict_config_check(_config), do: :erlang.nif_error(:nif_not_loaded)
+  def verdict_config_pack(_config), do: :erlang.nif_error(:nif_not_loaded)
   def verdict_default_volatile_words, do: :erlang.nif_error(:nif_not_loaded)
 
   def verdict_observe(_store, _session_id, _keys, _entropy, _config),

@@ -165,7 +165,9 @@ defmodule Observatory.Gateway.EntropyTracker do
   # The ingest's one NIF call per step (`Observatory.Gateway.StepScore`): the step's
   # tuple recorded in `tracker`'s window and, in the same call, the loop verdict and the
   # step detector over their own stores (`others`: `{verdict_store, step_store, keys,
-  # verdict_config, step, step_settings}`). Made here so that the tracker's store never
+  # verdict_config, step, step_settings}`, the settings packed as
+  # `LoopVerdict.packed_config/0` and `StepDetector.scoring_settings/0` give them). Made
+  # here so that the tracker's store never
   # leaves this module (FR-9.1). Returns `Native.score_step/7`'s answer; raises what
   # the NIF raises for arguments of the wrong shape.
   def score_step(tracker, session_id, entropy, others) do

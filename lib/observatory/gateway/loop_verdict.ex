@@ -335,19 +335,27 @@ defmodule Observatory.Gateway.LoopVerdict do
   ## Per-step configuration
 
   @doc false
-  # The thresholds as the NIF takes them, rebuilt only when the application env changes:
-  # a step pays one env read and one comparison. Read on every step (also by `StepScore`).
-  def config do
+  # The thresholds as `verdict_observe` takes them (a tuple), rebuilt only when the
+  # application env changes: a step pays one env read and one comparison.
+  def config, do: elem(configs(), 0)
+
+  @doc false
+  # The same thresholds packed as `score_step` takes them (`StepScore`, every step):
+  # read whole by the NIF in one call, where the tuple took some thirty.
+  def packed_config, do: elem(configs(), 1)
+
+  defp configs do
     env = Application.get_env(:observatory, :loop_verdict, [])
 
     case :persistent_term.get({__MODULE__, :config}, nil) do
-      {^env, tuple} ->
-        tuple
+      {^env, configs} ->
+        configs
 
       _ ->
         tuple = build_config(env)
-        :persistent_term.put({__MODULE__, :config}, {env, tuple})
-        tuple
+        configs = {tuple, Native.verdict_config_pack(tuple)}
+        :persistent_term.put({__MODULE__, :config}, {env, configs})
+        configs
     end
   end
 

@@ -72,10 +72,18 @@ defmodule Observatory.Gateway.StepDetector do
     do: Keyword.merge(@defaults, Application.get_env(:observatory, :step_detection, []))
 
   @doc false
-  # What a step needs of the settings, read on every step; derived again only when
-  # the configuration changed (one read and a compare, not a merge, per step). Also
-  # read by `Observatory.Gateway.StepScore`.
-  def step_settings do
+  # What a step needs of the settings, `{thresholds, history}`, read on every step;
+  # derived again only when the configuration changed (one read and a compare, not a
+  # merge, per step).
+  def step_settings, do: elem(settings_per_step(), 0)
+
+  @doc false
+  # `{thresholds, packed}` for `Observatory.Gateway.StepScore`: the thresholds (for
+  # `settle/3`) and the settings packed as the `score_step` NIF takes them (nil when
+  # they are not valid thresholds: the NIF then answers `:invalid_step_thresholds`).
+  def scoring_settings, do: elem(settings_per_step(), 1)
+
+  defp settings_per_step do
     env = Application.get_env(:observatory, :step_detection, [])
 
     case :persistent_term.get({__MODULE__, :step_settings}, nil) do
@@ -84,11 +92,9 @@ defmodule Observatory.Gateway.StepDetector do
 
       _ ->
         s = Keyword.merge(@defaults, env)
-
-        derived =
-          {{s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]},
-           s[:history]}
-
+        thresholds = {s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]}
+        settings = {thresholds, s[:history]}
+        derived = {settings, {thresholds, Native.step_settings_pack(settings)}}
         :persistent_term.put({__MODULE__, :step_settings}, {env, derived})
         derived
     end

@@ -12,6 +12,12 @@ defmodule Observatory.Gateway.StepScore do
   # are the NIF's raw answers, as `Native.entropy_record/9`, `Native.verdict_observe/5`
   # and `Native.step_analyze/6` give them; the caller settles each with its module's
   # `settle` (alerts, broadcasts, the durable block), in the order the ingest acts.
+  #
+  # The verdict's and the step detector's settings are read on every step, as their
+  # modules read them, and handed over packed in a binary (`LoopVerdict.packed_config/0`,
+  # `StepDetector.scoring_settings/0`, packed again only when the configuration
+  # changes): one argument for the NIF to read where their nested tuples were some
+  # thirty.
 
   alias Observatory.Gateway.{ActionStatus, EntropyTracker, LoopVerdict, StepDetector}
   require Logger
@@ -31,7 +37,7 @@ defmodule Observatory.Gateway.StepScore do
   @spec score(map(), atom(), {pos_integer(), float(), float()}, boolean()) ::
           {tuple(), tuple(), tuple() | nil, tuple()}
   def score(fields, tracker, entropy_config, alerts?) do
-    {thresholds, _history} = step_settings = StepDetector.step_settings()
+    {thresholds, step_settings} = StepDetector.scoring_settings()
     step = if fields.outcome, do: {fields.approach, fields.outcome}
 
     # A status outside ActionStatus's (the parse never gives one) is not recorded:
@@ -46,7 +52,7 @@ defmodule Observatory.Gateway.StepScore do
 
     others =
       {LoopVerdict.store_or_nil(), StepDetector.store_or_nil(), fields.verdict_keys,
-       LoopVerdict.config(), step, step_settings}
+       LoopVerdict.packed_config(), step, step_settings}
 
     {e, v, s} =
       try do

@@ -16,13 +16,49 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 struct Slot<T> {
-    key: Box<str>,
+    key: Key,
     hash: u64,
     value: T,
     last_seen_ms: i64,
 }
 
 type Shard<T> = Mutex<HashTable<Slot<T>>>;
+
+/// Bytes of a key kept in its slot rather than in an allocation of its own.
+const INLINE_KEY: usize = 30;
+
+/// A key, in the slot when short (session ids usually are): the lookup that finds the
+/// slot then compares the key without a second cache miss on a separate allocation.
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<str>),
+}
+
+impl Key {
+    fn new(key: &str) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0u8; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key.as_bytes());
+            Key::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Key::Heap(key.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Key::Heap(key) => key.as_bytes(),
+        }
+    }
+
+    fn to_owned_string(&self) -> String {
+        String::from_utf8_lossy(self.as_bytes()).into_owned()
+    }
+}
 
 /// Per-key state, sharded by a keyed hash of the key. `Sync` when `T: Send`.
 pub struct KeyedStore<T> {
@@ -53,7 +89,7 @@ impl<T> KeyedStore<T> {
         let now_ms = self.now_ms.load(Ordering::Relaxed);
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shard(hash).lock();
-        if let Some(slot) = shard.find_mut(hash, |s| &*s.key == key) {
+        if let Some(slot) = shard.find_mut(hash, |s| s.key.as_bytes() == key.as_bytes()) {
             slot.last_seen_ms = now_ms;
             return f(&mut slot.value);
         }
@@ -61,7 +97,7 @@ impl<T> KeyedStore<T> {
             evict_oldest(&mut shard, (self.max_per_shard / 64).max(1));
         }
         let slot = Slot {
-            key: key.into(),
+            key: Key::new(key),
             hash,
             value: make(),
             last_seen_ms: now_ms,
@@ -74,7 +110,7 @@ impl<T> KeyedStore<T> {
         let hash = self.hasher.hash_one(key);
         self.shard(hash)
             .lock()
-            .find(hash, |s| &*s.key == key)
+            .find(hash, |s| s.key.as_bytes() == key.as_bytes())
             .map(|slot| f(&slot.value))
     }
 
@@ -83,7 +119,7 @@ impl<T> KeyedStore<T> {
         let hash = self.hasher.hash_one(key);
         self.shard(hash)
             .lock()
-            .find_mut(hash, |s| &*s.key == key)
+            .find_mut(hash, |s| s.key.as_bytes() == key.as_bytes())
             .map(|slot| f(&mut slot.value))
     }
 
@@ -96,7 +132,7 @@ impl<T> KeyedStore<T> {
                     return out;
                 }
                 if let Some(r) = f(&slot.value) {
-                    out.push((slot.key.to_string(), r));
+                    out.push((slot.key.to_owned_string(), r));
                 }
             }
         }
@@ -105,7 +141,11 @@ impl<T> KeyedStore<T> {
 
     pub fn remove(&self, key: &str) -> bool {
         let hash = self.hasher.hash_one(key);
-        match self.shard(hash).lock().find_entry(hash, |s| &*s.key == key) {
+        match self
+            .shard(hash)
+            .lock()
+            .find_entry(hash, |s| s.key.as_bytes() == key.as_bytes())
+        {
             Ok(entry) => {
                 entry.remove();
                 true
@@ -163,6 +203,33 @@ fn evict_oldest<T>(shard: &mut HashTable<Slot<T>>, count: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_and_long_keys_are_told_apart() {
+        let store: KeyedStore<u32> = KeyedStore::new(1, 100);
+        let long = "s".repeat(INLINE_KEY + 1);
+        let longer = "s".repeat(INLINE_KEY + 2);
+        let at_limit = "s".repeat(INLINE_KEY);
+        for (i, key) in [&long, &longer, &at_limit, &"s".to_string()]
+            .iter()
+            .enumerate()
+        {
+            store.update(key, || i as u32, |_| ());
+        }
+        assert_eq!(store.read(&long, |v| *v), Some(0));
+        assert_eq!(store.read(&longer, |v| *v), Some(1));
+        assert_eq!(store.read(&at_limit, |v| *v), Some(2));
+        assert_eq!(store.read("s", |v| *v), Some(3));
+        let mut keys: Vec<String> = store
+            .collect(10, |_| Some(()))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort();
+        let mut want = vec!["s".to_string(), at_limit, long, longer];
+        want.sort();
+        assert_eq!(keys, want);
+    }
 
     #[test]
     fn update_creates_then_reuses_state() {

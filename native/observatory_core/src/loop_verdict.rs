@@ -470,6 +470,75 @@ pub struct Config {
     pub revisit_loop: Option<u32>,
 }
 
+/// Bytes of a packed [`Config`]: its 19 numbers, each a little-endian `u32`.
+pub const PACKED_CONFIG: usize = 19 * 4;
+
+impl Config {
+    /// The thresholds as 19 little-endian `u32`s (`None` as 0, `entropy` as 0 or 1):
+    /// how the gateway hands them to its per-step NIF, read in one call where a nested
+    /// tuple took some thirty. For a validated config (its sizes fit a `u32`).
+    pub fn pack(&self) -> Vec<u8> {
+        let opt = |n: Option<u32>| n.unwrap_or(0);
+        let numbers = [
+            self.history as u32,
+            self.max_period as u32,
+            self.repeat_suspect,
+            self.repeat_loop,
+            self.blank_repeat_loop,
+            self.cycle_suspect,
+            self.cycle_loop,
+            self.failure_suspect,
+            opt(self.failure_loop),
+            u32::from(self.entropy),
+            self.near_share,
+            self.near_repeat_suspect,
+            self.near_repeat_loop,
+            self.blank_near_repeat_loop,
+            self.failure_run_suspect,
+            opt(self.failure_run_loop),
+            self.revisit_window as u32,
+            self.revisit_suspect,
+            opt(self.revisit_loop),
+        ];
+        numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    }
+
+    /// What [`pack`](Self::pack) packed, validated again; `None` for anything else.
+    pub fn unpack(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != PACKED_CONFIG {
+            return None;
+        }
+        let n = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        let never_as_zero = |v: u32| (v > 0).then_some(v);
+        let config = Self {
+            history: n(0) as usize,
+            max_period: n(1) as usize,
+            repeat_suspect: n(2),
+            repeat_loop: n(3),
+            blank_repeat_loop: n(4),
+            cycle_suspect: n(5),
+            cycle_loop: n(6),
+            failure_suspect: n(7),
+            failure_loop: never_as_zero(n(8)),
+            entropy: match n(9) {
+                0 => false,
+                1 => true,
+                _ => return None,
+            },
+            near_share: n(10),
+            near_repeat_suspect: n(11),
+            near_repeat_loop: n(12),
+            blank_near_repeat_loop: n(13),
+            failure_run_suspect: n(14),
+            failure_run_loop: never_as_zero(n(15)),
+            revisit_window: n(16) as usize,
+            revisit_suspect: n(17),
+            revisit_loop: never_as_zero(n(18)),
+        };
+        config.validate().ok().map(|_| config)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -1257,3 +1326,53 @@ mod tests;
 
 #[cfg(test)]
 mod scenarios;
+
+#[cfg(test)]
+mod packing_tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_config_reads_back_the_same() {
+        let default = Config::default();
+        let every_field = Config {
+            history: 40,
+            max_period: 7,
+            repeat_suspect: 3,
+            repeat_loop: 5,
+            blank_repeat_loop: 6,
+            cycle_suspect: 2,
+            cycle_loop: 4,
+            failure_suspect: 3,
+            failure_loop: Some(9),
+            entropy: false,
+            near_share: 80,
+            near_repeat_suspect: 4,
+            near_repeat_loop: 7,
+            blank_near_repeat_loop: 8,
+            failure_run_suspect: 3,
+            failure_run_loop: None,
+            revisit_window: 12,
+            revisit_suspect: 2,
+            revisit_loop: Some(5),
+        };
+        for config in [default, every_field] {
+            config.validate().expect("a valid config");
+            assert_eq!(Config::unpack(&config.pack()), Some(config));
+        }
+    }
+
+    #[test]
+    fn a_packed_config_that_is_not_one_is_refused() {
+        let packed = Config::default().pack();
+        assert_eq!(Config::unpack(&packed[..packed.len() - 1]), None);
+        assert_eq!(Config::unpack(&[]), None);
+        // history 1 is outside 2..=64: checked again when read.
+        let mut bad = packed.clone();
+        bad[..4].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(Config::unpack(&bad), None);
+        // entropy is 0 or 1.
+        let mut bad = packed;
+        bad[36..40].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(Config::unpack(&bad), None);
+    }
+}

@@ -26,7 +26,7 @@
 //! for the LLM to read beside the real result; reaching a block threshold blocks the
 //! detector until [`StepLoopDetector::reset`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 
 use crate::stable_json::Digest;
@@ -44,6 +44,45 @@ pub struct Thresholds {
     pub stagnation_block: u32,
     pub stuck_warn: u32,
     pub stuck_block: u32,
+}
+
+/// Bytes of packed thresholds and history: four little-endian `u32`s and a `u64`.
+pub const PACKED_SETTINGS: usize = 4 * 4 + 8;
+
+impl Thresholds {
+    /// The thresholds and a history length as [`PACKED_SETTINGS`] bytes: how the
+    /// gateway hands them to its per-step NIF.
+    pub fn pack(self, history: u64) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(PACKED_SETTINGS);
+        for n in [
+            self.stagnation_warn,
+            self.stagnation_block,
+            self.stuck_warn,
+            self.stuck_block,
+        ] {
+            bytes.extend_from_slice(&n.to_le_bytes());
+        }
+        bytes.extend_from_slice(&history.to_le_bytes());
+        bytes
+    }
+
+    /// What [`pack`](Self::pack) packed, the thresholds validated again; `None` for
+    /// anything else.
+    pub fn unpack(bytes: &[u8]) -> Option<(Self, u64)> {
+        if bytes.len() != PACKED_SETTINGS {
+            return None;
+        }
+        let n = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        let thresholds = Self {
+            stagnation_warn: n(0),
+            stagnation_block: n(1),
+            stuck_warn: n(2),
+            stuck_block: n(3),
+        };
+        thresholds.validate().ok()?;
+        let history = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+        Some((thresholds, history))
+    }
 }
 
 impl Default for Thresholds {
@@ -291,12 +330,14 @@ impl StepLoopDetector {
     }
 }
 
-/// The digests of the last `capacity` steps, with a count per digest so membership is
-/// one hash lookup whatever the capacity.
+/// The digests of the last `capacity` steps, oldest first. Membership is a scan: at the
+/// gateway's history (16) the ring is 512 contiguous bytes, cheaper to scan than a hash
+/// map is to hash into (keyed SipHash over 32 bytes, several lookups a step, each
+/// session's map a separate allocation); at the largest history (1024) a scan is 32 KiB,
+/// about a microsecond.
 #[derive(Debug, Clone)]
 struct Recent {
     order: VecDeque<Digest>,
-    counts: HashMap<Digest, u32>,
     capacity: usize,
 }
 
@@ -304,33 +345,27 @@ impl Recent {
     fn new(capacity: usize) -> Self {
         Self {
             order: VecDeque::new(),
-            counts: HashMap::new(),
             capacity,
         }
     }
 
     fn contains(&self, digest: &Digest) -> bool {
-        self.counts.contains_key(digest)
+        // The first 8 bytes (of a SHA-256) tell nearly every other digest apart without
+        // a call to memcmp; only those that match are compared whole.
+        let head = |d: &Digest| u64::from_ne_bytes(d[..8].try_into().expect("8 bytes"));
+        let wanted = head(digest);
+        self.order.iter().any(|d| head(d) == wanted && d == digest)
     }
 
     fn push(&mut self, digest: Digest) {
         if self.order.len() == self.capacity {
-            if let Some(oldest) = self.order.pop_front() {
-                if let Some(count) = self.counts.get_mut(&oldest) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.counts.remove(&oldest);
-                    }
-                }
-            }
+            self.order.pop_front();
         }
         self.order.push_back(digest);
-        *self.counts.entry(digest).or_insert(0) += 1;
     }
 
     fn clear(&mut self) {
         self.order.clear();
-        self.counts.clear();
     }
 }
 
@@ -399,6 +434,41 @@ mod tests {
         det.analyze(d(4), d(40));
         // Step (1, 10) has left the last two steps.
         assert_eq!(det.analyze(d(1), d(10)).cell, Cell::FullProgress);
+    }
+
+    #[test]
+    fn packed_thresholds_read_back_the_same() {
+        let t = Thresholds {
+            stagnation_warn: 2,
+            stagnation_block: 4,
+            stuck_warn: 6,
+            stuck_block: 9,
+        };
+        assert_eq!(Thresholds::unpack(&t.pack(16)), Some((t, 16)));
+        let big = u64::from(u32::MAX) + 1;
+        let default = Thresholds::default();
+        assert_eq!(Thresholds::unpack(&default.pack(big)), Some((default, big)));
+    }
+
+    #[test]
+    fn packed_thresholds_that_are_not_valid_are_refused() {
+        let packed = Thresholds::default().pack(16);
+        assert_eq!(Thresholds::unpack(&packed[1..]), None);
+        // warn above block: checked again when read.
+        let mut bad = packed;
+        bad[..4].copy_from_slice(&9u32.to_le_bytes());
+        assert_eq!(Thresholds::unpack(&bad), None);
+    }
+
+    #[test]
+    fn digests_alike_in_their_first_bytes_are_told_apart() {
+        let mut det = detector();
+        let (mut a, mut b) = (d(7), d(7));
+        a[31] = 1;
+        b[31] = 2;
+        assert_eq!(det.analyze(a, a).cell, Cell::FullProgress);
+        assert_eq!(det.analyze(b, b).cell, Cell::FullProgress);
+        assert_eq!(det.analyze(a, b).cell, Cell::FullStagnation);
     }
 
     #[test]

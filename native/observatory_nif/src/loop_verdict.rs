@@ -5,7 +5,7 @@ use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::Normalization;
 use observatory_core::loop_verdict::shape::{LineSketch, NumberSketch, SKETCH_BITS};
 use observatory_core::loop_verdict::{
-    Config, EntropySignal, Level, Rule, StepKeys, Verdict, VerdictState,
+    Config, EntropySignal, Level, Reason, Rule, StepKeys, Verdict, VerdictState,
 };
 use observatory_core::normalize::{IdRules, VolatileWords, DEFAULT_VOLATILE_WORDS};
 use observatory_core::severity::Severity;
@@ -200,11 +200,55 @@ pub(crate) fn observe<'a>(
         level_atom(verdict.level),
         verdict.previous.map(level_atom),
         rule_atom(verdict.rule),
-        verdict.reason.to_string(),
+        reason_term(env, &verdict.reason),
         verdict.evidence.as_slice(),
         verdict.step,
     )
         .encode(env)
+}
+
+/// The reason's sentence as a binary, written on the stack: every step has one, and a
+/// `String` grown as the sentence is written cost allocations each time.
+fn reason_term<'a>(env: Env<'a>, reason: &Reason) -> Term<'a> {
+    use std::fmt::Write;
+    let mut buf = StackText::default();
+    if write!(buf, "{reason}").is_ok() {
+        crate::json::binary(env, buf.as_bytes())
+    } else {
+        // Longer than the buffer (no sentence is): the heap.
+        reason.to_string().encode(env)
+    }
+}
+
+/// Text written into a fixed buffer; a write past its end fails.
+struct StackText {
+    bytes: [u8; 320],
+    len: usize,
+}
+
+impl Default for StackText {
+    fn default() -> Self {
+        Self {
+            bytes: [0; 320],
+            len: 0,
+        }
+    }
+}
+
+impl StackText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let room = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        room.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// The session's latest verdict, `{level, rule, reason, evidence, step}`, or nil.
@@ -280,6 +324,16 @@ pub(crate) fn to_config(t: ConfigTuple) -> NifResult<Config> {
     };
     config.validate().map_err(to_nif)?;
     Ok(config)
+}
+
+/// The thresholds `verdict_observe` takes (a [`ConfigTuple`]), checked and packed as
+/// `score_step` takes them ([`Config::pack`]): a binary is read in one call where the
+/// nested tuple took some thirty (the caller packs once per change of the
+/// configuration, not per step).
+#[rustler::nif]
+fn verdict_config_pack(env: Env<'_>, config: ConfigTuple) -> NifResult<Term<'_>> {
+    let config = to_config(config)?;
+    Ok(crate::json::binary(env, &config.pack()))
 }
 
 fn verdict_term<'a>(env: Env<'a>, v: &Verdict) -> Term<'a> {

@@ -91,6 +91,33 @@ pub(crate) fn analyze<'a>(
         .encode(env)
 }
 
+/// `{{stagnation_warn, stagnation_block, stuck_warn, stuck_block}, history}` packed as
+/// `score_step` takes it ([`Thresholds::pack`]; the caller packs once per change of
+/// the configuration), or nil when they are not valid thresholds: `score_step` then
+/// answers `{:error, :invalid_step_thresholds}`, as it did for the tuple.
+#[rustler::nif]
+fn step_settings_pack<'a>(env: Env<'a>, settings: Term<'a>) -> Term<'a> {
+    let packed = settings
+        .decode::<((u32, u32, u32, u32), u64)>()
+        .ok()
+        .and_then(
+            |((stagnation_warn, stagnation_block, stuck_warn, stuck_block), history)| {
+                let thresholds = Thresholds {
+                    stagnation_warn,
+                    stagnation_block,
+                    stuck_warn,
+                    stuck_block,
+                };
+                thresholds.validate().ok()?;
+                Some(thresholds.pack(history))
+            },
+        );
+    match packed {
+        Some(bytes) => crate::json::binary(env, &bytes),
+        None => rustler::types::atom::nil().encode(env),
+    }
+}
+
 /// `{stagnation_streak, stuck_streak, blocked}` or `nil`.
 #[rustler::nif]
 fn step_state(store: ResourceArc<StepStore>, session_id: &str) -> Option<(u32, u32, bool)> {

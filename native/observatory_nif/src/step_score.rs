@@ -22,7 +22,7 @@ use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 use crate::atoms;
 use crate::entropy_tracker::{self, StoreResource};
 use crate::error::reason;
-use crate::loop_verdict::{self, ConfigTuple, KeysTuple, VerdictStore};
+use crate::loop_verdict::{self, KeysTuple, VerdictStore};
 use crate::step_detector::{self, StepStore};
 
 type Stores = (
@@ -44,10 +44,10 @@ type EntropyArgs<'a> = (
     bool,
 );
 
-/// Scores one step of `session_id`. `keys` and `verdict_config` as `verdict_observe`
-/// takes them; `step` the step's `{approach, outcome}` digests, or nil for a step
-/// without a result (not analysed); `step_settings` `{{stagnation_warn,
-/// stagnation_block, stuck_warn, stuck_block}, history}`.
+/// Scores one step of `session_id`. `keys` as `verdict_observe` takes them;
+/// `verdict_config` as `verdict_config_pack` packs it; `step` the step's `{approach,
+/// outcome}` digests, or nil for a step without a result (not analysed);
+/// `step_settings` as `step_settings_pack` packs it (nil: invalid thresholds).
 ///
 /// Returns `{entropy, verdict, step}`: each what its own NIF returns, `{:error,
 /// reason}` when that part failed, and `step` nil when not analysed.
@@ -143,9 +143,9 @@ fn verdict_inputs(
         .and_then(|k| loop_verdict::keys_from_term(k).ok())
         .ok_or_else(atoms::invalid_verdict_keys)?;
     let config = config
-        .decode::<ConfigTuple>()
+        .decode::<Binary<'_>>()
         .ok()
-        .and_then(|c| loop_verdict::to_config(c).ok())
+        .and_then(|c| observatory_core::loop_verdict::Config::unpack(c.as_slice()))
         .ok_or_else(atoms::invalid_verdict_config)?;
     Ok((keys, config))
 }
@@ -161,19 +161,17 @@ fn step_inputs(
             .map_err(|_| atoms::invalid_step_digest())
     };
     let (approach, outcome) = (digest(approach)?, digest(outcome)?);
-    let ((stagnation_warn, stagnation_block, stuck_warn, stuck_block), history) = settings
-        .decode::<((u32, u32, u32, u32), usize)>()
-        .map_err(|_| atoms::invalid_step_thresholds())?;
-    let thresholds = StepThresholds {
-        stagnation_warn,
-        stagnation_block,
-        stuck_warn,
-        stuck_block,
-    };
-    thresholds
-        .validate()
-        .map_err(|_| atoms::invalid_step_thresholds())?;
-    Ok((approach, outcome, thresholds, history))
+    let (thresholds, history) = settings
+        .decode::<Binary<'_>>()
+        .ok()
+        .and_then(|b| StepThresholds::unpack(b.as_slice()))
+        .ok_or_else(atoms::invalid_step_thresholds)?;
+    Ok((
+        approach,
+        outcome,
+        thresholds,
+        usize::try_from(history).unwrap_or(usize::MAX),
+    ))
 }
 
 fn error(env: Env<'_>, reason: rustler::Atom) -> Term<'_> {

@@ -11,7 +11,7 @@ defmodule Observatory.Gateway.StepScoreTest do
   alias Observatory.Test.HTTP
 
   setup do
-    restore_env_on_exit([:step_detection])
+    restore_env_on_exit([:step_detection, :loop_verdict])
     name = :"step_score_tracker_#{System.unique_integer([:positive])}"
     start_supervised!({EntropyTracker, name: name})
     %{tracker: name}
@@ -146,6 +146,146 @@ defmodule Observatory.Gateway.StepScoreTest do
       # The same steps with the agent known: the entropy rule explains the LOOP.
       with_agent = both_paths(steps, t)
       {{{:ok, _, :loop}, {:ok, %{rule: :entropy}}, _}, _} = List.last(with_agent)
+    end
+  end
+
+  # LoopVerdict.packed_config/0 and StepDetector.scoring_settings/0 hand the NIF its
+  # per-step settings as binaries packed once per change of the configuration.
+  describe "settings packed for the one call" do
+    test "Application.put_env of :loop_verdict applies on the next step, as apart",
+         %{tracker: t} do
+      # The same call and result again and again: a repeat.
+      steps = for _ <- 1..6, do: {1, 1, 1, "success"}
+      levels = fn answers -> for {{_, {:ok, v}, _}, _} <- answers, do: v.verdict end
+
+      default = both_paths(steps, t)
+      for {fused, apart} <- default, do: assert(fused == apart)
+      assert levels.(default) == [:progress, :suspect, :loop, :loop, :loop, :loop]
+
+      Application.put_env(:observatory, :loop_verdict, repeat_suspect: 3, repeat_loop: 5)
+      changed = both_paths(steps, t)
+      for {fused, apart} <- changed, do: assert(fused == apart)
+      # Two in a row are no longer suspect, three are; the rest as the rules say.
+      assert [:progress, :progress, :suspect | _] = levels.(changed)
+    end
+
+    test "every :loop_verdict threshold changed at once: the one call answers as apart",
+         %{tracker: t} do
+      Application.put_env(:observatory, :loop_verdict,
+        history: 24,
+        max_period: 3,
+        repeat_suspect: 3,
+        repeat_loop: 4,
+        blank_repeat_loop: 5,
+        cycle_suspect: 3,
+        cycle_loop: 4,
+        failure_suspect: 2,
+        failure_loop: 3,
+        entropy_rule: false,
+        near_share: 90,
+        near_repeat_suspect: 4,
+        near_repeat_loop: 5,
+        blank_near_repeat_loop: 7,
+        failure_run_suspect: 2,
+        failure_run_loop: :never,
+        revisit_window: 8,
+        revisit_suspect: 3,
+        revisit_loop: 4
+      )
+
+      assert LoopVerdict.packed_config() == Native.verdict_config_pack(LoopVerdict.config())
+
+      steps =
+        for i <- 1..30, do: {rem(i, 3), rem(i * 7, 4), rem(i, 2), Enum.at(@statuses, rem(i, 3))}
+
+      for {fused, apart} <- both_paths(steps, t), do: assert(fused == apart)
+    end
+
+    test "an invalid :loop_verdict: the defaults, packed", %{tracker: t} do
+      Application.put_env(:observatory, :loop_verdict, repeat_suspect: 9, repeat_loop: 2)
+
+      ExUnit.CaptureLog.capture_log(fn ->
+        assert LoopVerdict.packed_config() == Native.verdict_config_pack(LoopVerdict.config())
+      end)
+
+      Application.delete_env(:observatory, :loop_verdict)
+      defaults = LoopVerdict.packed_config()
+      Application.put_env(:observatory, :loop_verdict, repeat_suspect: 9, repeat_loop: 2)
+      ExUnit.CaptureLog.capture_log(fn -> assert LoopVerdict.packed_config() == defaults end)
+
+      f = fields(unique_session("invalid-config"), 1, {1, 1, 1, "success"})
+      ExUnit.CaptureLog.capture_log(fn -> assert {_, {:ok, _}, {:ok, _}} = fused(f, t, true) end)
+    end
+
+    test "Application.put_env of :step_detection applies on the next step", %{tracker: t} do
+      sid = unique_session("step-env")
+      step = fn n -> fused(fields(sid, n, {1, 1, 1, "failure"}), t, true) end
+      actions = for n <- 1..2, do: elem(elem(step.(n), 2), 1).action
+      assert actions == [:continue, :continue]
+
+      # Stagnation streak 2 from the third step: warn now, at 2.
+      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 6)
+      assert {_, _, {:ok, %{action: :warn, stagnation_streak: 2}}} = step.(3)
+    end
+
+    test "invalid :step_detection thresholds are packed as nil: the detector's error",
+         %{tracker: t} do
+      Application.put_env(:observatory, :step_detection, stuck_warn: "five")
+      assert {{3, 5, "five", 8}, nil} = scoring = StepDetector.scoring_settings()
+      assert scoring == {elem(StepDetector.step_settings(), 0), nil}
+
+      f = fields(unique_session("bad-step-env"), 1, {1, 1, 1, "success"})
+
+      assert {{_, _, _, _, _}, {_, _, _, _, _, 1}, {:error, :invalid_step_thresholds}, _} =
+               StepScore.score(f, t, EntropyConfig.read(), true)
+    end
+
+    test "packed settings that are not the NIF's: that part's error, the others scored" do
+      f = fields(unique_session("forged"), 1, {1, 1, 1, "success"})
+      # No tracker: the entropy part says so, the verdict and step parts are scored.
+      {_, packed_settings} = StepDetector.scoring_settings()
+      config = LoopVerdict.packed_config()
+      stores = {nil, LoopVerdict.store_or_nil(), StepDetector.store_or_nil()}
+      step = {f.approach, f.outcome}
+      entropy = {f.intent, f.tool_call, 0, f.agent_id, EntropyConfig.read(), true}
+      score = &Native.score_step(stores, f.session_id, entropy, f.verdict_keys, &1, step, &2)
+
+      assert {{:error, :not_started}, {:error, :invalid_verdict_config}, {_, _, _, _, _}} =
+               score.(binary_part(config, 0, 8), packed_settings)
+
+      assert {_, {:error, :invalid_verdict_config}, _} =
+               score.(LoopVerdict.config(), packed_settings)
+
+      assert {_, {_, _, _, _, _, _}, {:error, :invalid_step_thresholds}} =
+               score.(config, <<0::8*24>>)
+
+      assert {_, {_, _, _, _, _, _}, {:error, :invalid_step_thresholds}} =
+               score.(config, StepDetector.step_settings())
+    end
+  end
+
+  describe "the verdict's reason, written on the stack by the one call" do
+    test "is the sentence the session's stored verdict gives, rule by rule", %{tracker: t} do
+      sid = unique_session("reasons")
+      # Varied work, a repeat, a cycle, then failures: progress, repeat, cycle, failure rules.
+      steps =
+        for(i <- 1..3, do: {i, i, i, "success"}) ++
+          for(_ <- 1..3, do: {4, 4, 4, "success"}) ++
+          for(_ <- 1..3, i <- 1..2, do: {i, i, i, "success"}) ++
+          for(_ <- 1..4, do: {0, 5, 5, "failure"})
+
+      reasons =
+        for {step, n} <- Enum.with_index(steps, 1) do
+          {_, {:ok, verdict}, _} = fused(fields(sid, n, step), t, true)
+          # LoopVerdict.session/1 formats the same verdict apart (Rust's to_string).
+          assert verdict.reason == LoopVerdict.session(sid).reason
+          {verdict.rule, verdict.reason}
+        end
+
+      assert {:none, "the session's first step: nothing to compare yet"} = hd(reasons)
+      assert {:none, "no repeated call pattern in the last 2 steps"} = Enum.at(reasons, 1)
+      assert {:repeat, "the same call 3 times in a row, its result saying nothing new"} in reasons
+      assert Enum.uniq(Enum.map(reasons, &elem(&1, 0))) |> length() >= 3
     end
   end
 
