@@ -21,6 +21,13 @@
 # session looping (each step the same call: the entropy window says LOOP and an alert
 # is raised on every step), and a fleet at work (the in-process breakdown's steps:
 # intent, tool and status vary, no loop).
+# Where the ingest route's time goes, from the same run: the route also sent steps it
+# has already answered (every one a retry: the full HTTP handling, the key check, the
+# parse and the idempotency answer, no scoring), and the same VM ingests the fleet's
+# steps in-process (new ones, then again as retries), as the handler calls it. From
+# these it estimates how much server CPU one µs of in-process ingest costs when it is
+# served over HTTP, and the route's share of the baseline's rate if the ingest cost
+# X µs (the model is printed with its figures).
 alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
@@ -171,15 +178,19 @@ if System.find_executable("wrk") do
   url = ObservatoryWeb.Endpoint.url()
   # Every run the same client work (wrk's Lua builds the ~600-byte body each time); the
   # baselines build it and send a GET without it, so only the server's work differs.
-  # `fleet?`: each session's steps vary their intent, tool and status as a working
-  # agent's do (the in-process breakdown's workload: no loop, no alert); otherwise
-  # every step of a session is the same call (the entropy window says LOOP and an
-  # alert is raised on every step).
-  lua = fn path, send_body?, fleet? ->
+  # `steps`: `:loop`, every step of a session the same call (the entropy window says
+  # LOOP and an alert is raised on every step); `:fleet`, each session's steps vary
+  # their intent, tool and status as a working agent's do (the in-process breakdown's
+  # workload: no loop, no alert); `:retry`, the fleet's steps 1..1000 of run `retry_run`
+  # over and over (once sent, every one is answered from memory). `fleet_step/3` below
+  # writes the same text in Elixir (the in-process figures): keep the two alike.
+  retry_run = "retry#{System.unique_integer([:positive])}"
+
+  lua = fn path, send_body?, steps ->
     script =
       Path.join(
         System.tmp_dir!(),
-        "observatory_wrk_#{:erlang.phash2({path, send_body?, fleet?})}.lua"
+        "observatory_wrk_#{:erlang.phash2({path, send_body?, steps, retry_run})}.lua"
       )
 
     File.write!(script, """
@@ -194,16 +205,19 @@ if System.find_executable("wrk") do
     end
     local intents = {"search", "plan", "execute", "summarize"}
     local tools = {"read_file", "write_file", "list_files", "run_shell", "grep", "http_get", "sql", "edit"}
+    local fleet, retry = #{steps != :loop}, #{steps == :retry}
     request = function()
       n = n + 1
-      local s, k = n % 1000, math.floor(n / 1000)
+      local m, tag = n, "w" .. (id or "0")
+      if retry then m, tag = n % 1000 + 1, "#{retry_run}" end
+      local s, k = m % 1000, math.floor(m / 1000)
       local intent, tool, status = "execute", "read_file", "success"
-      if #{fleet?} then
+      if fleet then
         intent = intents[(k + s) % 4 + 1]
         tool = tools[(k * 3 + s) % 8 + 1]
         if k % 5 == 4 then status = "failure" end
       end
-      local body = string.format('{"meta":{"step_id":"w%s-%d","session_id":"#{if fleet?, do: "fsess", else: "wsess"}-%d","agent_id":"a","parent_step_id":"w%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"%s","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"%s","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"%s","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', id or "0", n, s, id or "0", n - 1, intent, tool, n % 37, status, n)
+      local body = string.format('{"meta":{"step_id":"%s-%d","session_id":"#{if steps == :loop, do: "wsess", else: "fsess"}-%d","agent_id":"a","parent_step_id":"%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"%s","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"%s","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"%s","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', tag, m, s, tag, m - 1, intent, tool, m % 37, status, m)
       if #{send_body?} then
         return wrk.format("POST", "#{path}", nil, body)
       else
@@ -215,19 +229,107 @@ if System.find_executable("wrk") do
     script
   end
 
-  # Requests per second, and the server's CPU time per request: the VM's whole CPU
-  # time over the run (its schedulers, and anything a request sets off in other
-  # processes) divided by the requests answered. wrk's own work is not in it.
+  # The fleet's step `m` under step-id tag `tag`, as the Lua above writes it.
+  fleet_step = fn tag, m ->
+    s = rem(m, 1000)
+    k = div(m, 1000)
+    intent = Enum.at(~w(search plan execute summarize), rem(k + s, 4))
+
+    tool =
+      Enum.at(
+        ~w(read_file write_file list_files run_shell grep http_get sql edit),
+        rem(k * 3 + s, 8)
+      )
+
+    status = if rem(k, 5) == 4, do: "failure", else: "success"
+
+    line =
+      ~S"  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+
+    ~s|{"meta":{"step_id":"#{tag}-#{m}","session_id":"fsess-#{s}","agent_id":"a","parent_step_id":"#{tag}-#{m - 1}","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"#{intent}","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"#{tool}","tool_input":{"path":"/srv/app/lib/app/file_#{rem(m, 37)}.ex","limit":200},"status":"#{status}","result":{"content":"# step #{m}\\n#{line}#{line}#{line}","lines":4}}}|
+  end
+
+  # CPU time in µs, user + system, of this VM (the server) from /proc: the VM's own
+  # `:erlang.statistics(:runtime)` counts user time only, and a server's socket work
+  # is system time. (Without /proc: the user time alone.)
+  clock_ticks =
+    case System.cmd("getconf", ["CLK_TCK"], stderr_to_stdout: true) do
+      {ticks, 0} -> String.to_integer(String.trim(ticks))
+      _ -> 100
+    end
+
+  vm_cpu = fn ->
+    case File.read("/proc/self/stat") do
+      {:ok, stat} ->
+        [_, fields] = String.split(stat, ") ", parts: 2)
+        [utime, stime] = fields |> String.split() |> Enum.slice(11, 2)
+        (String.to_integer(utime) + String.to_integer(stime)) * 1_000_000 / clock_ticks
+
+      _ ->
+        {runtime_ms, _} = :erlang.statistics(:runtime)
+        runtime_ms * 1000
+    end
+  end
+
+  # Requests per second, the server's CPU time per request (the VM's, user + system,
+  # over the run: its schedulers, its socket work and anything a request sets off in
+  # other processes, divided by the requests answered) and wrk's (bash's `time`).
   wrk = fn script ->
-    :erlang.statistics(:runtime)
-    {out, 0} = System.cmd("wrk", ["-t2", "-c32", "-d#{wrk_seconds}s", "-s", script, url])
-    {_, cpu_ms} = :erlang.statistics(:runtime)
+    before = vm_cpu.()
+
+    {out, 0} =
+      System.cmd(
+        "bash",
+        [
+          "-c",
+          ~s(TIMEFORMAT="wrk-cpu %U %S"; time wrk -t2 -c32 -d#{wrk_seconds}s -s "$0" "$1"),
+          script,
+          url
+        ],
+        stderr_to_stdout: true
+      )
+
+    cpu = vm_cpu.() - before
     [_, total] = Regex.run(~r/(\d+) requests in/, out)
     [_, rps] = Regex.run(~r/Requests\/sec:\s+([\d.]+)/, out)
     [_, non2xx] = Regex.run(~r/Non-2xx or 3xx responses: (\d+)/, out) || [nil, "0"]
+    [_, wrk_user, wrk_sys] = Regex.run(~r/wrk-cpu ([\d.]+) ([\d.]+)/, out)
+    total = max(String.to_integer(total), 1)
 
-    {String.to_float(rps), cpu_ms * 1000 / max(String.to_integer(total), 1),
-     String.to_integer(non2xx)}
+    %{
+      rps: String.to_float(rps),
+      server: cpu / total,
+      wrk: (String.to_float(wrk_user) + String.to_float(wrk_sys)) * 1_000_000 / total,
+      non2xx: String.to_integer(non2xx)
+    }
+  end
+
+  # The retry route's steps, ingested in-process (agent "a", as the handler calls it)
+  # before each of its runs: then every one it sends is answered from memory, whatever
+  # the other routes' steps evicted meanwhile. A text unlike wrk's would be refused
+  # (409): the route's non-2xx count says so.
+  prime_retries = fn ->
+    for m <- 1..1000,
+        do:
+          {:ok, _} =
+            SchemaInterceptor.ingest(fleet_step.(retry_run, m), agent: "a", envelope: false)
+  end
+
+  # CPU µs a step of `SchemaInterceptor.ingest/2` as the HTTP handler calls it, in one
+  # process, over `steps` (the VM does nothing else meanwhile).
+  in_process = fn steps ->
+    task =
+      Task.async(fn ->
+        :erlang.statistics(:runtime)
+
+        for step <- steps,
+            do: {:ok, _} = SchemaInterceptor.ingest(step, agent: "a", envelope: false)
+
+        {_, cpu_ms} = :erlang.statistics(:runtime)
+        cpu_ms * 1000 / length(steps)
+      end)
+
+    Task.await(task, :infinity)
   end
 
   # The cheapest routes (the baselines), a body sent to the 404 (what reading past a
@@ -236,21 +338,37 @@ if System.find_executable("wrk") do
   # round's faster baseline, and the table gives the medians.
   routes = [
     {"GET /assets/dashboard.css (a stylesheet from memory)",
-     lua.("/assets/dashboard.css", false, false)},
-    {"GET /no-such-page (the router's 404)", lua.("/no-such-page", false, false)},
+     lua.("/assets/dashboard.css", false, :loop)},
+    {"GET /no-such-page (the router's 404)", lua.("/no-such-page", false, :loop)},
     {"POST /no-such-page, the ~600-byte step as its body (404)",
-     lua.("/no-such-page", true, false)},
+     lua.("/no-such-page", true, :loop)},
     {"POST /api/v1/decision_logs, ~600-byte step, every session looping (an alert a step)",
-     lua.("/api/v1/decision_logs", true, false)},
+     lua.("/api/v1/decision_logs", true, :loop)},
     {"POST /api/v1/decision_logs, ~600-byte step, a fleet at work (no loop)",
-     lua.("/api/v1/decision_logs", true, true)}
+     lua.("/api/v1/decision_logs", true, :fleet)},
+    {"POST /api/v1/decision_logs, the fleet's steps again (every one a retry, answered from memory)",
+     lua.("/api/v1/decision_logs", true, :retry)}
   ]
 
+  retry_route = length(routes) - 1
+  fleet_route = retry_route - 1
+
   rounds =
-    for _round <- 1..http_rounds do
-      results = for {name, script} <- routes, do: {name, wrk.(script)}
-      [{_, {asset, _, _}}, {_, {not_found, _, _}} | _] = results
-      {results, max(asset, not_found)}
+    for round <- 1..http_rounds do
+      results =
+        for {{name, script}, i} <- Enum.with_index(routes) do
+          if i == retry_route, do: prime_retries.()
+          {name, wrk.(script)}
+        end
+
+      [{_, %{rps: asset}}, {_, %{rps: not_found}} | _] = results
+
+      # The same VM ingests the fleet's kind of steps in-process: new ones, then the
+      # same again (every one a retry).
+      new_steps = for m <- 1..5_000, do: fleet_step.("p#{round}-#{retry_run}", m)
+      new = in_process.(new_steps)
+      replayed = in_process.(new_steps)
+      {results, max(asset, not_found), {new, replayed}}
     end
 
   median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
@@ -260,18 +378,88 @@ if System.find_executable("wrk") do
       "wrk and the server share the machine)"
   )
 
-  IO.puts("| route | requests/s | share of the faster baseline | server CPU a request |")
-  IO.puts("|---|---:|---:|---:|")
+  IO.puts(
+    "| route | requests/s | share of the faster baseline | server CPU a request | wrk's CPU a request |"
+  )
 
-  for {{name, _script}, i} <- Enum.with_index(routes) do
-    per_round = for {results, baseline} <- rounds, do: {elem(Enum.at(results, i), 1), baseline}
-    rps = median.(for {{rps, _, _}, _} <- per_round, do: rps)
-    share = median.(for {{rps, _, _}, baseline} <- per_round, do: rps / baseline * 100)
-    cpu = median.(for {{_, cpu, _}, _} <- per_round, do: cpu)
-    non2xx = Enum.sum(for {{_, _, n}, _} <- per_round, do: n)
-    # The 404s answer 404 by design; any other route's non-2xx answer is a failure.
-    failed = if String.contains?(name, "404"), do: "", else: " (#{non2xx} non-2xx)"
-    IO.puts("| #{name} | #{round(rps)}#{failed} | #{Float.round(share, 1)} % | #{r.(cpu)} µs |")
+  IO.puts("|---|---:|---:|---:|---:|")
+
+  # Per route, the medians over the rounds: requests/s, share %, server and wrk CPU µs.
+  figures =
+    for {{name, _script}, i} <- Enum.with_index(routes) do
+      per_round =
+        for {results, baseline, _} <- rounds, do: {elem(Enum.at(results, i), 1), baseline}
+
+      rps = median.(for {run, _} <- per_round, do: run.rps)
+      share = median.(for {run, baseline} <- per_round, do: run.rps / baseline * 100)
+      server = median.(for {run, _} <- per_round, do: run.server)
+      wrk_cpu = median.(for {run, _} <- per_round, do: run.wrk)
+      non2xx = Enum.sum(for {run, _} <- per_round, do: run.non2xx)
+      # The 404s answer 404 by design; any other route's non-2xx answer is a failure.
+      failed = if String.contains?(name, "404"), do: "", else: " (#{non2xx} non-2xx)"
+
+      IO.puts(
+        "| #{name} | #{round(rps)}#{failed} | #{Float.round(share, 1)} % | #{r.(server)} µs | #{r.(wrk_cpu)} µs |"
+      )
+
+      %{rps: rps, share: share, server: server, wrk: wrk_cpu}
+    end
+
+  # What the ingest route's server CPU is made of, and what its share would be with a
+  # cheaper ingest. The model, stated so that later runs can check it:
+  #   - the machine spends S (the server's CPU) + C (wrk's) on a request, and a
+  #     saturated machine's rate is inversely proportional to it: a route's share of
+  #     the baseline is about (S_base + C_base) / (S_route + C_route) (printed beside
+  #     the measured share, as a check);
+  #   - the fleet route and the retry route differ only in what the ingest does, so
+  #     k = (S_fleet − S_retry) / (X_new − X_replayed) is the server CPU that a µs of
+  #     in-process ingest (X, measured in this VM in the same run) costs once served;
+  #   - with an ingest of X µs in-process the route would cost
+  #     S(X) = S_retry + k × (X − X_replayed), and its share would be about
+  #     (S_base + C_base) / (S(X) + C_fleet).
+  {new_x, replayed_x} =
+    {median.(for {_, _, {new, _}} <- rounds, do: new),
+     median.(for {_, _, {_, replayed}} <- rounds, do: replayed)}
+
+  base =
+    if Enum.at(figures, 0).rps >= Enum.at(figures, 1).rps,
+      do: Enum.at(figures, 0),
+      else: Enum.at(figures, 1)
+
+  fleet = Enum.at(figures, fleet_route)
+  retry = Enum.at(figures, retry_route)
+  k = (fleet.server - retry.server) / max(new_x - replayed_x, 0.1)
+  machine = fn route -> route.server + route.wrk end
+  fixed = retry.server - k * replayed_x
+
+  IO.puts("""
+
+  In-process, in the same VM, one caller (the rounds' medians): a new fleet step costs \
+  #{r.(new_x)} µs of CPU, the same step again (a retry) #{r.(replayed_x)} µs.
+  Served: the fleet route #{r.(fleet.server)} µs of server CPU a request, the retry \
+  route #{r.(retry.server)} µs, the baseline #{r.(base.server)} µs; wrk #{r.(fleet.wrk)}, \
+  #{r.(retry.wrk)} and #{r.(base.wrk)} µs.
+  So a µs of in-process ingest costs k = #{r.(k)} µs of server CPU once served \
+  (#{r.(fleet.server - retry.server)} µs for #{r.(new_x - replayed_x)} µs), and the \
+  route's own work (k × X taken off the retry route) is #{r.(fixed)} µs, the \
+  baseline's #{r.(base.server)}.
+  The model's share for the fleet route: #{Float.round(machine.(base) / machine.(fleet) * 100, 1)} % \
+  (measured #{Float.round(fleet.share, 1)} %); for the retry route: \
+  #{Float.round(machine.(base) / machine.(retry) * 100, 1)} % (measured \
+  #{Float.round(retry.share, 1)} %).
+
+  | the ingest of a new step in-process, CPU | the route's server CPU (model) | share of the baseline (model) |
+  |---:|---:|---:|\
+  """)
+
+  for x <- Enum.uniq([Float.round(new_x, 1), 16.0, 12.0, 8.0, 4.0, 0.0]) do
+    s_x = fixed + k * x
+    today = if x == Float.round(new_x, 1), do: " (today)", else: ""
+
+    IO.puts(
+      "| #{r.(x)} µs#{today} | #{r.(s_x)} µs | " <>
+        "#{Float.round(machine.(base) / (s_x + fleet.wrk) * 100, 1)} % |"
+    )
   end
 else
   IO.puts("\nwrk not found: install it (bin/setup does) for the HTTP figures")
