@@ -126,12 +126,14 @@ defmodule Observatory.Gateway.Events do
   a minute: a step's scoring and answer never depend on the dashboard's bus.
   """
   @spec broadcast(String.t(), term()) :: :ok | {:error, term()}
-  def broadcast(topic, message) do
-    {module, server} = pubsub()
+  def broadcast(topic, message), do: broadcast(pubsub(), topic, message)
+
+  # Through the `{module, server}` given: read once by the caller, not again here.
+  defp broadcast({module, server}, topic, message) do
     module.broadcast(server, topic, message)
   rescue
     error in ArgumentError ->
-      if running?(), do: reraise(error, __STACKTRACE__)
+      if Process.whereis(server) != nil, do: reraise(error, __STACKTRACE__)
       log_not_running()
       {:error, :pubsub_not_running}
   end
@@ -141,17 +143,18 @@ defmodule Observatory.Gateway.Events do
   with Observatory's own server, a topic nobody follows on any node costs one
   lookup and `fun` is not called; a host's server is always given the message.
   `pubsub` is the configured `{module, server}` (`pubsub/0`), for a caller that has
-  read it already for the same step.
+  read it already for the same step: the message goes through it, the setting is
+  not read again.
   """
   @spec broadcast_lazy(String.t(), (() -> term()), {module(), atom()}) ::
           :ok | {:error, term()}
   def broadcast_lazy(topic, fun, pubsub \\ pubsub()) do
     case pubsub do
       {Observatory.PubSub, server} ->
-        if subscribed?(server, topic), do: broadcast(topic, fun.()), else: :ok
+        if subscribed?(server, topic), do: broadcast(pubsub, topic, fun.()), else: :ok
 
       _host ->
-        broadcast(topic, fun.())
+        broadcast(pubsub, topic, fun.())
     end
   end
 

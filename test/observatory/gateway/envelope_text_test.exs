@@ -17,7 +17,11 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
   defmodule HostBus do
     # A host's PubSub server, as Phoenix.PubSub's API: every broadcast comes back to
     # the broadcasting process (the ingest runs in the test's).
-    def broadcast(_server, topic, message), do: send(self(), {:host_bus, topic, message})
+    def broadcast(_server, topic, message) do
+      send(self(), {:host_bus, topic, message})
+      :ok
+    end
+
     def subscribe(_server, _topic), do: :ok
     def unsubscribe(_server, _topic), do: :ok
   end
@@ -209,6 +213,65 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
 
         assert_receive {:host_bus, "gateway:decision_logs",
                         %{step_id: ^step_id, envelope: ^expected}}
+      end
+    end
+
+    # The ingest reads :pubsub once per step and hands it down: a change must reach the
+    # next step's broadcast, to a host's server and back, whichever way it is called.
+    test "Application.put_env of :pubsub applies on the next step, to a host's server and back" do
+      sid = unique_session("pubsub-switch")
+      :ok = Events.subscribe(Events.decision_logs())
+
+      ingest = fn opts ->
+        json = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
+        {:ok, %{step_id: step_id}} = SchemaInterceptor.ingest(json, opts)
+        step_id
+      end
+
+      try do
+        for opts <- [[envelope: false], []] do
+          step_id = ingest.(opts)
+          assert_receive %{event_type: "decision_log", step_id: ^step_id}
+          refute_received {:host_bus, "gateway:decision_logs", _}
+
+          Application.put_env(:observatory, :pubsub, {__MODULE__.HostBus, :host_bus})
+          step_id = ingest.(opts)
+          assert_receive {:host_bus, "gateway:decision_logs", %{step_id: ^step_id}}
+          refute_received %{event_type: "decision_log", step_id: ^step_id}
+
+          Application.delete_env(:observatory, :pubsub)
+          step_id = ingest.(opts)
+          assert_receive %{event_type: "decision_log", step_id: ^step_id}
+          refute_received {:host_bus, "gateway:decision_logs", _}
+        end
+      after
+        Events.unsubscribe(Events.decision_logs())
+      end
+    end
+
+    # The ingest reads :pubsub once for the step and hands it to broadcast_lazy/3, which
+    # decided with it whether to make the message but then sent it through a second
+    # read of the setting: a change between the two went to a server not asked.
+    test "Events.broadcast_lazy/3 sends through the server it is given, not a second read" do
+      topic = "test:given:#{System.unique_integer([:positive])}"
+      host = {__MODULE__.HostBus, :host_bus}
+
+      # Configured: Observatory's own. Given: the host's.
+      assert Events.broadcast_lazy(topic, fn -> %{n: 1} end, host) == :ok
+      assert_received {:host_bus, ^topic, %{n: 1}}
+
+      # Configured: the host's. Given: Observatory's own, which a subscriber follows.
+      :ok = Events.subscribe(topic)
+
+      try do
+        Application.put_env(:observatory, :pubsub, host)
+        own = {Observatory.PubSub, Observatory.PubSub}
+        assert Events.broadcast_lazy(topic, fn -> %{n: 2} end, own) == :ok
+        assert_received %{n: 2}
+        refute_received {:host_bus, _, _}
+      after
+        Application.delete_env(:observatory, :pubsub)
+        Events.unsubscribe(topic)
       end
     end
 
