@@ -17,25 +17,19 @@ use observatory_core::decision_log::value_path::{body_fingerprint, step_hashes, 
 use observatory_core::decision_log::{check, fingerprint_of, hashes_of, parse, read};
 use observatory_core::loop_verdict::keys::Normalization;
 
+mod cpu_time;
+mod fleet;
+use cpu_time::thread_cpu_ns;
+use fleet::{INTENTS, TOOLS};
+
 const LINE: &str =
     "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n";
 
 /// The bench's step `i` of a size, as `Observatory.JSON.encode!` writes it (keys sorted).
 fn step(size: &str, i: usize) -> String {
     let (s, k) = (i % 1000, i / 1000);
-    let intents = ["search", "plan", "execute", "summarize"];
-    let tools = [
-        "read_file",
-        "write_file",
-        "list_files",
-        "run_shell",
-        "grep",
-        "http_get",
-        "sql",
-        "edit",
-    ];
     let step_id = format!("r1-{i}");
-    let intent = intents[(k + s) % 4];
+    let intent = INTENTS[(k + s) % 4];
     let json_str = |text: &str| serde_json::to_string(text).unwrap();
     let result = match size {
         "small" => format!(r#"{{"bytes":{},"etag":"{step_id}"}}"#, 1024 + i),
@@ -58,32 +52,21 @@ fn step(size: &str, i: usize) -> String {
     let status = if k % 5 == 4 { "failure" } else { "success" };
     format!(
         r#"{{"action":{{"result":{result},"status":"{status}","tool_call":"{tool}","tool_input":{{"limit":200,"path":"/srv/app/lib/app/file_{k}.ex"}}}},"cognition":{cognition},"meta":{{"agent_id":"agent-{agent}","parent_step_id":"step-{prev}","session_id":"sess-{size}-{s}","step_id":"{step_id}","timestamp":"2026-02-22T10:30:00.123Z"}}}}"#,
-        tool = tools[(k * 3 + s) % 8],
+        tool = TOOLS[(k * 3 + s) % 8],
         agent = s % 50,
         prev = i as i64 - 1,
     )
-}
-
-fn cpu_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which `now` is.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 const BATCH: usize = 200;
 
 /// One batch of `BATCH` calls of `stage` over `steps`: CPU ns per call.
 fn batch(steps: &[String], from: usize, stage: &dyn Fn(&[u8])) -> f64 {
-    let t0 = cpu_ns();
+    let t0 = thread_cpu_ns();
     for n in 0..BATCH {
         stage(black_box(steps[(from + n) % steps.len()].as_bytes()));
     }
-    (cpu_ns() - t0) as f64 / BATCH as f64
+    (thread_cpu_ns() - t0) as f64 / BATCH as f64
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

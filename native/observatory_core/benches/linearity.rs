@@ -37,6 +37,9 @@ use observatory_core::simhash::fingerprint;
 use observatory_core::stable_json::stable_stringify;
 use serde_json::{json, Value};
 
+mod cpu_time;
+use cpu_time::thread_cpu_ns;
+
 /// A named input shape: `make(n)` gives about `n` bytes of it.
 struct Shape {
     name: &'static str,
@@ -284,17 +287,6 @@ fn ns_per_byte(run: fn(&[u8]) -> usize, input: &[u8], budget: Duration) -> f64 {
         runs += 1;
     }
     best / input.len() as f64
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which `now` is.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// One parser on one shape: cost per byte at both sizes.
