@@ -312,13 +312,31 @@ defmodule Observatory.Gateway.SessionOwners do
 
   defp sweep_idle do
     cutoff = now_ms() - settings().ttl_ms
+    forget_idle(idle_since(cutoff), cutoff)
+  end
 
-    idle =
-      :ets.select(@owners, [
-        {{:"$1", :"$2", :"$3", :"$4"}, [{:<, :"$3", cutoff}], [{{:"$1", :"$2", :"$4"}}]}
-      ])
+  @doc false
+  # The sessions last seen before `cutoff`, as `{session_id, agent_id, lru_key}`.
+  def idle_since(cutoff) do
+    :ets.select(@owners, [
+      {{:"$1", :"$2", :"$3", :"$4"}, [{:<, :"$3", cutoff}], [{{:"$1", :"$2", :"$4"}}]}
+    ])
+  end
 
-    Enum.count(idle, fn {session_id, agent_id, key} -> forget(session_id, agent_id, key) end)
+  @doc false
+  # Forgets each of `idle` that is still idle since `cutoff`: a step that came after
+  # the sweep chose it (within the minute only its last-seen time moves, not its LRU
+  # key) keeps it. Returns how many were forgotten.
+  def forget_idle(idle, cutoff) do
+    Enum.count(idle, fn {session_id, agent_id, key} ->
+      spec = [{{session_id, agent_id, :"$1", key}, [{:<, :"$1", cutoff}], [true]}]
+
+      if :ets.select_delete(@owners, spec) == 1 do
+        :ets.delete(@lru, key)
+        :ets.update_counter(@counts, agent_id, -1, {agent_id, 0})
+        true
+      end
+    end)
   end
 
   defp schedule_sweep do

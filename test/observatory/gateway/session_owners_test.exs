@@ -153,6 +153,33 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert SessionOwners.count(victim) == 0
     end
 
+    test "a step that lands after the sweep chose its session idle keeps the session",
+         %{victim: victim} do
+      sid = unique_session("sess-swept-late")
+      assert {:ok, []} = SessionOwners.claim(sid, victim)
+      # Idle for 10 s, its LRU key a few seconds old: the sweep with a 5 s TTL picks it.
+      now = System.monotonic_time(:millisecond)
+      :ets.update_element(SessionOwners.Owners, sid, {3, now - 10_000})
+      cutoff = now - 5_000
+      idle = Enum.filter(SessionOwners.idle_since(cutoff), &(elem(&1, 0) == sid))
+      assert [{^sid, ^victim, _key}] = idle
+
+      # Its next step arrives before the sweep forgets it (within the minute, only the
+      # last-seen time moves): the session stays the agent's, counted once.
+      assert {:ok, []} = SessionOwners.claim(sid, victim)
+      assert SessionOwners.forget_idle(idle, cutoff) == 0
+      assert SessionOwners.owner(sid) == victim
+      assert SessionOwners.claim(sid, "someone-else") == {:error, {:owned_by, victim}}
+
+      # Still idle when the sweep comes to it: forgotten, its count and LRU entry too.
+      :ets.update_element(SessionOwners.Owners, sid, {3, now - 10_000})
+      count = SessionOwners.count(victim)
+      assert SessionOwners.forget_idle(idle, cutoff) == 1
+      assert SessionOwners.owner(sid) == nil
+      assert SessionOwners.count(victim) == count - 1
+      assert :ets.match(SessionOwners.LRU, {:_, sid}) == []
+    end
+
     test "concurrent first steps of one session: exactly one agent owns it" do
       sid = unique_session("sess-race")
 
