@@ -227,15 +227,12 @@ defmodule Observatory.Gateway.SessionLog do
 
   @impl true
   def init(_opts) do
-    :ets.new(@slots, [
-      :named_table,
-      :public,
-      :set,
-      write_concurrency: true,
-      read_concurrency: true
-    ])
-
-    :ets.new(@heads, [:named_table, :public, :set, write_concurrency: true])
+    # Written on every step, read when someone looks: no `read_concurrency` (it makes
+    # every write take each scheduler's reader lock), and the number of write locks
+    # left to the VM (`:auto`), which one caller pays least for and concurrent callers
+    # still spread over (docs/ingest-cost.md, the glue's second round).
+    :ets.new(@slots, [:named_table, :public, :set, write_concurrency: :auto])
+    :ets.new(@heads, [:named_table, :public, :set, write_concurrency: :auto])
     # Envelope bytes kept, updated by the writers.
     :persistent_term.put(__MODULE__, :counters.new(1, [:write_concurrency]))
     IdleSweep.schedule()

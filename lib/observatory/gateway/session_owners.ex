@@ -281,13 +281,10 @@ defmodule Observatory.Gateway.SessionOwners do
 
   @impl true
   def init(_opts) do
-    :ets.new(@owners, [
-      :named_table,
-      :public,
-      :set,
-      read_concurrency: true,
-      write_concurrency: true
-    ])
+    # Read and written on every step of a session that waits seconds between steps:
+    # no `read_concurrency` (it makes each write take every scheduler's reader lock),
+    # write locks left to the VM (`:auto`), as for the session log's tables.
+    :ets.new(@owners, [:named_table, :public, :set, write_concurrency: :auto])
 
     :ets.new(@lru, [:named_table, :public, :ordered_set, write_concurrency: true])
     :ets.new(@counts, [:named_table, :public, :set, write_concurrency: true])

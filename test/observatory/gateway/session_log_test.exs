@@ -92,4 +92,26 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert SessionLog.last_at(unique_session("nobody")) == nil
     end
   end
+
+  describe "the session log under concurrent writers" do
+    test "writers of one session each get their own step number and the byte count stays exact" do
+      sid = unique_session("concurrent")
+      json = ~s({"meta":{"session_id":"#{sid}"},"text":"#{String.duplicate("x", 100)}"})
+      before = SessionLog.stats().bytes
+
+      1..4
+      |> Enum.map(fn _ ->
+        Task.async(fn -> for _ <- 1..50, do: SessionLog.put_json(sid, json, nil) end)
+      end)
+      |> Enum.each(&Task.await/1)
+
+      steps = SessionLog.steps(sid)
+      size = Application.get_env(:observatory, :session_log_size, 20)
+
+      assert SessionLog.count(sid) == 200
+      assert length(steps) == size
+      assert steps |> Enum.map(& &1.number) |> Enum.uniq() |> length() == size
+      assert SessionLog.stats().bytes - before == size * byte_size(json)
+    end
+  end
 end
