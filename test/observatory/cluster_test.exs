@@ -184,21 +184,29 @@ defmodule Observatory.ClusterDistributedTest do
       session = owned_by(b, [a, b, c], "sess-slow")
       [step] = steps(session, 1)
       step = put_in(step, ["meta", "agent_id"], "agent-http")
-      # No owner answers in 0 ms.
-      config = Keyword.put(:erpc.call(a, Cluster, :config, []), :rpc_timeout_ms, 0)
+      config = Keyword.put(:erpc.call(a, Cluster, :config, []), :rpc_timeout_ms, 200)
       :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
-
-      assert {:error, {:unavailable, %{path: "meta.session_id", reason: reason}}} =
-               :erpc.call(a, SchemaInterceptor, :ingest, [step])
-
-      assert reason =~ "#{b} did not answer"
-
       port = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
       body = Observatory.JSON.encode!(step)
 
-      assert %{status: 503, body: answer} =
-               http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")
+      # The owner frozen (connected, a member, silent) for the two calls: it cannot
+      # answer within 200 ms. (A 0 ms timeout instead raced: a busy caller could find
+      # the owner's answer already in its mailbox.) The members cut a silent node off
+      # only after seconds, far longer than these two calls.
+      b_pid = :erpc.call(b, :os, :getpid, [])
+      System.cmd("kill", ["-STOP", to_string(b_pid)])
 
+      {in_process, over_http} =
+        try do
+          {:erpc.call(a, SchemaInterceptor, :ingest, [step]),
+           http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")}
+        after
+          System.cmd("kill", ["-CONT", to_string(b_pid)])
+        end
+
+      assert {:error, {:unavailable, %{path: "meta.session_id", reason: reason}}} = in_process
+      assert reason =~ "#{b} did not answer"
+      assert %{status: 503, body: answer} = over_http
       assert answer =~ "owner_unavailable"
       # Neither a nor c scored the step in b's place.
       for n <- [a, c],
