@@ -29,11 +29,13 @@ struct Run {
 }
 
 impl Run {
+    /// The first verdict that calls the run a loop.
+    fn first_loop_verdict(&self) -> Option<&Verdict> {
+        self.verdicts.iter().find(|v| v.level == Level::Loop)
+    }
+
     fn first_loop(&self) -> Option<u32> {
-        self.verdicts
-            .iter()
-            .find(|v| v.level == Level::Loop)
-            .map(|v| v.step)
+        self.first_loop_verdict().map(|v| v.step)
     }
 
     fn entropy_first_loop(&self) -> Option<u32> {
@@ -468,7 +470,7 @@ fn must_flag_stderr_and_stdout_interleaved_differently() {
 /// Checks the scenario and the rule that decided its first loop.
 fn check_rule(name: &str, label: &str, rule: Rule) {
     let run = check(name, label);
-    let first = run.verdicts.iter().find(|v| v.level == Level::Loop);
+    let first = run.first_loop_verdict();
     assert_eq!(first.map(|v| v.rule), Some(rule), "{name}: the rule");
 }
 
@@ -598,11 +600,7 @@ fn must_flag_every_command_inside_a_fence_the_shell_cannot_run_the_status_flippi
         "every command sent inside a fence the shell cannot run, the status following what comes after",
         "must-flag",
     );
-    let first = run
-        .verdicts
-        .iter()
-        .find(|v| v.level == Level::Loop)
-        .unwrap();
+    let first = run.first_loop_verdict().unwrap();
     assert_eq!(first.rule, Rule::FailureRun);
     assert_eq!(
         first.reason,
@@ -630,11 +628,7 @@ fn must_flag_one_search_reworked_six_ways_every_answer_empty() {
         "one search reworked six ways, every answer empty",
         "must-flag",
     );
-    let first = run
-        .verdicts
-        .iter()
-        .find(|v| v.level == Level::Loop)
-        .unwrap();
+    let first = run.first_loop_verdict().unwrap();
     assert_eq!(first.rule, Rule::NearRepeat);
     assert_eq!(first.reason, Reason::BlankRework { times: 6 });
     assert_eq!(first.evidence.as_slice(), [2, 3, 4, 5, 6, 7]);
