@@ -220,22 +220,14 @@ defmodule Observatory.Notifications do
   def configured_sinks do
     specs = if is_list(config()[:sinks]), do: config()[:sinks], else: []
 
-    case :persistent_term.get({__MODULE__, :configured}, nil) do
-      {^specs, sinks} ->
-        sinks
-
-      _ ->
-        # check_config!/0 refused bad sinks at start; ones set later send nothing.
-        sinks =
-          try do
-            build!(specs)
-          rescue
-            ArgumentError -> []
-          end
-
-        :persistent_term.put({__MODULE__, :configured}, {specs, sinks})
-        sinks
-    end
+    Observatory.DerivedSetting.get({__MODULE__, :configured}, specs, fn specs ->
+      # check_config!/0 refused bad sinks at start; ones set later send nothing.
+      try do
+        build!(specs)
+      rescue
+        ArgumentError -> []
+      end
+    end)
   end
 
   @doc """

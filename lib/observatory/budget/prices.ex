@@ -48,22 +48,14 @@ defmodule Observatory.Budget.Prices do
   def table do
     config = config()
 
-    case :persistent_term.get({__MODULE__, :table}, nil) do
-      {^config, table} ->
-        table
-
-      _ ->
-        # check!/0 refused a bad table at start; one set later prices nothing.
-        table =
-          try do
-            build!(config)
-          rescue
-            ArgumentError -> %{}
-          end
-
-        :persistent_term.put({__MODULE__, :table}, {config, table})
-        table
-    end
+    Observatory.DerivedSetting.get({__MODULE__, :table}, config, fn config ->
+      # check!/0 refused a bad table at start; one set later prices nothing.
+      try do
+        build!(config)
+      rescue
+        ArgumentError -> %{}
+      end
+    end)
   end
 
   @doc "Whether any model has a price (a cost limit needs one)."

@@ -113,19 +113,7 @@ defmodule Observatory.Gateway.Idempotency do
   # the check is off.
   # The setting is read on every step (a change applies to the next one); what it
   # comes to is worked out again only when it differs from the last step's.
-  defp limits do
-    env = env()
-
-    case :persistent_term.get({__MODULE__, :limits}, nil) do
-      {^env, limits} ->
-        limits
-
-      _changed ->
-        limits = limits(env)
-        :persistent_term.put({__MODULE__, :limits}, {env, limits})
-        limits
-    end
-  end
+  defp limits, do: Observatory.DerivedSetting.get({__MODULE__, :limits}, env(), &limits/1)
 
   defp limits(env) do
     if setting(env, :enabled),

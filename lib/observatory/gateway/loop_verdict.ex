@@ -347,16 +347,10 @@ defmodule Observatory.Gateway.LoopVerdict do
   defp configs do
     env = Application.get_env(:observatory, :loop_verdict, [])
 
-    case :persistent_term.get({__MODULE__, :config}, nil) do
-      {^env, configs} ->
-        configs
-
-      _ ->
-        tuple = build_config(env)
-        configs = {tuple, Native.verdict_config_pack(tuple)}
-        :persistent_term.put({__MODULE__, :config}, {env, configs})
-        configs
-    end
+    Observatory.DerivedSetting.get({__MODULE__, :config}, env, fn env ->
+      tuple = build_config(env)
+      {tuple, Native.verdict_config_pack(tuple)}
+    end)
   end
 
   defp build_config(env) do

@@ -86,18 +86,12 @@ defmodule Observatory.Gateway.StepDetector do
   defp settings_per_step do
     env = Application.get_env(:observatory, :step_detection, [])
 
-    case :persistent_term.get({__MODULE__, :step_settings}, nil) do
-      {^env, derived} ->
-        derived
-
-      _ ->
-        s = Keyword.merge(@defaults, env)
-        thresholds = {s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]}
-        settings = {thresholds, s[:history]}
-        derived = {settings, {thresholds, Native.step_settings_pack(settings)}}
-        :persistent_term.put({__MODULE__, :step_settings}, {env, derived})
-        derived
-    end
+    Observatory.DerivedSetting.get({__MODULE__, :step_settings}, env, fn env ->
+      s = Keyword.merge(@defaults, env)
+      thresholds = {s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]}
+      settings = {thresholds, s[:history]}
+      {settings, {thresholds, Native.step_settings_pack(settings)}}
+    end)
   end
 
   @doc """
