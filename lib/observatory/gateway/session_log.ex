@@ -101,17 +101,23 @@ defmodule Observatory.Gateway.SessionLog do
       )
 
     key = {session_id, rem(seq, size)}
+    row = {key, seq, envelope, bytes, number || seq, now}
 
-    # The size of the envelope this write replaces, if any (only the size: a lookup
-    # would copy the old envelope out of the table).
+    # The size of the envelope this write replaces, if any. A session's first `size`
+    # steps go to slots not yet written: `insert_new` says so without a lookup (whose
+    # miss raises: an exception a step cost more than the rest of the write). Past
+    # them — or when the slot was written after all, the ring's size having changed —
+    # the slot's size is read (only the size: a lookup would copy the old envelope
+    # out of the table) before it is overwritten.
     replaced =
-      try do
-        :ets.lookup_element(@slots, key, 4)
-      rescue
-        ArgumentError -> 0
+      if seq <= size and :ets.insert_new(@slots, row) do
+        0
+      else
+        replaced = slot_bytes(key)
+        :ets.insert(@slots, row)
+        replaced
       end
 
-    :ets.insert(@slots, {key, seq, envelope, bytes, number || seq, now})
     counter = counter()
     :counters.add(counter, 1, bytes - replaced)
 
@@ -120,6 +126,13 @@ defmodule Observatory.Gateway.SessionLog do
        do: request_trim()
 
     :ok
+  end
+
+  defp slot_bytes(key) do
+    :ets.lookup_element(@slots, key, 4)
+  rescue
+    # Not written (a concurrent writer of the same session is still on its way).
+    ArgumentError -> 0
   end
 
   defp request_trim do
@@ -232,7 +245,18 @@ defmodule Observatory.Gateway.SessionLog do
     # left to the VM (`:auto`), which one caller pays least for and concurrent callers
     # still spread over (docs/ingest-cost.md, the glue's second round).
     :ets.new(@slots, [:named_table, :public, :set, write_concurrency: :auto])
-    :ets.new(@heads, [:named_table, :public, :set, write_concurrency: :auto])
+    # The heads' count is read on a session's first step (the sessions cap): one
+    # counter, not one per scheduler summed on each read (~0.1 µs against ~0.8 µs
+    # here). It changes only when a session comes or goes; a step of a known session
+    # updates its head in place and leaves it alone.
+    :ets.new(@heads, [
+      :named_table,
+      :public,
+      :set,
+      write_concurrency: :auto,
+      decentralized_counters: false
+    ])
+
     # Envelope bytes kept, updated by the writers.
     :persistent_term.put(__MODULE__, :counters.new(1, [:write_concurrency]))
     IdleSweep.schedule()

@@ -8,6 +8,7 @@ defmodule Observatory.Gateway.SessionLogTest do
 
   setup do
     restore_env_on_exit([
+      :session_log_size,
       :session_log_max_sessions,
       :session_log_max_envelope_bytes,
       :session_log_max_bytes
@@ -90,6 +91,37 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert SessionLog.step(sid, 99) == nil
       assert SessionLog.last_at(sid) >= at
       assert SessionLog.last_at(unique_session("nobody")) == nil
+    end
+  end
+
+  describe "the byte count through a session's first steps, a full ring and a ring resized" do
+    # A session's first steps take slots not yet written (no replaced size to read),
+    # later ones replace the oldest; a ring whose size changed at run time can send
+    # an early step to a slot already written, whose size must still come off.
+    test "the bytes kept are the sizes of the envelopes the slots hold, exactly" do
+      sid = unique_session("ring")
+      text = fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
+      settle()
+      before = SessionLog.stats().bytes
+      held = fn -> SessionLog.stats().bytes - before end
+
+      Application.put_env(:observatory, :session_log_size, 2)
+      SessionLog.put_json(sid, text.(10), nil)
+      assert held.() == byte_size(text.(10))
+      SessionLog.put_json(sid, text.(200), nil)
+      assert held.() == byte_size(text.(10)) + byte_size(text.(200))
+
+      # Step 3 of a ring of 3 goes to slot 0, which step 2 wrote.
+      Application.put_env(:observatory, :session_log_size, 3)
+      SessionLog.put_json(sid, text.(30), nil)
+      assert held.() == byte_size(text.(10)) + byte_size(text.(30))
+      assert [%{"n" => one}, %{"n" => three}] = SessionLog.recent(sid)
+      assert {byte_size(one), byte_size(three)} == {10, 30}
+
+      # Past the ring's size: each step replaces the oldest.
+      for n <- 40..45, do: SessionLog.put_json(sid, text.(n), nil)
+      assert held.() == Enum.sum(for n <- 43..45, do: byte_size(text.(n)))
+      assert SessionLog.count(sid) == 9
     end
   end
 
