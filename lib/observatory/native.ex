@@ -55,14 +55,11 @@ defmodule Observatory.Native do
 
   def answered_new, do: :erlang.nif_error(:nif_not_loaded)
 
-  def answered_claim(_store, _step, _fingerprint, _now_ms, _limits),
+  def answered_claim(_store, _step, _fingerprint, _limits),
     do: :erlang.nif_error(:nif_not_loaded)
 
-  def answered_complete(_store, _session_id, _step_id, _seq, _answer),
-    do: :erlang.nif_error(:nif_not_loaded)
-
-  def answered_release(_store, _session_id, _step_id, _seq),
-    do: :erlang.nif_error(:nif_not_loaded)
+  def answered_complete(_store, _slot, _seq, _answer), do: :erlang.nif_error(:nif_not_loaded)
+  def answered_release(_store, _slot, _seq), do: :erlang.nif_error(:nif_not_loaded)
 
   def answered_sweep(_store, _now_ms, _window_ms), do: :erlang.nif_error(:nif_not_loaded)
   def answered_session_len(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)

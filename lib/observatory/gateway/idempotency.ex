@@ -62,8 +62,9 @@ defmodule Observatory.Gateway.Idempotency do
   ]
 
   @typedoc "What `claim/1` hands the first delivery, for `complete/2` or `release/1`."
-  # The store travels with the claim: `complete/2` does not look it up again.
-  @opaque ticket :: {reference(), String.t(), String.t(), non_neg_integer()} | nil
+  # The store travels with the claim, and the step's place in it: `complete/2` does
+  # not look either up again.
+  @opaque ticket :: {reference(), non_neg_integer(), non_neg_integer()} | nil
 
   @typedoc "Why a delivery is not scored: its step's violation, path `meta.step_id`."
   @type refusal :: {:conflict | :in_progress, %{path: String.t(), reason: String.t()}}
@@ -122,14 +123,14 @@ defmodule Observatory.Gateway.Idempotency do
          setting(env, :max_steps_per_agent), setting(env, :max_steps)}
   end
 
+  # The claim's time is the VM's monotonic clock in ms (read in the NIF), as the
+  # sweep's.
   defp claim(%{session_id: session_id, step_id: step_id, agent_id: agent_id}, fingerprint, limits) do
-    now = :erlang.monotonic_time(:millisecond)
-    step = {session_id, step_id, agent_id}
     store = store()
 
-    case Native.answered_claim(store, step, fingerprint, now, limits) do
-      {:new, seq} ->
-        {:new, {store, session_id, step_id, seq}}
+    case Native.answered_claim(store, {session_id, step_id, agent_id}, fingerprint, limits) do
+      {:new, slot, seq} ->
+        {:new, {store, slot, seq}}
 
       {:replay, answer} ->
         Metrics.inc(:step_replays)
@@ -170,8 +171,8 @@ defmodule Observatory.Gateway.Idempotency do
   @spec complete(ticket(), term()) :: :ok
   def complete(nil, _answer), do: :ok
 
-  def complete({store, session_id, step_id, seq}, answer) do
-    Native.answered_complete(store, session_id, step_id, seq, :erlang.term_to_binary(answer))
+  def complete({store, slot, seq}, answer) do
+    Native.answered_complete(store, slot, seq, :erlang.term_to_binary(answer))
     :ok
   end
 
@@ -179,8 +180,8 @@ defmodule Observatory.Gateway.Idempotency do
   @spec release(ticket()) :: :ok
   def release(nil), do: :ok
 
-  def release({store, session_id, step_id, seq}) do
-    Native.answered_release(store, session_id, step_id, seq)
+  def release({store, slot, seq}) do
+    Native.answered_release(store, slot, seq)
     :ok
   end
 

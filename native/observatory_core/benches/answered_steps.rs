@@ -72,7 +72,7 @@ fn bench_store(c: &mut Criterion) {
         let Claim::New(seq) = store.claim(id, [1; 16], 0, 0, LIMITS, |_| false) else {
             panic!("every step is new")
         };
-        store.complete(&session, &step, seq, &answer);
+        store.complete(seq, &answer);
     };
     while n < HELD {
         claim_and_answer(n);

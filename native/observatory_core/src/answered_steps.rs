@@ -22,7 +22,7 @@
 //! hashed with keyed SipHash.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use hashbrown::hash_table::{AbsentEntry, OccupiedEntry};
@@ -41,11 +41,20 @@ pub struct Limits {
     pub max_steps: usize,
 }
 
+/// A claim held: where its step is in the store, and the claim's own number (never
+/// reused), so that its answer or its release finds the step without looking it up —
+/// and finds nothing once that claim is no longer held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub slot: u32,
+    pub seq: u64,
+}
+
 /// What a claim finds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// Not remembered: the caller scores it, then [`AnsweredSteps::complete`]s this claim.
-    New(u64),
+    New(Ticket),
     /// Answered before with the same body: the first answer.
     Replay(Vec<u8>),
     /// Remembered with another body.
@@ -165,6 +174,16 @@ impl<P> Slab<P> {
         match &self.chunks[at as usize / CHUNK][at as usize % CHUNK] {
             Slot::Used(node) => node,
             Slot::Free(_) => unreachable!("linked slots are occupied"),
+        }
+    }
+
+    /// The step in slot `at`, if the slot exists and holds one (a ticket's slot comes
+    /// from the caller).
+    fn held_mut(&mut self, at: u32) -> Option<&mut Node<P>> {
+        let chunk = self.chunks.get_mut(at as usize / CHUNK)?;
+        match &mut chunk[at as usize % CHUNK] {
+            Slot::Used(node) => Some(node),
+            Slot::Free(_) => None,
         }
     }
 
@@ -336,7 +355,13 @@ impl<P> AnsweredSteps<P> {
         limits: Limits,
         abandoned: impl Fn(&P) -> bool,
     ) -> Claim {
-        let hash = self.hasher.hash_one((id.session, id.step));
+        // The session's hash and the step's (the session's, then the step id: what
+        // `hash_one((session, step))` writes) in one pass over the session.
+        let mut hasher = self.hasher.build_hasher();
+        id.session.hash(&mut hasher);
+        let session_hash = hasher.clone().finish();
+        id.step.hash(&mut hasher);
+        let hash = hasher.finish();
         let mut store = self.store.lock();
         if let Some(at) = store.find(hash, id.session, id.step) {
             let node = store.slab.get(at);
@@ -353,7 +378,6 @@ impl<P> AnsweredSteps<P> {
         }
         store.next_seq += 1;
         let seq = store.next_seq;
-        let session_hash = self.hasher.hash_one(id.session);
         let agent_hash = self.hasher.hash_one(id.agent);
         let node = Node {
             session: Store::<P>::named(&mut store.sessions, id.session, session_hash),
@@ -368,7 +392,7 @@ impl<P> AnsweredSteps<P> {
             state: State::Pending(claimant),
             links: [UNLINKED; 3],
         };
-        store.insert(node);
+        let slot = store.insert(node);
         store.trim(
             Order::Session,
             session_hash,
@@ -382,12 +406,12 @@ impl<P> AnsweredSteps<P> {
             limits.max_steps_per_agent,
         );
         store.trim(Order::All, 0, "", limits.max_steps);
-        Claim::New(seq)
+        Claim::New(Ticket { slot, seq })
     }
 
-    /// Stores the answer of claim `seq`; false if that claim is no longer held.
-    pub fn complete(&self, session: &str, step: &str, seq: u64, answer: &[u8]) -> bool {
-        self.with_claim(session, step, seq, |store, at| {
+    /// Stores the answer of a claim; false if that claim is no longer held.
+    pub fn complete(&self, ticket: Ticket, answer: &[u8]) -> bool {
+        self.with_claim(ticket, |store, at| {
             let node = store.slab.get_mut(at);
             let replaced = match &node.state {
                 State::Answered(old) => old.len(),
@@ -398,9 +422,9 @@ impl<P> AnsweredSteps<P> {
         })
     }
 
-    /// Forgets claim `seq` (its step was not scored); false if it is no longer held.
-    pub fn release(&self, session: &str, step: &str, seq: u64) -> bool {
-        self.with_claim(session, step, seq, |store, at| store.remove(at))
+    /// Forgets a claim (its step was not scored); false if it is no longer held.
+    pub fn release(&self, ticket: Ticket) -> bool {
+        self.with_claim(ticket, |store, at| store.remove(at))
     }
 
     /// Forgets every step older than `window_ms`; returns how many.
@@ -450,18 +474,14 @@ impl<P> AnsweredSteps<P> {
         }
     }
 
-    fn with_claim(
-        &self,
-        session: &str,
-        step: &str,
-        seq: u64,
-        f: impl FnOnce(&mut Store<P>, u32),
-    ) -> bool {
-        let hash = self.hasher.hash_one((session, step));
+    /// Runs `f` on the ticket's step if the ticket's claim still holds it: the slot
+    /// holds a step of that claim's number (numbers are never reused, so a slot
+    /// freed and taken again by another claim does not match).
+    fn with_claim(&self, ticket: Ticket, f: impl FnOnce(&mut Store<P>, u32)) -> bool {
         let mut store = self.store.lock();
-        match store.find(hash, session, step) {
-            Some(at) if store.slab.get(at).seq == seq => {
-                f(&mut store, at);
+        match store.slab.held_mut(ticket.slot) {
+            Some(node) if node.seq == ticket.seq => {
+                f(&mut store, ticket.slot);
                 true
             }
             _ => false,
@@ -498,7 +518,7 @@ impl<P> Store<P> {
     }
 
     /// Adds a step as the newest of all, of its session and of its agent.
-    fn insert(&mut self, node: Node<P>) {
+    fn insert(&mut self, node: Node<P>) -> u32 {
         let (hash, session_hash, agent_hash) = (node.hash, node.session_hash, node.agent_hash);
         let (session, agent) = (node.session.clone(), node.agent.clone());
         self.heap_bytes += node.step.len();
@@ -517,6 +537,7 @@ impl<P> Store<P> {
             self.slab.link(&mut named.list, at, order);
         }
         self.index.insert_unique(hash, (hash, at), |&(h, _)| h);
+        at
     }
 
     /// Forgets the oldest steps of an order while it holds more than `max`.
@@ -614,7 +635,7 @@ mod tests {
         };
         assert_eq!(claim(&store, id("s", "1"), 1, 1, WIDE), Claim::InProgress);
         assert_eq!(claim(&store, id("s", "1"), 2, 1, WIDE), Claim::Conflict);
-        assert!(store.complete("s", "1", seq, b"answer"));
+        assert!(store.complete(seq, b"answer"));
         assert_eq!(
             claim(&store, id("s", "1"), 1, 2, WIDE),
             Claim::Replay(b"answer".to_vec())
@@ -648,17 +669,74 @@ mod tests {
         let Claim::New(first) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
-        assert!(store.release("s", "1", first));
-        assert!(!store.release("s", "1", first));
+        assert!(store.release(first));
+        assert!(!store.release(first));
         let Claim::New(second) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
-        assert!(!store.complete("s", "1", first, b"stale"));
-        assert!(store.complete("s", "1", second, b"mine"));
+        assert!(!store.complete(first, b"stale"));
+        assert!(store.complete(second, b"mine"));
         assert_eq!(
             claim(&store, id("s", "1"), 1, 0, WIDE),
             Claim::Replay(b"mine".to_vec())
         );
+    }
+
+    #[test]
+    fn a_ticket_acts_only_while_its_claim_holds_the_slot_it_names() {
+        // The answer and the release go straight to the ticket's slot: a slot freed
+        // (released, evicted) and taken by another claim is not the ticket's.
+        let store = AnsweredSteps::new();
+        let Claim::New(first) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
+            panic!()
+        };
+        assert!(store.release(first));
+        let Claim::New(second) = claim(&store, id("s", "2"), 1, 0, WIDE) else {
+            panic!()
+        };
+        assert_eq!(second.slot, first.slot, "the freed slot is taken again");
+        assert!(!store.complete(first, b"stale"));
+        assert!(!store.release(first));
+        assert_eq!(claim(&store, id("s", "2"), 1, 0, WIDE), Claim::InProgress);
+
+        // Evicted past a cap, then its slot reused: the same.
+        let one = Limits {
+            max_steps: 1,
+            ..WIDE
+        };
+        let Claim::New(third) = claim(&store, id("t", "1"), 1, 0, one) else {
+            panic!()
+        };
+        let Claim::New(fourth) = claim(&store, id("t", "2"), 1, 0, one) else {
+            panic!()
+        };
+        assert!(!store.complete(second, b"evicted"));
+        assert!(!store.complete(third, b"evicted"));
+        assert!(store.complete(fourth, b"kept"));
+        assert_eq!(
+            claim(&store, id("t", "2"), 1, 0, one),
+            Claim::Replay(b"kept".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_ticket_naming_no_slot_or_an_empty_one_is_refused_without_a_panic() {
+        // Tickets come back from the caller: any slot number is answered, never indexed
+        // blindly.
+        let store = AnsweredSteps::new();
+        let Claim::New(held) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
+            panic!()
+        };
+        for slot in [held.slot + 1, CHUNK as u32, u32::MAX - 1, u32::MAX] {
+            let ticket = Ticket {
+                slot,
+                seq: held.seq,
+            };
+            assert!(!store.complete(ticket, b"x"), "slot {slot}");
+            assert!(!store.release(ticket), "slot {slot}");
+        }
+        assert_eq!(store.stats().steps, 1);
+        assert!(store.complete(held, b"answer"));
     }
 
     #[test]
@@ -667,7 +745,7 @@ mod tests {
         let Claim::New(seq) = claim(&store, id("s", "1"), 1, 0, WIDE) else {
             panic!()
         };
-        store.complete("s", "1", seq, b"a");
+        store.complete(seq, b"a");
         claim(&store, id("s", "2"), 1, 600, WIDE);
         assert_eq!(
             claim(&store, id("s", "1"), 1, 1_000, WIDE),
@@ -823,7 +901,7 @@ mod tests {
             let Claim::New(seq) = claim(&store, id(session, "1"), 1, 0, WIDE_OPEN) else {
                 panic!("step 1 of {session} is new")
             };
-            assert!(store.complete(session, "1", seq, session.as_bytes()));
+            assert!(store.complete(seq, session.as_bytes()));
         }
         for session in &sessions {
             assert_eq!(
@@ -847,13 +925,13 @@ mod tests {
             let Claim::New(seq) = store.claim(id, fp(1), 7, 0, WIDE_OPEN, |_| false) else {
                 panic!("a new step is claimed")
             };
-            assert!(store.complete(session, step, seq, &[0; 40]));
+            assert!(store.complete(seq, &[0; 40]));
         }
         assert!(store.store.lock().heap_bytes > 0);
         let Claim::New(seq) = claim(&store, id("t", "4"), 1, 5, WIDE_OPEN) else {
             panic!("a new step is claimed")
         };
-        assert!(store.release("t", "4", seq));
+        assert!(store.release(seq));
         assert_eq!(store.sweep(10, 1), 3);
         assert_eq!(store.stats().steps, 0);
         assert_eq!(store.store.lock().heap_bytes, 0);
@@ -865,13 +943,13 @@ mod tests {
         let Claim::New(seq) = claim(&twice, id("s", "1"), 1, 0, WIDE) else {
             panic!("a new step is claimed")
         };
-        assert!(twice.complete("s", "1", seq, &[0; 300]));
-        assert!(twice.complete("s", "1", seq, &[0; 10]));
+        assert!(twice.complete(seq, &[0; 300]));
+        assert!(twice.complete(seq, &[0; 10]));
         let once = AnsweredSteps::new();
         let Claim::New(seq) = claim(&once, id("s", "1"), 1, 0, WIDE) else {
             panic!("a new step is claimed")
         };
-        assert!(once.complete("s", "1", seq, &[0; 10]));
+        assert!(once.complete(seq, &[0; 10]));
         assert_eq!(twice.stats(), once.stats());
     }
 
@@ -903,7 +981,7 @@ mod tests {
             let Claim::New(seq) = store.claim(id, fp(1), 7, 0, limits, |_| false) else {
                 panic!("every step is new")
             };
-            store.complete(&session, &step, seq, &[0; 200]);
+            store.complete(seq, &[0; 200]);
             if n % 20_000 == 19_999 {
                 let stats = store.stats();
                 assert!(stats.steps <= 10_000, "{stats:?}");
@@ -947,7 +1025,7 @@ mod tests {
         step: u8,
         fingerprint: u8,
         agent: u8,
-        seq: u64,
+        ticket: Ticket,
         at: i64,
         answered: bool,
     }
@@ -980,10 +1058,10 @@ mod tests {
                             Some(_) => Claim::InProgress,
                             None => {
                                 model.retain(|m| !(m.session == s && m.step == t));
-                                let Claim::New(seq) = got else {
+                                let Claim::New(ticket) = got else {
                                     panic!("expected a new claim, got {got:?}")
                                 };
-                                model.push(Held { session: s, step: t, fingerprint: f, agent: a, seq, at: now, answered: false });
+                                model.push(Held { session: s, step: t, fingerprint: f, agent: a, ticket, at: now, answered: false });
                                 let trim = |model: &mut Vec<Held>, of: &dyn Fn(&Held) -> bool, max: usize| {
                                     while model.iter().filter(|m| of(m)).count() > max {
                                         let i = model.iter().position(of).unwrap();
@@ -1000,13 +1078,13 @@ mod tests {
                     }
                     Op::Complete(s, t) => {
                         if let Some(m) = model.iter_mut().find(|m| m.session == s && m.step == t) {
-                            prop_assert!(store.complete(&s.to_string(), &t.to_string(), m.seq, &[m.fingerprint]));
+                            prop_assert!(store.complete(m.ticket, &[m.fingerprint]));
                             m.answered = true;
                         }
                     }
                     Op::Release(s, t) => {
                         if let Some(i) = model.iter().position(|m| m.session == s && m.step == t) {
-                            prop_assert!(store.release(&s.to_string(), &t.to_string(), model[i].seq));
+                            prop_assert!(store.release(model[i].ticket));
                             model.remove(i);
                         }
                     }

@@ -1,6 +1,6 @@
 //! NIFs behind `Observatory.Gateway.Idempotency`: the steps answered recently.
 
-use observatory_core::answered_steps::{AnsweredSteps, Claim, Fingerprint, Limits, StepId};
+use observatory_core::answered_steps::{AnsweredSteps, Claim, Fingerprint, Limits, StepId, Ticket};
 use rustler::{Binary, Encoder, Env, LocalPid, NifResult, ResourceArc, Term};
 
 use crate::{atoms, json};
@@ -16,8 +16,10 @@ fn answered_new(env: Env<'_>) -> Term<'_> {
     ResourceArc::new(StepsRef(AnsweredSteps::new())).encode(env)
 }
 
-/// Claims `{session, step, agent}`: `{:new, seq}`, `{:replay, answer}`, `:conflict` or
-/// `:in_progress`. The caller is the claimant; a claim whose claimant has died is
+/// Claims `{session, step, agent}` now (the VM's monotonic clock, in ms: the one
+/// the sweep's `System.monotonic_time/1` reads): `{:new, slot, seq}` (the ticket
+/// for `answered_complete` or `answered_release`), `{:replay, answer}`, `:conflict`
+/// or `:in_progress`. The caller is the claimant; a claim whose claimant has died is
 /// taken over.
 #[rustler::nif]
 fn answered_claim<'a>(
@@ -25,7 +27,6 @@ fn answered_claim<'a>(
     store: ResourceArc<StepsRef>,
     step: (&str, &str, &str),
     fingerprint: Binary<'a>,
-    now_ms: i64,
     limits: (i64, usize, usize, usize),
 ) -> NifResult<Term<'a>> {
     let fingerprint: Fingerprint = fingerprint
@@ -39,6 +40,9 @@ fn answered_claim<'a>(
         max_steps: limits.3,
     };
     let (session, step, agent) = step;
+    // SAFETY: a plain read of the VM's clock, callable from any scheduler thread.
+    let now_ms =
+        unsafe { rustler::sys::enif_monotonic_time(rustler::sys::ErlNifTimeUnit::ERL_NIF_MSEC) };
     let claim = store.0.claim(
         StepId {
             session,
@@ -52,27 +56,23 @@ fn answered_claim<'a>(
         |pid| !env.is_process_alive(*pid),
     );
     Ok(match claim {
-        Claim::New(seq) => (atoms::new(), seq).encode(env),
+        Claim::New(Ticket { slot, seq }) => (atoms::new(), slot, seq).encode(env),
         Claim::Replay(answer) => (atoms::replay(), json::binary(env, &answer)).encode(env),
         Claim::Conflict => atoms::conflict().encode(env),
         Claim::InProgress => atoms::in_progress().encode(env),
     })
 }
 
+/// Stores the answer (its external term format) of the claim `slot`, `seq`; false if
+/// that claim is no longer held.
 #[rustler::nif]
-fn answered_complete(
-    store: ResourceArc<StepsRef>,
-    session: &str,
-    step: &str,
-    seq: u64,
-    answer: Binary,
-) -> bool {
-    store.0.complete(session, step, seq, answer.as_slice())
+fn answered_complete(store: ResourceArc<StepsRef>, slot: u32, seq: u64, answer: Binary) -> bool {
+    store.0.complete(Ticket { slot, seq }, answer.as_slice())
 }
 
 #[rustler::nif]
-fn answered_release(store: ResourceArc<StepsRef>, session: &str, step: &str, seq: u64) -> bool {
-    store.0.release(session, step, seq)
+fn answered_release(store: ResourceArc<StepsRef>, slot: u32, seq: u64) -> bool {
+    store.0.release(Ticket { slot, seq })
 }
 
 /// Frees the steps older than the window: as many as there are, so a dirty scheduler.
