@@ -167,12 +167,16 @@ defmodule Observatory.Gateway.Idempotency do
       }}}
   end
 
-  @doc "Stores the first delivery's answer: the one every retry of the step gets."
+  @doc """
+  Stores the first delivery's answer: the one every retry of the step gets. The NIF
+  encodes `answer` (external term format) within the call: keep it small — what a
+  retry is answered from, as the ingest's tuple of score, severity and verdicts.
+  """
   @spec complete(ticket(), term()) :: :ok
   def complete(nil, _answer), do: :ok
 
   def complete({store, slot, seq}, answer) do
-    Native.answered_complete(store, slot, seq, :erlang.term_to_binary(answer))
+    Native.answered_complete(store, slot, seq, answer)
     :ok
   end
 

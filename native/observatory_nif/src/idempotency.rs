@@ -63,11 +63,14 @@ fn answered_claim<'a>(
     })
 }
 
-/// Stores the answer (its external term format) of the claim `slot`, `seq`; false if
-/// that claim is no longer held.
+/// Stores the answer of the claim `slot`, `seq`, in the external term format (encoded
+/// here: no binary made on the caller's heap to be copied once more); false if that
+/// claim is no longer held.
 #[rustler::nif]
-fn answered_complete(store: ResourceArc<StepsRef>, slot: u32, seq: u64, answer: Binary) -> bool {
-    store.0.complete(Ticket { slot, seq }, answer.as_slice())
+fn answered_complete(store: ResourceArc<StepsRef>, slot: u32, seq: u64, answer: Term) -> bool {
+    store
+        .0
+        .complete(Ticket { slot, seq }, answer.to_binary().as_slice())
 }
 
 #[rustler::nif]
