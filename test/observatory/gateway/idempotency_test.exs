@@ -227,6 +227,38 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
   end
 
+  describe "a ticket acts on its own claim only" do
+    # complete/2 and release/1 go straight to the ticket's slot in the store: a step
+    # forgotten past a cap frees its slot, which the next claim may take.
+    test "a ticket whose step was forgotten answers nothing, not the step in its place",
+         %{sid: sid} do
+      Application.put_env(:observatory, :idempotency, max_steps: 1)
+      # Other tests' steps forgotten first: a cap lowered at run time is reached over
+      # the next claims (1,024 evictions each), not at once.
+      Idempotency.sweep(-1)
+
+      claim = fn id ->
+        Idempotency.claim(%{
+          session_id: sid,
+          step_id: id,
+          agent_id: "agent-idem",
+          fingerprint: @fingerprint
+        })
+      end
+
+      {:new, first} = claim.("a")
+      {:new, second} = claim.("b")
+      {:new, third} = claim.("c")
+
+      :ok = Idempotency.complete(third, :third)
+      :ok = Idempotency.complete(first, :first)
+      :ok = Idempotency.complete(second, :second)
+      :ok = Idempotency.release(first)
+      assert claim.("c") == {:replay, :third}
+      assert Idempotency.count({:session, sid}) == 1
+    end
+  end
+
   describe "bounded memory" do
     test "1M distinct steps: the memory stays under its bounds, per session, per agent and in all" do
       Application.put_env(:observatory, :idempotency,
