@@ -1,7 +1,7 @@
-# The ingest's scoring stage alone, as `SchemaInterceptor.accept/3` runs it: FR-9.11's
-# settings read, `StepScore.score/4` (one NIF call: the entropy window, the loop verdict
-# and the step detector) and the three settles (alerts, broadcasts, the durable block,
-# telemetry). Prints one line, `scoring_stage <workload> <CPU ns per step, median>
+# The ingest's scoring stage alone, as `SchemaInterceptor.accept/3` runs it: the
+# settings read (FR-9.11's three among them), `StepScore.score` (one NIF call: the
+# entropy window, the loop verdict and the step detector) and the three settles
+# (alerts, broadcasts, the durable block, telemetry). Prints one line, `scoring_stage <workload> <CPU ns per step, median>
 # <min>`, so that `bench/scoring_cost.exs -- --against DIR` can run it in two checkouts
 # in turn (it uses only what both have).
 #
@@ -72,9 +72,15 @@ end
 
 :persistent_term.put(:scoring_stage_steps, List.to_tuple(for i <- 0..(n - 1), do: step.(i)))
 
+# As the ingest calls it: StepScore.score/3 reads the settings itself where it has it
+# (FR-9.11's three among them); before, the ingest read EntropyConfig.read/0 first.
+score_step =
+  if Code.ensure_loaded?(StepScore) and function_exported?(StepScore, :score, 3),
+    do: fn f -> StepScore.score(f, EntropyTracker, true) end,
+    else: fn f -> StepScore.score(f, EntropyTracker, EntropyConfig.read(), true) end
+
 score = fn f ->
-  config = EntropyConfig.read()
-  {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+  {e, v, s, t} = score_step.(f)
   EntropyTracker.settle(e, f.session_id, f.agent_id, true)
   LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
   s && StepDetector.settle(s, f.session_id, t)
@@ -106,8 +112,7 @@ tally = :ets.new(:scoring_stage_tally, [:set, :public])
 
 ScoringStage.run(
   fn f ->
-    config = EntropyConfig.read()
-    {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+    {e, v, s, t} = score_step.(f)
     entropy = EntropyTracker.settle(e, f.session_id, f.agent_id, true)
     verdict = LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
     step = s && StepDetector.settle(s, f.session_id, t)

@@ -459,7 +459,9 @@ defmodule Observatory.Gateway.LoopVerdict do
 
     shards = max |> div(1024) |> max(1) |> min(64)
     NativeStores.put({__MODULE__, :rules}, build_rules())
-    NativeStores.put({__MODULE__, :store}, Native.verdict_store_new(shards, max))
+    store = Native.verdict_store_new(shards, max)
+    NativeStores.put({__MODULE__, :store}, store)
+    Observatory.Gateway.StepScore.publish(:verdict, store)
     IdleSweep.schedule()
     {:ok, %{}}
   end

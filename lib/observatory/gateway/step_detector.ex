@@ -330,7 +330,9 @@ defmodule Observatory.Gateway.StepDetector do
   def init(_opts) do
     max = settings()[:max_sessions]
     shards = max |> div(1024) |> max(1) |> min(64)
-    NativeStores.put(__MODULE__, Native.step_store_new(shards, max))
+    store = Native.step_store_new(shards, max)
+    NativeStores.put(__MODULE__, store)
+    Observatory.Gateway.StepScore.publish(:step, store)
     IdleSweep.schedule()
     {:ok, %{}}
   end
