@@ -86,10 +86,11 @@ defmodule Observatory.Gateway.StepScore do
     {entropy_error || e, v, s, thresholds}
   end
 
+  @doc false
   # `{entropy_config, packed_verdict_config, {step_thresholds, packed_step_settings}}`:
   # the five settings read, what they come to derived only when one changed (each
   # module's own function derives it, with its checks and warnings).
-  defp settings do
+  def settings do
     read = {
       :application.get_env(:observatory, :entropy_window_size, 5),
       :application.get_env(:observatory, :entropy_loop_threshold, 0.25),
