@@ -57,25 +57,37 @@ defmodule Observatory.Gateway.StepScore do
     score(fields, tracker, alerts?, entropy_config, verdict_config, step_settings)
   end
 
+  # The step's fields taken in one match (one pass over the map, where each
+  # `fields.key` was a lookup of its own).
   defp score(fields, tracker, alerts?, entropy_config, verdict_config, step_settings) do
+    %{
+      session_id: session_id,
+      agent_id: agent_id,
+      intent: intent,
+      tool_call: tool_call,
+      status: status,
+      verdict_keys: keys,
+      approach: approach,
+      outcome: outcome
+    } = fields
+
     {thresholds, packed_step_settings} = step_settings
-    step = if fields.outcome, do: {fields.approach, fields.outcome}
+    step = if outcome, do: {approach, outcome}
 
     # A status outside ActionStatus's (the parse never gives one) is not recorded:
     # no tracker for the call, and the tracker's error in its place.
     {tracker, code, entropy_error} =
-      case ActionStatus.to_code(fields.status) do
+      case ActionStatus.to_code(status) do
         {:ok, code} -> {tracker, code, nil}
         {:error, reason} -> {nil, 0, {:error, reason}}
       end
 
-    entropy = {fields.intent, fields.tool_call, code, fields.agent_id, entropy_config, alerts?}
-
-    others = {fields.verdict_keys, verdict_config, step, packed_step_settings}
+    entropy = {intent, tool_call, code, agent_id, entropy_config, alerts?}
+    others = {keys, verdict_config, step, packed_step_settings}
 
     {e, v, s} =
       try do
-        EntropyTracker.score_step(tracker, fields.session_id, entropy, others)
+        EntropyTracker.score_step(tracker, session_id, entropy, others)
       rescue
         e in [ArgumentError, ErlangError] ->
           Logger.error("StepScore NIF score_step failed: #{Exception.message(e)}")
