@@ -100,8 +100,9 @@ defmodule Observatory.Gateway.StepScore do
 
   @doc false
   # `{entropy_config, packed_verdict_config, {step_thresholds, packed_step_settings}}`:
-  # the five settings read, what they come to derived only when one changed (each
-  # module's own function derives it, with its checks and warnings).
+  # the five settings read, what they come to derived only when one changed, from the
+  # values read (each module's own function derives its part, with its checks and
+  # warnings).
   def settings do
     read = {
       :application.get_env(:observatory, :entropy_window_size, 5),
@@ -111,8 +112,11 @@ defmodule Observatory.Gateway.StepScore do
       :application.get_env(:observatory, :step_detection, [])
     }
 
-    Observatory.DerivedSetting.get({__MODULE__, :settings}, read, fn _read ->
-      {EntropyConfig.read(), LoopVerdict.packed_config(), StepDetector.scoring_settings()}
+    Observatory.DerivedSetting.get({__MODULE__, :settings}, read, fn read ->
+      {size, loop, warning, verdict, step} = read
+
+      {EntropyConfig.validate(size, loop, warning), LoopVerdict.packed_config(verdict),
+       StepDetector.scoring_settings(step)}
     end)
   end
 
