@@ -231,7 +231,7 @@ pub(crate) fn write_string(out: &mut String, s: &str) {
 /// The index of the first byte at or after `from` that needs an escape (below 0x20, `"`
 /// or `\\`). Eight bytes at a time: most text has long runs without one, and a
 /// byte-by-byte search was the biggest cost of canonical JSON for large results.
-fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
+pub(crate) fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     // A byte's high bit set where it is zero / below 0x20 (ASCII only: `!word` drops

@@ -47,8 +47,8 @@ fn parse<'a>(
     rules: Option<ResourceArc<VerdictRules>>,
     with_envelope: bool,
 ) -> Term<'a> {
-    let value = match decision_log::read(body.as_slice()) {
-        Ok(value) => value,
+    let (value, canonical) = match decision_log::read_step(body.as_slice()) {
+        Ok(read) => read,
         Err(violation) => return violations(env, &[violation]),
     };
     match decision_log::check(&value) {
@@ -63,7 +63,7 @@ fn parse<'a>(
             let rules = rules
                 .as_ref()
                 .map_or(Normalization::shared_default(), |r| &r.0);
-            let hashes = decision_log::hashes_of(&value, rules);
+            let hashes = decision_log::hashes_with(&value, canonical, rules);
             let fingerprint = decision_log::fingerprint_of(&value, &hashes);
             let StepHashes {
                 approach,

@@ -34,12 +34,21 @@ pub enum Json<'a> {
 pub struct Object<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
 
 /// The key `serde_json::Value` reads as a raw value rather than as an object's key.
-const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+pub(super) const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 impl<'a> Json<'a> {
     /// Reads one JSON document as [`serde_json::from_slice`] would into a `Value`;
     /// `Err` carries serde_json's error for that `Value` (line and column).
     pub fn read(bytes: &'a [u8]) -> Result<Json<'a>, serde_json::Error> {
+        match super::reader::read(bytes) {
+            Some((json, _)) => Ok(json),
+            None => Self::read_with_serde(bytes),
+        }
+    }
+
+    /// [`read`](Self::read) by serde_json's parser alone: what `read` falls back on
+    /// for any text its own reader leaves to serde_json.
+    pub fn read_with_serde(bytes: &'a [u8]) -> Result<Json<'a>, serde_json::Error> {
         match serde_json::from_slice::<Json>(bytes) {
             Ok(json) => Ok(json),
             // Refused above (the raw-value token) or not JSON: `Value` gives the answer
@@ -158,7 +167,7 @@ impl<'a> Object<'a> {
 
     /// Sorts members read in document order; of a repeated key the last value stays,
     /// as in `serde_json::Map` (a stable sort keeps repeats in reading order).
-    fn from_members(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Self {
+    pub(super) fn from_members(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Self {
         if !members.is_sorted_by(|a, b| a.0 < b.0) {
             members.sort_by(|a, b| a.0.cmp(&b.0));
             let mut unique: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(members.len());

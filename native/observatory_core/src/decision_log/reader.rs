@@ -1,0 +1,336 @@
+//! A step's JSON read in one pass of our own, into the same borrowed tree serde_json's
+//! parser gives ([`Json::read`](super::Json::read)), noting on the way whether
+//! `action.tool_input` and `action.result` are already written canonically in the body
+//! (compact, keys sorted and unique, strings escaped as [`write_string`] escapes them,
+//! numbers plain integers): a step sent as `Observatory.JSON` or most SDKs write it is,
+//! and then its canonical text is that slice of the body, hashed where it lies instead
+//! of written again.
+//!
+//! It reads only what it is sure of and gives up (`None`) on anything else — a syntax
+//! error, invalid UTF-8, a `\u` escape of a surrogate, a number that is not a plain
+//! integer (parsed by serde_json itself, so its value is serde_json's), nesting past
+//! [`MAX_DEPTH`], serde_json's raw-value token: the caller then reads the text with
+//! serde_json, which gives the answer and the error message. So the documents it
+//! accepts and the trees it builds are serde_json's (the property tests in
+//! `decision_log::tests` compare the two on generated texts).
+//!
+//! [`write_string`]: crate::stable_json::write_string
+
+use std::borrow::Cow;
+
+use serde_json::Number;
+
+use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
+use crate::stable_json::next_escape;
+
+/// Containers nested deeper than this are left to serde_json (which refuses past 127).
+const MAX_DEPTH: u32 = 100;
+
+/// The canonical text of `action.tool_input` and of `action.result` where the body
+/// holds it as it is (`None`: written some other way, or absent).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CanonicalText<'a> {
+    pub tool_input: Option<&'a str>,
+    pub result: Option<&'a str>,
+}
+
+/// Where a value sits: the envelope, one of its sections, or below.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Root,
+    Action,
+    Other,
+}
+
+/// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
+pub fn read(bytes: &[u8]) -> Option<(Json<'_>, CanonicalText<'_>)> {
+    // Every string is then valid UTF-8: the slices below are `str`s as they are.
+    let text = utf8(bytes)?;
+    let mut reader = Reader {
+        text,
+        bytes,
+        at: 0,
+        canonical: CanonicalText::default(),
+    };
+    reader.whitespace();
+    let (json, _) = reader.value(0, Place::Root)?;
+    reader.whitespace();
+    (reader.at == bytes.len()).then_some((json, reader.canonical))
+}
+
+/// `bytes` as a `str`, or `None` if they are not UTF-8. Most bodies are ASCII, which
+/// `is_ascii` tells many bytes at a time, where `from_utf8` walks them in smaller steps.
+fn utf8(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: every byte is below 0x80: ASCII, which is valid UTF-8.
+        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
+    std::str::from_utf8(bytes).ok()
+}
+
+struct Reader<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    at: usize,
+    canonical: CanonicalText<'a>,
+}
+
+impl<'a> Reader<'a> {
+    /// Skips JSON whitespace; whether there was any.
+    #[inline]
+    fn whitespace(&mut self) -> bool {
+        let start = self.at;
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.at) {
+            self.at += 1;
+        }
+        self.at != start
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    /// The value at `at`, and whether its text is its canonical text.
+    fn value(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
+        match self.peek()? {
+            b'{' => self.object(depth + 1, place),
+            b'[' => self.array(depth + 1),
+            b'"' => {
+                let (s, canonical) = self.string()?;
+                Some((Json::String(s), canonical))
+            }
+            b't' => self.literal("true", Json::Bool(true)),
+            b'f' => self.literal("false", Json::Bool(false)),
+            b'n' => self.literal("null", Json::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &str, json: Json<'a>) -> Option<(Json<'a>, bool)> {
+        let end = self.at + word.len();
+        (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| {
+            self.at = end;
+            (json, true)
+        })
+    }
+
+    fn object(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        let mut canonical = !self.whitespace();
+        // An envelope's objects have a handful of members: room for them at once.
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(8);
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some((Json::Object(Object::from_members(members)), canonical));
+        }
+        loop {
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let (key, key_canonical) = self.string()?;
+            if members.is_empty() && key == RAW_VALUE_TOKEN {
+                return None;
+            }
+            // Sorted, each key once: the canonical order.
+            let in_order = members
+                .last()
+                .is_none_or(|(last, _)| before(last.as_bytes(), key.as_bytes()));
+            canonical &= key_canonical & in_order & !self.whitespace();
+            if self.peek()? != b':' {
+                return None;
+            }
+            self.at += 1;
+            canonical &= !self.whitespace();
+            let child = match place {
+                Place::Root if key == "action" => {
+                    // The last `action` is the one the tree keeps.
+                    self.canonical = CanonicalText::default();
+                    Place::Action
+                }
+                _ => Place::Other,
+            };
+            let start = self.at;
+            let (value, value_canonical) = self.value(depth, child)?;
+            if place == Place::Action {
+                let text = value_canonical.then(|| &self.text[start..self.at]);
+                match &*key {
+                    "tool_input" => self.canonical.tool_input = text,
+                    "result" => self.canonical.result = text,
+                    _ => {}
+                }
+            }
+            canonical &= value_canonical;
+            members.push((key, value));
+            canonical &= !self.whitespace();
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    canonical &= !self.whitespace();
+                }
+                b'}' => {
+                    self.at += 1;
+                    return Some((Json::Object(Object::from_members(members)), canonical));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: u32) -> Option<(Json<'a>, bool)> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        let mut canonical = !self.whitespace();
+        let mut items = Vec::with_capacity(4);
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some((Json::Array(items), canonical));
+        }
+        loop {
+            let (item, item_canonical) = self.value(depth, Place::Other)?;
+            items.push(item);
+            canonical &= item_canonical & !self.whitespace();
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    canonical &= !self.whitespace();
+                }
+                b']' => {
+                    self.at += 1;
+                    return Some((Json::Array(items), canonical));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The string whose opening quote is at `at`: borrowed when it has no escapes;
+    /// canonical when every escape is one [`write_string`](crate::stable_json::write_string)
+    /// writes for the same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
+    fn string(&mut self) -> Option<(Cow<'a, str>, bool)> {
+        let (bytes, text) = (self.bytes, self.text);
+        let start = self.at + 1;
+        // The first quote, backslash or control character.
+        let mut i = next_escape(bytes, start)?;
+        if bytes[i] == b'"' {
+            self.at = i + 1;
+            return Some((Cow::Borrowed(&text[start..i]), true));
+        }
+        let mut out = String::with_capacity(i - start + 64);
+        let mut canonical = true;
+        let mut run = start;
+        loop {
+            out.push_str(&text[run..i]);
+            match bytes[i] {
+                b'"' => {
+                    self.at = i + 1;
+                    return Some((Cow::Owned(out), canonical));
+                }
+                b'\\' => {
+                    let (c, len) = match *bytes.get(i + 1)? {
+                        b'"' => ('"', 2),
+                        b'\\' => ('\\', 2),
+                        b'b' => ('\u{8}', 2),
+                        b'f' => ('\u{c}', 2),
+                        b'n' => ('\n', 2),
+                        b'r' => ('\r', 2),
+                        b't' => ('\t', 2),
+                        b'/' => {
+                            canonical = false;
+                            ('/', 2)
+                        }
+                        b'u' => {
+                            canonical = false;
+                            // A surrogate (a pair or a lone one) is serde_json's to read.
+                            (char::from_u32(hex4(bytes.get(i + 2..i + 6)?)?)?, 6)
+                        }
+                        _ => return None,
+                    };
+                    out.push(c);
+                    run = i + len;
+                    i = next_escape(bytes, run)?;
+                }
+                // A control character: not allowed in a JSON string.
+                _ => return None,
+            }
+        }
+    }
+
+    /// A number: a plain integer that fits 64 bits read here, any other handed to
+    /// serde_json's own number parser (the same value it gives in a document); only the
+    /// plain non-negative integer is written canonically as it stands.
+    fn number(&mut self) -> Option<(Json<'a>, bool)> {
+        let bytes = self.bytes;
+        let start = self.at;
+        let digits_from = |mut i: usize| {
+            while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            i
+        };
+        let negative = bytes[start] == b'-';
+        let int_start = start + usize::from(negative);
+        let mut i = digits_from(int_start);
+        let digits = i - int_start;
+        if digits == 0 || (bytes[int_start] == b'0' && digits > 1) {
+            return None;
+        }
+        let mut plain = !negative;
+        if bytes.get(i) == Some(&b'.') {
+            plain = false;
+            let end = digits_from(i + 1);
+            if end == i + 1 {
+                return None;
+            }
+            i = end;
+        }
+        if let Some(b'e' | b'E') = bytes.get(i) {
+            plain = false;
+            i += 1;
+            if let Some(b'+' | b'-') = bytes.get(i) {
+                i += 1;
+            }
+            let end = digits_from(i);
+            if end == i {
+                return None;
+            }
+            i = end;
+        }
+        self.at = i;
+        if plain {
+            let n = bytes[start..i].iter().try_fold(0u64, |n, &d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            });
+            if let Some(n) = n {
+                return Some((Json::Number(n.into()), true));
+            }
+        }
+        let n: Number = serde_json::from_str(&self.text[start..i]).ok()?;
+        Some((Json::Number(n), false))
+    }
+}
+
+/// Whether key `a` sorts before key `b` (by bytes, as `str`'s order): a loop, where
+/// a short key's comparison through `memcmp` costs more than the compare.
+fn before(a: &[u8], b: &[u8]) -> bool {
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            return x < y;
+        }
+    }
+    a.len() < b.len()
+}
+
+/// Four hex digits (either case), as serde_json reads them; a surrogate is `None`.
+fn hex4(digits: &[u8]) -> Option<u32> {
+    let code = digits.iter().try_fold(0u32, |code, &d| {
+        Some(code * 16 + char::from(d).to_digit(16)?)
+    })?;
+    (!(0xD800..0xE000).contains(&code)).then_some(code)
+}
