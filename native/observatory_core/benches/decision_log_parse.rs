@@ -17,7 +17,7 @@ use std::hint::black_box;
 
 use observatory_core::decision_log::value_path::{body_fingerprint, step_hashes, validate};
 use observatory_core::decision_log::{
-    check, fingerprint_of, hashes_of, hashes_with, parse, read_step, Json,
+    check, fingerprint_of, hashes_of, hashes_with, parse, read_step, Json, Parts,
 };
 use observatory_core::loop_verdict::keys::Normalization;
 
@@ -111,20 +111,20 @@ fn main() {
         (
             "reader: read",
             Box::new(|b| {
-                black_box(read_step(b).unwrap());
+                black_box(read_step(b, Parts::CanonicalText).unwrap());
             }),
         ),
         (
             "reader: + check",
             Box::new(|b| {
-                let (v, _) = read_step(b).unwrap();
+                let (v, _) = read_step(b, Parts::CanonicalText).unwrap();
                 black_box(check(&v).unwrap());
             }),
         ),
         (
             "reader: + step hashes",
             Box::new(|b| {
-                let (v, text) = read_step(b).unwrap();
+                let (v, text) = read_step(b, Parts::CanonicalText).unwrap();
                 black_box(check(&v).unwrap());
                 black_box(hashes_with(&v, text, rules));
             }),
@@ -132,7 +132,7 @@ fn main() {
         (
             "reader: whole (+ fingerprint)",
             Box::new(|b| {
-                let (v, text) = read_step(b).unwrap();
+                let (v, text) = read_step(b, Parts::CanonicalText).unwrap();
                 black_box(check(&v).unwrap());
                 let h = hashes_with(&v, text, rules);
                 black_box(fingerprint_of(&v, &h));

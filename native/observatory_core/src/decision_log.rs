@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 pub use borrowed::{Json, Object};
-pub use reader::CanonicalText;
+pub use reader::{CanonicalText, Parts};
 
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
@@ -82,9 +82,12 @@ pub fn read(bytes: &[u8]) -> Result<Json<'_>, Violation> {
 }
 
 /// [`read`], and the canonical text of the step's input and result where the body
-/// holds it as it is ([`reader`]), for [`hashes_with`].
-pub fn read_step(bytes: &[u8]) -> Result<(Json<'_>, CanonicalText<'_>), Violation> {
-    match reader::read(bytes) {
+/// holds it as it is ([`reader`]), for [`hashes_with`]. With [`Parts::CanonicalText`]
+/// those two are left as [`Json::Canonical`] where they can be: [`check`],
+/// [`hashes_with`] and [`fingerprint_of`] read the tree the same, but the envelope's
+/// term must come from a tree read with [`Parts::Built`].
+pub fn read_step(bytes: &[u8], parts: Parts) -> Result<(Json<'_>, CanonicalText<'_>), Violation> {
+    match reader::read(bytes, parts) {
         Some(read) => Ok(read),
         None => Json::read_with_serde(bytes)
             .map(|json| (json, CanonicalText::default()))

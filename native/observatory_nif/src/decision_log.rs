@@ -1,6 +1,6 @@
 //! NIFs behind `Observatory.Gateway.DecisionLog`: parse and validate an envelope.
 
-use observatory_core::decision_log::{self, Fields, StepHashes, Violation, ACTION_STATUSES};
+use observatory_core::decision_log::{self, Fields, Parts, StepHashes, Violation, ACTION_STATUSES};
 use observatory_core::loop_verdict::keys::Normalization;
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
@@ -47,7 +47,14 @@ fn parse<'a>(
     rules: Option<ResourceArc<VerdictRules>>,
     with_envelope: bool,
 ) -> Term<'a> {
-    let (value, canonical) = match decision_log::read_step(body.as_slice()) {
+    // Without the envelope's term, the input and result are only hashed: their trees
+    // need not be built where the body holds their canonical text.
+    let parts = if with_envelope {
+        Parts::Built
+    } else {
+        Parts::CanonicalText
+    };
+    let (value, canonical) = match decision_log::read_step(body.as_slice(), parts) {
         Ok(read) => read,
         Err(violation) => return violations(env, &[violation]),
     };

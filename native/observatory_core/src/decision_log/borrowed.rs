@@ -27,6 +27,10 @@ pub enum Json<'a> {
     String(Cow<'a, str>),
     Array(Vec<Json<'a>>),
     Object(Object<'a>),
+    /// A value left unread, as its canonical JSON text: `action.tool_input` or
+    /// `action.result` read with [`Parts::CanonicalText`](super::reader::Parts), for
+    /// hashing only. Never built by [`Json::read`].
+    Canonical(&'a str),
 }
 
 /// An object's members sorted by key, each key once.
@@ -40,7 +44,7 @@ impl<'a> Json<'a> {
     /// Reads one JSON document as [`serde_json::from_slice`] would into a `Value`;
     /// `Err` carries serde_json's error for that `Value` (line and column).
     pub fn read(bytes: &'a [u8]) -> Result<Json<'a>, serde_json::Error> {
-        match super::reader::read(bytes) {
+        match super::reader::read(bytes, super::reader::Parts::Built) {
             Some((json, _)) => Ok(json),
             None => Self::read_with_serde(bytes),
         }
@@ -79,7 +83,7 @@ impl<'a> Json<'a> {
     }
 
     pub fn is_null(&self) -> bool {
-        matches!(self, Json::Null)
+        matches!(self, Json::Null | Json::Canonical("null"))
     }
 
     /// The canonical JSON text of [`stable_stringify`](crate::stable_json::stable_stringify),
@@ -102,6 +106,7 @@ impl<'a> Json<'a> {
                 out.push(']');
             }
             Json::Object(object) => object.write_canonical(out, |_| true),
+            Json::Canonical(text) => out.push_str(text),
         }
     }
 }

@@ -34,16 +34,29 @@ pub struct CanonicalText<'a> {
     pub result: Option<&'a str>,
 }
 
-/// Where a value sits: the envelope, one of its sections, or below.
+/// What [`read`] builds of `action.tool_input` and `action.result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parts {
+    /// Their trees, as serde_json's parser builds them.
+    Built,
+    /// Where the body holds one's canonical text, [`Json::Canonical`] of that text
+    /// instead of its tree (its syntax checked all the same): what the gateway reads
+    /// when it only hashes them.
+    CanonicalText,
+}
+
+/// Where a value sits: the envelope, its `action` section, below it, or inside a part
+/// read for its canonical text only (nothing built).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Place {
     Root,
     Action,
     Other,
+    Skimmed,
 }
 
 /// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
-pub fn read(bytes: &[u8]) -> Option<(Json<'_>, CanonicalText<'_>)> {
+pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)> {
     // Every string is then valid UTF-8: the slices below are `str`s as they are.
     let text = utf8(bytes)?;
     let mut reader = Reader {
@@ -51,6 +64,7 @@ pub fn read(bytes: &[u8]) -> Option<(Json<'_>, CanonicalText<'_>)> {
         bytes,
         at: 0,
         canonical: CanonicalText::default(),
+        parts,
     };
     reader.whitespace();
     let (json, _) = reader.value(0, Place::Root)?;
@@ -73,6 +87,7 @@ struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
     canonical: CanonicalText<'a>,
+    parts: Parts,
 }
 
 impl<'a> Reader<'a> {
@@ -95,9 +110,9 @@ impl<'a> Reader<'a> {
     fn value(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
         match self.peek()? {
             b'{' => self.object(depth + 1, place),
-            b'[' => self.array(depth + 1),
+            b'[' => self.array(depth + 1, place),
             b'"' => {
-                let (s, canonical) = self.string()?;
+                let (s, canonical) = self.string(place != Place::Skimmed)?;
                 Some((Json::String(s), canonical))
             }
             b't' => self.literal("true", Json::Bool(true)),
@@ -120,26 +135,34 @@ impl<'a> Reader<'a> {
         if depth > MAX_DEPTH {
             return None;
         }
+        let build = place != Place::Skimmed;
         self.at += 1;
         let mut canonical = !self.whitespace();
         // An envelope's objects have a handful of members: room for them at once.
-        let mut members: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(8);
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> =
+            Vec::with_capacity(if build { 8 } else { 0 });
         if self.peek()? == b'}' {
             self.at += 1;
             return Some((Json::Object(Object::from_members(members)), canonical));
         }
+        // The previous key, when members are not kept.
+        let mut last_key: Option<Cow<'a, str>> = None;
         loop {
             if self.peek()? != b'"' {
                 return None;
             }
-            let (key, key_canonical) = self.string()?;
-            if members.is_empty() && key == RAW_VALUE_TOKEN {
-                return None;
-            }
+            let (key, key_canonical) = self.string(true)?;
             // Sorted, each key once: the canonical order.
-            let in_order = members
-                .last()
-                .is_none_or(|(last, _)| before(last.as_bytes(), key.as_bytes()));
+            let last = if build {
+                members.last().map(|(k, _)| k)
+            } else {
+                last_key.as_ref()
+            };
+            let in_order = match last {
+                None if key == RAW_VALUE_TOKEN => return None,
+                None => true,
+                Some(last) => before(last.as_bytes(), key.as_bytes()),
+            };
             canonical &= key_canonical & in_order & !self.whitespace();
             if self.peek()? != b':' {
                 return None;
@@ -152,20 +175,30 @@ impl<'a> Reader<'a> {
                     self.canonical = CanonicalText::default();
                     Place::Action
                 }
+                Place::Skimmed => Place::Skimmed,
                 _ => Place::Other,
             };
+            let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
             let start = self.at;
-            let (value, value_canonical) = self.value(depth, child)?;
-            if place == Place::Action {
+            let (value, value_canonical) = if part {
+                self.part(depth)?
+            } else {
+                self.value(depth, child)?
+            };
+            if part {
                 let text = value_canonical.then(|| &self.text[start..self.at]);
-                match &*key {
-                    "tool_input" => self.canonical.tool_input = text,
-                    "result" => self.canonical.result = text,
-                    _ => {}
+                if key == "tool_input" {
+                    self.canonical.tool_input = text;
+                } else {
+                    self.canonical.result = text;
                 }
             }
             canonical &= value_canonical;
-            members.push((key, value));
+            if build {
+                members.push((key, value));
+            } else {
+                last_key = Some(key);
+            }
             canonical &= !self.whitespace();
             match self.peek()? {
                 b',' => {
@@ -181,20 +214,40 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn array(&mut self, depth: u32) -> Option<(Json<'a>, bool)> {
+    /// `action.tool_input` or `action.result`: with [`Parts::CanonicalText`], an object,
+    /// array or string whose text is canonical is read without building it, else (or
+    /// with [`Parts::Built`]) it is built.
+    fn part(&mut self, depth: u32) -> Option<(Json<'a>, bool)> {
+        let start = self.at;
+        if self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"') {
+            let (_, canonical) = self.value(depth, Place::Skimmed)?;
+            if canonical {
+                return Some((Json::Canonical(&self.text[start..self.at]), true));
+            }
+            // Not canonical: its text will be written from its tree.
+            self.at = start;
+        }
+        self.value(depth, Place::Other)
+    }
+
+    fn array(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
         if depth > MAX_DEPTH {
             return None;
         }
+        let build = place != Place::Skimmed;
+        let child = if build { Place::Other } else { Place::Skimmed };
         self.at += 1;
         let mut canonical = !self.whitespace();
-        let mut items = Vec::with_capacity(4);
+        let mut items = Vec::with_capacity(if build { 4 } else { 0 });
         if self.peek()? == b']' {
             self.at += 1;
             return Some((Json::Array(items), canonical));
         }
         loop {
-            let (item, item_canonical) = self.value(depth, Place::Other)?;
-            items.push(item);
+            let (item, item_canonical) = self.value(depth, child)?;
+            if build {
+                items.push(item);
+            }
             canonical &= item_canonical & !self.whitespace();
             match self.peek()? {
                 b',' => {
@@ -213,7 +266,9 @@ impl<'a> Reader<'a> {
     /// The string whose opening quote is at `at`: borrowed when it has no escapes;
     /// canonical when every escape is one [`write_string`](crate::stable_json::write_string)
     /// writes for the same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
-    fn string(&mut self) -> Option<(Cow<'a, str>, bool)> {
+    /// Without `build`, an escaped string is checked but not decoded (an empty one
+    /// stands for it).
+    fn string(&mut self, build: bool) -> Option<(Cow<'a, str>, bool)> {
         let (bytes, text) = (self.bytes, self.text);
         let start = self.at + 1;
         // The first quote, backslash or control character.
@@ -222,11 +277,13 @@ impl<'a> Reader<'a> {
             self.at = i + 1;
             return Some((Cow::Borrowed(&text[start..i]), true));
         }
-        let mut out = String::with_capacity(i - start + 64);
+        let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
         let mut canonical = true;
         let mut run = start;
         loop {
-            out.push_str(&text[run..i]);
+            if build {
+                out.push_str(&text[run..i]);
+            }
             match bytes[i] {
                 b'"' => {
                     self.at = i + 1;
@@ -252,7 +309,9 @@ impl<'a> Reader<'a> {
                         }
                         _ => return None,
                     };
-                    out.push(c);
+                    if build {
+                        out.push(c);
+                    }
                     run = i + len;
                     i = next_escape(bytes, run)?;
                 }

@@ -297,9 +297,9 @@ mod borrowed_tree_answers_as_the_value_path {
         }
     }
 
-    fn new(bytes: &[u8]) -> Answer {
+    fn new(bytes: &[u8], parts: Parts) -> Answer {
         let rules = Normalization::shared_default();
-        let (tree, canonical) = match read_step(bytes) {
+        let (tree, canonical) = match read_step(bytes, parts) {
             Ok(read) => read,
             Err(violation) => return Answer::Invalid(vec![violation]),
         };
@@ -318,12 +318,16 @@ mod borrowed_tree_answers_as_the_value_path {
 
     /// Both answers agree, and the tree is the `Value`'s (so the envelope's term is).
     fn assert_same(bytes: &[u8]) -> Result<(), TestCaseError> {
-        prop_assert_eq!(
-            new(bytes),
-            old(bytes),
-            "text: {}",
-            String::from_utf8_lossy(bytes)
-        );
+        let old = old(bytes);
+        for parts in [Parts::Built, Parts::CanonicalText] {
+            prop_assert_eq!(
+                &new(bytes, parts),
+                &old,
+                "{:?}, text: {}",
+                parts,
+                String::from_utf8_lossy(bytes)
+            );
+        }
         if let Ok(value) = parse(bytes) {
             prop_assert_eq!(read(bytes).unwrap(), Json::from(&value));
             prop_assert_eq!(Json::read_with_serde(bytes).unwrap(), Json::from(&value));
@@ -337,9 +341,26 @@ mod borrowed_tree_answers_as_the_value_path {
     /// exactly what would be written: hashing it where it lies is hashing the written
     /// text.
     fn assert_canonical_text_is_written_text(bytes: &[u8]) -> Result<(), TestCaseError> {
-        let Some((tree, canonical)) = reader::read(bytes) else {
+        let Some((tree, canonical)) = reader::read(bytes, Parts::Built) else {
             return Ok(());
         };
+        // Left unread: exactly the parts whose canonical text the body holds.
+        let (unread, again) = reader::read(bytes, Parts::CanonicalText).unwrap();
+        prop_assert_eq!(again, canonical);
+        let left = |key: &str| match unread.get("action").and_then(|a| a.get(key)) {
+            Some(Json::Canonical(text)) => Some(*text),
+            _ => None,
+        };
+        for (found, key) in [
+            (canonical.tool_input, "tool_input"),
+            (canonical.result, "result"),
+        ] {
+            let built = matches!(
+                tree.get("action").and_then(|a| a.get(key)),
+                Some(Json::Object(_) | Json::Array(_) | Json::String(_))
+            );
+            prop_assert_eq!(left(key), found.filter(|_| built), "{}", key);
+        }
         prop_assert!(parse(bytes).is_ok(), "read a text serde_json refuses");
         let action = tree.get("action");
         let written = |key: &str| {
@@ -646,7 +667,7 @@ mod borrowed_tree_answers_as_the_value_path {
             let Ok(value) = parse(text.as_bytes()) else { return Ok(()) };
             let canonical = crate::stable_json::stable_stringify(&value);
             assert_same(canonical.as_bytes())?;
-            let read = reader::read(canonical.as_bytes());
+            let read = reader::read(canonical.as_bytes(), Parts::Built);
             prop_assert!(read.is_some(), "gave up on {}", canonical);
             let (tree, found) = read.unwrap();
             let plain = |key: &str| tree.get("action").and_then(|a| a.get(key)).filter(|v| plain(v));
