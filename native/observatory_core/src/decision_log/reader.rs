@@ -18,8 +18,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::Number;
-
 use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
 use crate::stable_json::next_escape;
 
@@ -65,9 +63,10 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
         at: 0,
         canonical: CanonicalText::default(),
         parts,
+        plain: true,
     };
     reader.whitespace();
-    let (json, _) = reader.value(0, Place::Root)?;
+    let json = reader.value(0, Place::Root)?;
     reader.whitespace();
     (reader.at == bytes.len()).then_some((json, reader.canonical))
 }
@@ -88,17 +87,21 @@ struct Reader<'a> {
     at: usize,
     canonical: CanonicalText<'a>,
     parts: Parts,
+    /// Cleared by anything read that is not written canonically: whitespace between
+    /// tokens, keys out of order, other escapes, other numbers. (A flag, not a second
+    /// value returned with each: that costs more than the reading.)
+    plain: bool,
 }
 
 impl<'a> Reader<'a> {
-    /// Skips JSON whitespace; whether there was any.
+    /// Skips JSON whitespace (not canonical between tokens).
     #[inline]
-    fn whitespace(&mut self) -> bool {
+    fn whitespace(&mut self) {
         let start = self.at;
         while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.at) {
             self.at += 1;
         }
-        self.at != start
+        self.plain &= self.at == start;
     }
 
     #[inline]
@@ -106,15 +109,12 @@ impl<'a> Reader<'a> {
         self.bytes.get(self.at).copied()
     }
 
-    /// The value at `at`, and whether its text is its canonical text.
-    fn value(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
+    /// The value at `at` (clearing `plain` if its text is not its canonical text).
+    fn value(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
         match self.peek()? {
             b'{' => self.object(depth + 1, place),
             b'[' => self.array(depth + 1, place),
-            b'"' => {
-                let (s, canonical) = self.string(place != Place::Skimmed)?;
-                Some((Json::String(s), canonical))
-            }
+            b'"' => self.string(place != Place::Skimmed).map(Json::String),
             b't' => self.literal("true", Json::Bool(true)),
             b'f' => self.literal("false", Json::Bool(false)),
             b'n' => self.literal("null", Json::Null),
@@ -123,27 +123,27 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn literal(&mut self, word: &str, json: Json<'a>) -> Option<(Json<'a>, bool)> {
+    fn literal(&mut self, word: &str, json: Json<'a>) -> Option<Json<'a>> {
         let end = self.at + word.len();
         (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| {
             self.at = end;
-            (json, true)
+            json
         })
     }
 
-    fn object(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
+    fn object(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
         if depth > MAX_DEPTH {
             return None;
         }
         let build = place != Place::Skimmed;
         self.at += 1;
-        let mut canonical = !self.whitespace();
+        self.whitespace();
         // An envelope's objects have a handful of members: room for them at once.
         let mut members: Vec<(Cow<'a, str>, Json<'a>)> =
             Vec::with_capacity(if build { 8 } else { 0 });
         if self.peek()? == b'}' {
             self.at += 1;
-            return Some((Json::Object(Object::from_members(members)), canonical));
+            return Some(Json::Object(Object::from_members(members)));
         }
         // The previous key, when members are not kept.
         let mut last_key: Option<Cow<'a, str>> = None;
@@ -151,7 +151,7 @@ impl<'a> Reader<'a> {
             if self.peek()? != b'"' {
                 return None;
             }
-            let (key, key_canonical) = self.string(true)?;
+            let key = self.string(true)?;
             // Sorted, each key once: the canonical order.
             let last = if build {
                 members.last().map(|(k, _)| k)
@@ -163,12 +163,13 @@ impl<'a> Reader<'a> {
                 None => true,
                 Some(last) => before(last.as_bytes(), key.as_bytes()),
             };
-            canonical &= key_canonical & in_order & !self.whitespace();
+            self.plain &= in_order;
+            self.whitespace();
             if self.peek()? != b':' {
                 return None;
             }
             self.at += 1;
-            canonical &= !self.whitespace();
+            self.whitespace();
             let child = match place {
                 Place::Root if key == "action" => {
                     // The last `action` is the one the tree keeps.
@@ -179,84 +180,88 @@ impl<'a> Reader<'a> {
                 _ => Place::Other,
             };
             let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
-            let start = self.at;
-            let (value, value_canonical) = if part {
-                self.part(depth)?
-            } else {
-                self.value(depth, child)?
-            };
-            if part {
-                let text = value_canonical.then(|| &self.text[start..self.at]);
+            let value = if part {
+                let (value, text) = self.part(depth)?;
                 if key == "tool_input" {
                     self.canonical.tool_input = text;
                 } else {
                     self.canonical.result = text;
                 }
-            }
-            canonical &= value_canonical;
+                value
+            } else {
+                self.value(depth, child)?
+            };
             if build {
                 members.push((key, value));
             } else {
                 last_key = Some(key);
             }
-            canonical &= !self.whitespace();
+            self.whitespace();
             match self.peek()? {
                 b',' => {
                     self.at += 1;
-                    canonical &= !self.whitespace();
+                    self.whitespace();
                 }
                 b'}' => {
                     self.at += 1;
-                    return Some((Json::Object(Object::from_members(members)), canonical));
+                    return Some(Json::Object(Object::from_members(members)));
                 }
                 _ => return None,
             }
         }
     }
 
-    /// `action.tool_input` or `action.result`: with [`Parts::CanonicalText`], an object,
-    /// array or string whose text is canonical is read without building it, else (or
-    /// with [`Parts::Built`]) it is built.
-    fn part(&mut self, depth: u32) -> Option<(Json<'a>, bool)> {
-        let start = self.at;
-        if self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"') {
-            let (_, canonical) = self.value(depth, Place::Skimmed)?;
-            if canonical {
-                return Some((Json::Canonical(&self.text[start..self.at]), true));
+    /// `action.tool_input` or `action.result`, and its canonical text if the body
+    /// holds it. With [`Parts::CanonicalText`], an object, array or string whose text is
+    /// canonical is read without building it, else (or with [`Parts::Built`]) it is
+    /// built.
+    fn part(&mut self, depth: u32) -> Option<(Json<'a>, Option<&'a str>)> {
+        let (start, plain) = (self.at, self.plain);
+        self.plain = true;
+        let skim = self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"');
+        let place = if skim { Place::Skimmed } else { Place::Other };
+        let mut value = self.value(depth, place)?;
+        let text = self.plain.then(|| &self.text[start..self.at]);
+        match text {
+            Some(text) if skim => value = Json::Canonical(text),
+            None if skim => {
+                // Not canonical: its text will be written from its tree.
+                self.at = start;
+                value = self.value(depth, Place::Other)?;
             }
-            // Not canonical: its text will be written from its tree.
-            self.at = start;
+            _ => {}
         }
-        self.value(depth, Place::Other)
+        self.plain &= plain;
+        Some((value, text))
     }
 
-    fn array(&mut self, depth: u32, place: Place) -> Option<(Json<'a>, bool)> {
+    fn array(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
         if depth > MAX_DEPTH {
             return None;
         }
         let build = place != Place::Skimmed;
         let child = if build { Place::Other } else { Place::Skimmed };
         self.at += 1;
-        let mut canonical = !self.whitespace();
+        self.whitespace();
         let mut items = Vec::with_capacity(if build { 4 } else { 0 });
         if self.peek()? == b']' {
             self.at += 1;
-            return Some((Json::Array(items), canonical));
+            return Some(Json::Array(items));
         }
         loop {
-            let (item, item_canonical) = self.value(depth, child)?;
+            let item = self.value(depth, child)?;
             if build {
                 items.push(item);
             }
-            canonical &= item_canonical & !self.whitespace();
+            self.whitespace();
             match self.peek()? {
                 b',' => {
                     self.at += 1;
-                    canonical &= !self.whitespace();
+                    self.whitespace();
                 }
                 b']' => {
                     self.at += 1;
-                    return Some((Json::Array(items), canonical));
+                    return Some(Json::Array(items));
                 }
                 _ => return None,
             }
@@ -268,14 +273,14 @@ impl<'a> Reader<'a> {
     /// writes for the same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
     /// Without `build`, an escaped string is checked but not decoded (an empty one
     /// stands for it).
-    fn string(&mut self, build: bool) -> Option<(Cow<'a, str>, bool)> {
+    fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
         let (bytes, text) = (self.bytes, self.text);
         let start = self.at + 1;
         // The first quote, backslash or control character.
         let mut i = next_escape(bytes, start)?;
         if bytes[i] == b'"' {
             self.at = i + 1;
-            return Some((Cow::Borrowed(&text[start..i]), true));
+            return Some(Cow::Borrowed(&text[start..i]));
         }
         let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
         let mut canonical = true;
@@ -287,7 +292,8 @@ impl<'a> Reader<'a> {
             match bytes[i] {
                 b'"' => {
                     self.at = i + 1;
-                    return Some((Cow::Owned(out), canonical));
+                    self.plain &= canonical;
+                    return Some(Cow::Owned(out));
                 }
                 b'\\' => {
                     let (c, len) = match *bytes.get(i + 1)? {
@@ -324,7 +330,7 @@ impl<'a> Reader<'a> {
     /// A number: a plain integer that fits 64 bits read here, any other handed to
     /// serde_json's own number parser (the same value it gives in a document); only the
     /// plain non-negative integer is written canonically as it stands.
-    fn number(&mut self) -> Option<(Json<'a>, bool)> {
+    fn number(&mut self) -> Option<Json<'a>> {
         let bytes = self.bytes;
         let start = self.at;
         let digits_from = |mut i: usize| {
@@ -367,11 +373,13 @@ impl<'a> Reader<'a> {
                 n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
             });
             if let Some(n) = n {
-                return Some((Json::Number(n.into()), true));
+                return Some(Json::Number(n.into()));
             }
         }
-        let n: Number = serde_json::from_str(&self.text[start..i]).ok()?;
-        Some((Json::Number(n), false))
+        self.plain = false;
+        serde_json::from_str(&self.text[start..i])
+            .ok()
+            .map(Json::Number)
     }
 }
 
