@@ -1,7 +1,9 @@
 //! DecisionLog envelope validation (design.md §3).
 //!
 //! [`read`] turns bytes into a JSON tree that borrows its text ([`borrowed::Json`]:
-//! serde_json's parser, strict UTF-8, nesting limited to 128 levels); [`check`]
+//! read by [`reader`], or by serde_json's parser where the reader is not sure: strict
+//! UTF-8, nesting limited to 128 levels, serde_json's error messages); [`read_step`]
+//! also finds the tool input's and result's canonical text in the body; [`check`]
 //! verifies every field the gateway relies on and lists every violation at once, each
 //! with its field path, so an agent can fix its message in one round trip. Unknown
 //! fields are not checked: they pass through untouched. [`parse`] and [`validate`] do

@@ -3,8 +3,10 @@
 //! this way: building a `serde_json::Value` (a `String` per key and value, a B-tree per
 //! object) was most of the cost of parsing a step.
 //!
-//! It means exactly what `serde_json::Value` means for the same text: serde_json's own
-//! parser reads it (strict UTF-8, its escapes, numbers and 128-level nesting limit), an
+//! It means exactly what `serde_json::Value` means for the same text: the decision
+//! log's own reader ([`reader`](super::reader)) reads it, leaving to serde_json's parser
+//! every text it is not sure of (strict UTF-8, the escapes, numbers, the 128-level
+//! nesting limit, the error messages are serde_json's), an
 //! object's duplicate key keeps its last value, and members come out in the order of
 //! `Value`'s `BTreeMap` (by key bytes). The one text `Value` reads differently — an
 //! object whose first key is serde_json's private raw-value token — is refused here,

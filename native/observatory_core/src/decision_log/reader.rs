@@ -7,12 +7,12 @@
 //! of written again.
 //!
 //! It reads only what it is sure of and gives up (`None`) on anything else — a syntax
-//! error, invalid UTF-8, a `\u` escape of a surrogate, a number that is not a plain
-//! integer (parsed by serde_json itself, so its value is serde_json's), nesting past
-//! [`MAX_DEPTH`], serde_json's raw-value token: the caller then reads the text with
-//! serde_json, which gives the answer and the error message. So the documents it
-//! accepts and the trees it builds are serde_json's (the property tests in
-//! `decision_log::tests` compare the two on generated texts).
+//! error, invalid UTF-8, a `\u` escape of a surrogate, nesting past [`MAX_DEPTH`],
+//! serde_json's raw-value token: the caller then reads the text with serde_json, which
+//! gives the answer and the error message. A number that is not a plain integer is
+//! handed to serde_json's own number parser, so its value is serde_json's. So the
+//! documents it accepts and the trees it builds are serde_json's (the property tests
+//! in `decision_log::tests` compare the two on generated texts).
 //!
 //! [`write_string`]: crate::stable_json::write_string
 
