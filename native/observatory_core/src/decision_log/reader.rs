@@ -1,20 +1,18 @@
 //! A step's JSON read in one pass of our own, into the same borrowed tree serde_json's
 //! parser gives ([`Json::read`](super::Json::read)), noting on the way whether
 //! `action.tool_input` and `action.result` are already written canonically in the body
-//! (compact, keys sorted and unique, strings escaped as [`write_string`] escapes them,
+//! (compact, keys sorted and unique, strings escaped as the canonical writer escapes them,
 //! numbers plain integers): a step sent as `Observatory.JSON` or most SDKs write it is,
 //! and then its canonical text is that slice of the body, hashed where it lies instead
 //! of written again.
 //!
 //! It reads only what it is sure of and gives up (`None`) on anything else — a syntax
-//! error, invalid UTF-8, a `\u` escape of a surrogate, nesting past [`MAX_DEPTH`],
+//! error, invalid UTF-8, a `\u` escape of a surrogate, nesting past 100 levels,
 //! serde_json's raw-value token: the caller then reads the text with serde_json, which
 //! gives the answer and the error message. A number that is not a plain integer is
 //! handed to serde_json's own number parser, so its value is serde_json's. So the
 //! documents it accepts and the trees it builds are serde_json's (the property tests
 //! in `decision_log::tests` compare the two on generated texts).
-//!
-//! [`write_string`]: crate::stable_json::write_string
 
 use std::borrow::Cow;
 
@@ -269,8 +267,8 @@ impl<'a> Reader<'a> {
     }
 
     /// The string whose opening quote is at `at`: borrowed when it has no escapes;
-    /// canonical when every escape is one [`write_string`](crate::stable_json::write_string)
-    /// writes for the same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
+    /// canonical when every escape is one `stable_json::write_string` writes for the
+    /// same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
     /// Without `build`, an escaped string is checked but not decoded (an empty one
     /// stands for it).
     fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
