@@ -161,8 +161,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # needed; a step scored on another node reads that node's clock).
   defp step_opts(opts, started) do
     %{
-      agent: Keyword.get(opts, :agent),
-      tracker: Keyword.get(opts, :tracker),
+      agent: Keyword.get(opts, :agent, nil),
+      tracker: Keyword.get(opts, :tracker, nil),
       envelope?: Keyword.get(opts, :envelope, true),
       now_ms: started && :erlang.convert_time_unit(started, :native, :millisecond)
     }
