@@ -121,9 +121,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   def ingest(message, opts \\ []) do
     Observatory.Storage.require!()
     started = :erlang.monotonic_time()
-    # The caller's options, read once for the step (`Step`), and each setting once
-    # and handed down (the PubSub server: here when the parse needs it, else by the
-    # broadcast).
+    # The caller's options, read once for the step (`step_opts/2`), and each setting
+    # once and handed down (the PubSub server: here when the parse needs it, else by
+    # the broadcast).
     step_opts = step_opts(opts, started)
     pubsub = if step_opts.envelope?, do: nil, else: Events.pubsub()
 
@@ -217,8 +217,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   end
 
   @doc false
-  # Runs on the session's owner (`score_on_owner/5`, possibly over :erpc, then with
-  # `pubsub` nil: the owner reads its own setting).
+  # Runs on the session's owner when it is another node (`score_on_owner/6`, over
+  # :erpc): the owner reads the caller's options, its own clock and its own PubSub
+  # setting (`pubsub` nil).
   def score_here(step, fields, opts, pubsub \\ nil),
     do: score_local(step, fields, step_opts(opts, nil), pubsub)
 
