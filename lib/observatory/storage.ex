@@ -200,10 +200,11 @@ defmodule Observatory.Storage do
 
   Which ETS table holds this node's loaded copy is asked of Mnesia once and then
   remembered by the table's identity (its tid): Mnesia says a copy is the one to
-  read only once it is loaded, and stops reading it only by deleting it — Mnesia
-  stopped, the copy removed — which ends that tid. A lookup in a remembered table
+  read only once it is loaded, and a loaded copy stays a replica that every commit
+  writes until Mnesia deletes it — Mnesia stopped, the copy removed or turned into
+  a `disc_only_copies` one — which ends that tid. A lookup in a remembered table
   that is gone raises, and the read asks Mnesia again; a copy loaded again is a new
-  table, remembered when Mnesia says it is loaded.
+  table, remembered once Mnesia says it is loaded.
   """
   @spec read(atom(), term()) :: [tuple()]
   def read(table, key) do
