@@ -19,7 +19,7 @@
 Code.require_file("reference_tracker.exs", __DIR__)
 
 alias Observatory.Bench.ReferenceTracker
-alias Observatory.Gateway.{DecisionLog, EntropyConfig, EntropyTracker, Events, HITL, Idempotency}
+alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
 alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionLog, StepDetector, StepScore}
 alias Observatory.Metrics
 
@@ -167,14 +167,13 @@ stages = [
   {"decode + validate, no envelope term",
    fn size -> {&message.(size, &1, fresh.()), &DecisionLog.parse(&1, envelope: false)} end},
   # The entropy window, the loop verdict and the step detector: one NIF call
-  # (StepScore), its answers settled as the ingest settles them, with FR-9.11's
-  # settings read for the step.
+  # (StepScore), its answers settled as the ingest settles them, with the settings
+  # read for the step (FR-9.11's three among them).
   {"scoring: entropy + verdict + step detector (one NIF call)",
    fn size ->
      {&parsed.(size, &1),
       fn {_e, f, _json} ->
-        config = EntropyConfig.read()
-        {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, config, true)
+        {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
         EntropyTracker.settle(e, f.session_id, f.agent_id, true)
         LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
         s && StepDetector.settle(s, f.session_id, thresholds)

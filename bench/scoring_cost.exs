@@ -215,24 +215,17 @@ rows = [
    end},
   {"StepDetector.analyze/3",
    fn f -> StepDetector.analyze(f.session_id, f.approach, f.outcome) end},
-  {"the ingest's scoring: settings, StepScore.score/4, the three settles",
+  {"the ingest's scoring: StepScore.score/3 (the settings read), the three settles",
    fn f ->
-     config = EntropyConfig.read()
-     {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+     {e, v, s, t} = StepScore.score(f, EntropyTracker, true)
      EntropyTracker.settle(e, f.session_id, f.agent_id, true)
      LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
      StepDetector.settle(s, f.session_id, t)
    end},
-  {"  of which: EntropyConfig.read/0 (3 settings)", fn _ -> EntropyConfig.read() end},
-  {"  of which: LoopVerdict.packed_config/0 (the :loop_verdict setting)",
-   fn _ -> LoopVerdict.packed_config() end},
-  {"  of which: StepDetector.scoring_settings/0 (the :step_detection setting)",
-   fn _ -> StepDetector.scoring_settings() end},
-  {"  of which: the three stores looked up",
-   fn _ ->
-     {NativeStores.get({EntropyTracker, EntropyTracker}, nil), LoopVerdict.store_or_nil(),
-      NativeStores.get(StepDetector, nil)}
-   end},
+  {"  of which: StepScore.settings/0 (the five settings, what they come to)",
+   fn _ -> StepScore.settings() end},
+  {"  of which: the three stores looked up (one row)",
+   fn _ -> NativeStores.get_row(StepScore) end},
   {"  of which: the step detector's durable-block read",
    fn f -> Observatory.Storage.read(:observatory_step_blocks, f.session_id) end}
 ]
@@ -260,8 +253,7 @@ apart = fn f ->
 end
 
 together = fn f ->
-  config = EntropyConfig.read()
-  {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+  {e, v, s, t} = StepScore.score(f, EntropyTracker, true)
   EntropyTracker.settle(e, f.session_id, f.agent_id, true)
   LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
   StepDetector.settle(s, f.session_id, t)

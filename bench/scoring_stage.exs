@@ -1,7 +1,7 @@
-# The ingest's scoring stage alone, as `SchemaInterceptor.accept/3` runs it: FR-9.11's
-# settings read, `StepScore.score/4` (one NIF call: the entropy window, the loop verdict
-# and the step detector) and the three settles (alerts, broadcasts, the durable block,
-# telemetry). Prints one line, `scoring_stage <workload> <CPU ns per step, median>
+# The ingest's scoring stage alone, as `SchemaInterceptor.accept/3` runs it: the
+# settings read (FR-9.11's three among them), `StepScore.score` (one NIF call: the
+# entropy window, the loop verdict and the step detector) and the three settles
+# (alerts, broadcasts, the durable block, telemetry). Prints one line, `scoring_stage <workload> <CPU ns per step, median>
 # <min>`, so that `bench/scoring_cost.exs -- --against DIR` can run it in two checkouts
 # in turn (it uses only what both have).
 #
@@ -72,9 +72,15 @@ end
 
 :persistent_term.put(:scoring_stage_steps, List.to_tuple(for i <- 0..(n - 1), do: step.(i)))
 
+# As the ingest calls it: StepScore.score/3 reads the settings itself where it has it
+# (FR-9.11's three among them); before, the ingest read EntropyConfig.read/0 first.
+score_step =
+  if Code.ensure_loaded?(StepScore) and function_exported?(StepScore, :score, 3),
+    do: fn f -> StepScore.score(f, EntropyTracker, true) end,
+    else: fn f -> StepScore.score(f, EntropyTracker, EntropyConfig.read(), true) end
+
 score = fn f ->
-  config = EntropyConfig.read()
-  {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+  {e, v, s, t} = score_step.(f)
   EntropyTracker.settle(e, f.session_id, f.agent_id, true)
   LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
   s && StepDetector.settle(s, f.session_id, t)
@@ -106,8 +112,7 @@ tally = :ets.new(:scoring_stage_tally, [:set, :public])
 
 ScoringStage.run(
   fn f ->
-    config = EntropyConfig.read()
-    {e, v, s, t} = StepScore.score(f, EntropyTracker, config, true)
+    {e, v, s, t} = score_step.(f)
     entropy = EntropyTracker.settle(e, f.session_id, f.agent_id, true)
     verdict = LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
     step = s && StepDetector.settle(s, f.session_id, t)
@@ -137,3 +142,77 @@ sorted = Enum.sort(samples)
 IO.puts(
   "scoring_stage #{workload} #{round(Enum.at(sorted, div(rounds, 2)))} #{round(hd(sorted))}"
 )
+
+# `-- work 9 split`: where the stage's time goes, in this checkout only (it needs
+# StepScore.score/3): the whole stage, the one call with its Elixir around it but no
+# settles, the NIF alone (its arguments built as StepScore builds them, the settings
+# read once), the three settles alone (on the answers this round's steps got), and
+# the five settings read. Rounds alternated; CPU ns per step, medians.
+if "split" in System.argv() and function_exported?(StepScore, :score, 3) do
+  alias Observatory.{Native, NativeStores}
+
+  {_, e_store, v_store, s_store} = NativeStores.get_row(StepScore)
+  stores = {e_store, v_store, s_store}
+  {entropy_config, verdict_config, {_, step_settings}} = StepScore.settings()
+  code = fn f -> elem(Observatory.Gateway.ActionStatus.to_code(f.status), 1) end
+
+  nif = fn f ->
+    entropy = {f.intent, f.tool_call, code.(f), f.agent_id, entropy_config, true}
+    step = if f.outcome, do: {f.approach, f.outcome}
+
+    Native.score_step(
+      stores,
+      f.session_id,
+      entropy,
+      f.verdict_keys,
+      verdict_config,
+      step,
+      step_settings
+    )
+  end
+
+  answers =
+    for i <- 0..(n - 1), into: %{} do
+      f = elem(:persistent_term.get(:scoring_stage_steps), i)
+      {f.step_id, score_step.(f)}
+    end
+
+  :persistent_term.put(:scoring_stage_answers, answers)
+
+  settles = fn f ->
+    {e, v, s, t} = Map.fetch!(:persistent_term.get(:scoring_stage_answers), f.step_id)
+    EntropyTracker.settle(e, f.session_id, f.agent_id, true)
+    LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
+    s && StepDetector.settle(s, f.session_id, t)
+  end
+
+  parts = [
+    {"the whole stage (StepScore.score/3 and the three settles)", score},
+    {"StepScore.score/3 alone (settings, the stores' row, the NIF call)", score_step},
+    {"  of which: the score_step NIF alone", nif},
+    {"  of which: the five settings read (StepScore.settings/0)",
+     fn _ -> StepScore.settings() end},
+    {"  of which: the stores' row looked up", fn _ -> NativeStores.get_row(StepScore) end},
+    {"the three settles alone (maps, telemetry, the durable-block read)", settles},
+    {"  of which: the step detector's durable-block read",
+     fn f -> Observatory.Storage.read(:observatory_step_blocks, f.session_id) end},
+    {"  of which: the answers looked up for the settles (the bench's own cost)",
+     fn f -> Map.fetch!(:persistent_term.get(:scoring_stage_answers), f.step_id) end}
+  ]
+
+  times =
+    for _ <- 1..rounds, {label, fun} <- parts, reduce: %{} do
+      acc ->
+        {_, _} = :erlang.statistics(:runtime)
+        ScoringStage.run(fun, 0, n)
+        {_, ms} = :erlang.statistics(:runtime)
+        Map.update(acc, label, [ms * 1_000_000 / n], &[ms * 1_000_000 / n | &1])
+    end
+
+  IO.puts("\n| #{workload}: the stage taken apart | CPU ns per step |\n|---|---:|")
+
+  for {label, _} <- parts do
+    sorted = Enum.sort(times[label])
+    IO.puts("| #{label} | #{round(Enum.at(sorted, div(rounds, 2)))} |")
+  end
+end

@@ -48,6 +48,31 @@ defmodule Observatory.NativeStores do
     ArgumentError -> default
   end
 
+  @doc """
+  Publishes `store` as part `index` (1-based) of the row `key`, a tuple of `size`
+  parts (nil until their owners put them): stores used together, so that a caller
+  finds them all with one lookup (`get_row/1`). Each part is written on its own,
+  by its own owner. A nil `store` unpublishes the part.
+  """
+  def put_part(key, size, index, store) when index in 1..size//1 do
+    :ets.insert_new(@table, List.to_tuple([key | List.duplicate(nil, size)]))
+    true = :ets.update_element(@table, key, {index + 1, store})
+    :ok
+  rescue
+    # Unpublishing while the application stops: its table has gone with it.
+    e in ArgumentError -> if store == nil, do: :ok, else: reraise(e, __STACKTRACE__)
+  end
+
+  @doc "The row `{key, part1, part2, …}` under `key` (`put_part/4`), or nil."
+  def get_row(key) do
+    case :ets.lookup(@table, key) do
+      [row] -> row
+      [] -> nil
+    end
+  rescue
+    ArgumentError -> nil
+  end
+
   @doc "Unpublishes the store under `key` (its last holder releases it)."
   def erase(key) do
     :ets.delete(@table, key)

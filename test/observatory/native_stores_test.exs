@@ -7,6 +7,7 @@ defmodule Observatory.NativeStoresTest do
   use ExUnit.Case, async: false
 
   alias Observatory.Gateway.{CallBreaker, EntropyTracker, Idempotency, LoopVerdict, StepDetector}
+  alias Observatory.Gateway.StepScore
   alias Observatory.KillSwitch.Windows
   alias Observatory.{Native, NativeStores}
 
@@ -103,6 +104,63 @@ defmodule Observatory.NativeStoresTest do
 
       assert is_pid(new)
       refute NativeStores.get(StepDetector) == store
+    end
+  end
+
+  # The ingest's scoring call finds the tracker's, the verdict's and the step
+  # detector's stores with one lookup: a row whose parts their owners each put.
+  describe "a row of stores used together (put_part/4, get_row/1)" do
+    setup do
+      key = {__MODULE__, make_ref()}
+      on_exit(fn -> NativeStores.erase(key) end)
+      %{key: key}
+    end
+
+    test "each part is put on its own, the others nil until theirs are", %{key: key} do
+      assert NativeStores.get_row(key) == nil
+      {a, b} = {lone_store(), lone_store()}
+      :ok = NativeStores.put_part(key, 3, 2, a)
+      assert NativeStores.get_row(key) == {key, nil, a, nil}
+      :ok = NativeStores.put_part(key, 3, 3, b)
+      :ok = NativeStores.put_part(key, 3, 2, b)
+      assert NativeStores.get_row(key) == {key, nil, b, b}
+      :ok = NativeStores.put_part(key, 3, 3, nil)
+      assert NativeStores.get_row(key) == {key, nil, b, nil}
+      assert_raise FunctionClauseError, fn -> NativeStores.put_part(key, 3, 4, a) end
+    end
+
+    test "a replaced part's store is released once no one holds it", %{key: key} do
+      gc_all()
+      before = Native.live_stores()
+      NativeStores.put_part(key, 3, 1, lone_store())
+      assert Native.live_stores() == before + 1
+      NativeStores.put_part(key, 3, 1, nil)
+      gc_all()
+      assert Native.live_stores() == before
+    end
+
+    test "the scoring row holds each owner's store, replaced when the owner restarts" do
+      row = fn -> NativeStores.get_row(StepScore) end
+
+      assert {StepScore, entropy, verdict, step} = row.()
+      assert entropy == NativeStores.get({EntropyTracker, EntropyTracker})
+      assert verdict == LoopVerdict.store_or_nil()
+      assert step == StepDetector.store_or_nil()
+
+      for {name, part} <- [{LoopVerdict, 2}, {StepDetector, 3}, {EntropyTracker, 1}] do
+        old_store = elem(row.(), part)
+        old = Process.whereis(name)
+        Process.exit(old, :kill)
+        await_restart(name, old)
+        # The name is registered before init/1 runs: its store is put by then.
+        :sys.get_state(name)
+        refute elem(row.(), part) == old_store
+      end
+
+      assert {StepScore, entropy, verdict, step} = row.()
+      assert entropy == NativeStores.get({EntropyTracker, EntropyTracker})
+      assert verdict == LoopVerdict.store_or_nil()
+      assert step == StepDetector.store_or_nil()
     end
   end
 

@@ -21,10 +21,19 @@ defmodule Observatory.Gateway.EntropyConfig do
   @doc "`{window_size, loop_threshold, warning_threshold}`, validated."
   @spec read() :: {pos_integer(), float(), float()}
   def read do
-    size = Application.get_env(@app, :entropy_window_size, 5)
-    loop = Application.get_env(@app, :entropy_loop_threshold, 0.25)
-    warning = Application.get_env(@app, :entropy_warning_threshold, 0.50)
+    validate(
+      Application.get_env(@app, :entropy_window_size, 5),
+      Application.get_env(@app, :entropy_loop_threshold, 0.25),
+      Application.get_env(@app, :entropy_warning_threshold, 0.50)
+    )
+  end
 
+  @doc false
+  # `read/0` of the three values as the caller read them (`StepScore` reads them with
+  # the step's other settings): each invalid one replaced by its default, warned about
+  # once per value.
+  @spec validate(term(), term(), term()) :: {pos_integer(), float(), float()}
+  def validate(size, loop, warning) do
     if valid_size?(size) and valid_threshold?(loop) and valid_threshold?(warning) and
          :persistent_term.get(__MODULE__, nil) == nil do
       # The hot path: three reads, three guards, one lookup.

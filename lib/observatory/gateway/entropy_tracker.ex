@@ -47,7 +47,8 @@ defmodule Observatory.Gateway.EntropyTracker do
     AlertSource,
     EntropyAlertEvent,
     EntropyConfig,
-    Events
+    Events,
+    StepScore
   }
 
   alias Observatory.Gateway.Topology
@@ -164,15 +165,23 @@ defmodule Observatory.Gateway.EntropyTracker do
   @doc false
   # The ingest's one NIF call per step (`Observatory.Gateway.StepScore`): the step's
   # tuple recorded in `tracker`'s window and, in the same call, the loop verdict and the
-  # step detector over their own stores (`others`: `{verdict_store, step_store, keys,
-  # verdict_config, step, step_settings}`, the settings packed as
-  # `LoopVerdict.packed_config/0` and `StepDetector.scoring_settings/0` give them). Made
-  # here so that the tracker's store never
+  # step detector over their own stores (`others`: `{keys, verdict_config, step,
+  # step_settings}`, the settings packed as `LoopVerdict.packed_config/0` and
+  # `StepDetector.scoring_settings/0` give them). The three stores are found with one
+  # lookup, in the row their owners publish them in (`StepScore.publish/2`; a tracker
+  # of another name is looked up apart). Made here so that the tracker's store never
   # leaves this module (FR-9.1). Returns `Native.score_step/7`'s answer; raises what
   # the NIF raises for arguments of the wrong shape.
   def score_step(tracker, session_id, entropy, others) do
-    {verdict_store, step_store, keys, verdict_config, step, step_settings} = others
-    store = NativeStores.get({__MODULE__, tracker}, nil)
+    {keys, verdict_config, step, step_settings} = others
+
+    {_, default, verdict_store, step_store} =
+      NativeStores.get_row(StepScore) || {StepScore, nil, nil, nil}
+
+    store =
+      if tracker == __MODULE__,
+        do: default,
+        else: NativeStores.get({__MODULE__, tracker}, nil)
 
     Native.score_step(
       {store, verdict_store, step_store},
@@ -421,6 +430,7 @@ defmodule Observatory.Gateway.EntropyTracker do
     store = Native.entropy_store_new(shards, max)
     # Replacing the entry releases the store of a crashed predecessor (UC-0250 F1).
     NativeStores.put({__MODULE__, name}, store)
+    if name == __MODULE__, do: StepScore.publish(:entropy, store)
     state = %{name: name, store: store, ttl: ttl, interval: interval, tick: tick}
     tick_now(state)
     schedule_sweep(state)
@@ -448,12 +458,14 @@ defmodule Observatory.Gateway.EntropyTracker do
   end
 
   @impl true
-  def terminate(reason, %{name: name}) when reason in [:normal, :shutdown] do
+  def terminate(reason, %{name: name}) when reason in [:normal, :shutdown], do: unpublish(name)
+  def terminate({:shutdown, _}, %{name: name}), do: unpublish(name)
+  def terminate(_reason, _state), do: :ok
+
+  defp unpublish(name) do
+    if name == __MODULE__, do: StepScore.publish(:entropy, nil)
     NativeStores.erase({__MODULE__, name})
   end
-
-  def terminate({:shutdown, _}, %{name: name}), do: NativeStores.erase({__MODULE__, name})
-  def terminate(_reason, _state), do: :ok
 
   defp sweep_now(%{store: store, ttl: ttl}) do
     Native.entropy_sweep(store, System.monotonic_time(:millisecond), ttl)

@@ -344,9 +344,13 @@ defmodule Observatory.Gateway.LoopVerdict do
   # read whole by the NIF in one call, where the tuple took some thirty.
   def packed_config, do: elem(configs(), 1)
 
-  defp configs do
-    env = Application.get_env(:observatory, :loop_verdict, [])
+  @doc false
+  # The same for the setting `env` as the caller read it (`StepScore`).
+  def packed_config(env), do: elem(configs(env), 1)
 
+  defp configs, do: configs(Application.get_env(:observatory, :loop_verdict, []))
+
+  defp configs(env) do
     Observatory.DerivedSetting.get({__MODULE__, :config}, env, fn env ->
       tuple = build_config(env)
       {tuple, Native.verdict_config_pack(tuple)}
@@ -459,7 +463,9 @@ defmodule Observatory.Gateway.LoopVerdict do
 
     shards = max |> div(1024) |> max(1) |> min(64)
     NativeStores.put({__MODULE__, :rules}, build_rules())
-    NativeStores.put({__MODULE__, :store}, Native.verdict_store_new(shards, max))
+    store = Native.verdict_store_new(shards, max)
+    NativeStores.put({__MODULE__, :store}, store)
+    Observatory.Gateway.StepScore.publish(:verdict, store)
     IdleSweep.schedule()
     {:ok, %{}}
   end

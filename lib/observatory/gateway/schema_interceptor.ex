@@ -49,7 +49,6 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   alias Observatory.Gateway.{
     AlertSource,
     DecisionLog,
-    EntropyConfig,
     EntropyTracker,
     Events,
     HITL,
@@ -362,9 +361,6 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp tracker(%{tracker: tracker}), do: tracker
 
   defp accept({json, envelope}, fields, step_opts, pubsub) do
-    # FR-9.11's three settings, read once for the step: the tracker scores with them
-    # and the verdict's entropy rule looks at the same window.
-    entropy_config = EntropyConfig.read()
     alert_source = AlertSource.current()
     tracker = tracker(step_opts)
     alerts? = alert_source == :entropy
@@ -372,8 +368,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     # The entropy window, the loop verdict and the step detector in one NIF call
     # (StepScore); each answer is then acted on as its own module acts on it, in the
     # order the stages ran apart: entropy alerts, the verdict, its alert, the step.
-    {recorded, observed, analysed, step_thresholds} =
-      StepScore.score(fields, tracker, entropy_config, alerts?)
+    # It reads FR-9.11's three settings for the step (the verdict's entropy rule looks
+    # at the same window).
+    {recorded, observed, analysed, step_thresholds} = StepScore.score(fields, tracker, alerts?)
 
     {score, severity} =
       case EntropyTracker.settle(recorded, fields.session_id, fields.agent_id, alerts?) do

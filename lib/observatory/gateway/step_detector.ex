@@ -83,9 +83,14 @@ defmodule Observatory.Gateway.StepDetector do
   # they are not valid thresholds: the NIF then answers `:invalid_step_thresholds`).
   def scoring_settings, do: elem(settings_per_step(), 1)
 
-  defp settings_per_step do
-    env = Application.get_env(:observatory, :step_detection, [])
+  @doc false
+  # The same for the setting `env` as the caller read it (`StepScore`).
+  def scoring_settings(env), do: elem(settings_per_step(env), 1)
 
+  defp settings_per_step,
+    do: settings_per_step(Application.get_env(:observatory, :step_detection, []))
+
+  defp settings_per_step(env) do
     Observatory.DerivedSetting.get({__MODULE__, :step_settings}, env, fn env ->
       s = Keyword.merge(@defaults, env)
       thresholds = {s[:stagnation_warn], s[:stagnation_block], s[:stuck_warn], s[:stuck_block]}
@@ -330,7 +335,9 @@ defmodule Observatory.Gateway.StepDetector do
   def init(_opts) do
     max = settings()[:max_sessions]
     shards = max |> div(1024) |> max(1) |> min(64)
-    NativeStores.put(__MODULE__, Native.step_store_new(shards, max))
+    store = Native.step_store_new(shards, max)
+    NativeStores.put(__MODULE__, store)
+    Observatory.Gateway.StepScore.publish(:step, store)
     IdleSweep.schedule()
     {:ok, %{}}
   end

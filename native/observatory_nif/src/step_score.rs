@@ -17,7 +17,7 @@ use observatory_core::session_store::{Observation, Settings};
 use observatory_core::severity::{Severity, Thresholds};
 use observatory_core::stable_json::Digest;
 use observatory_core::step_loop_detector::Thresholds as StepThresholds;
-use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+use rustler::{Binary, Encoder, Env, Term};
 
 use crate::atoms;
 use crate::entropy_tracker::{self, StoreResource};
@@ -25,10 +25,13 @@ use crate::error::reason;
 use crate::loop_verdict::{self, KeysTuple, VerdictStore};
 use crate::step_detector::{self, StepStore};
 
-type Stores = (
-    Option<ResourceArc<StoreResource>>,
-    Option<ResourceArc<VerdictStore>>,
-    Option<ResourceArc<StepStore>>,
+/// The stores, borrowed for the call: the argument term holds them alive until it
+/// returns, so no reference count is taken and given back (an atomic each, on a line
+/// every scheduler scoring a step shares).
+type Stores<'a> = (
+    Option<&'a StoreResource>,
+    Option<&'a VerdictStore>,
+    Option<&'a StepStore>,
 );
 
 /// `{intent, tool_call, status, agent_id | nil, {window_size, loop, warning}, alerts}`:
@@ -55,7 +58,7 @@ type EntropyArgs<'a> = (
 #[allow(clippy::too_many_arguments)]
 fn score_step<'a>(
     env: Env<'a>,
-    stores: Stores,
+    stores: Stores<'a>,
     session_id: Binary<'a>,
     entropy: EntropyArgs<'a>,
     keys: Term<'a>,
@@ -66,7 +69,7 @@ fn score_step<'a>(
     let (entropy_store, verdict_store, step_store) = stores;
     let id = std::str::from_utf8(session_id.as_slice()).ok();
 
-    let (entropy_term, signal) = match &entropy_store {
+    let (entropy_term, signal) = match entropy_store {
         None => (error(env, atoms::not_started()), None),
         Some(store) => score_entropy(env, store, session_id.as_slice(), &entropy),
     };
@@ -76,7 +79,7 @@ fn score_step<'a>(
         window: window_size,
     });
 
-    let verdict_term = match (&verdict_store, id) {
+    let verdict_term = match (verdict_store, id) {
         (None, _) => error(env, atoms::not_started()),
         (_, None) => error(env, atoms::invalid_session_id()),
         (Some(store), Some(id)) => match verdict_inputs(keys, verdict_config) {
@@ -85,7 +88,7 @@ fn score_step<'a>(
         },
     };
 
-    let step_term = match (step, &step_store, id) {
+    let step_term = match (step, step_store, id) {
         (None, _, _) => rustler::types::atom::nil().encode(env),
         (Some(_), None, _) => error(env, atoms::not_started()),
         (Some(_), _, None) => error(env, atoms::invalid_session_id()),

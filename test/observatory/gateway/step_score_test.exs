@@ -264,6 +264,88 @@ defmodule Observatory.Gateway.StepScoreTest do
     end
   end
 
+  # StepScore.score/3, as the ingest calls it: the five settings a step needs read on
+  # every call (FR-9.11's three among them), what they come to derived again only when
+  # one of them changed.
+  describe "the settings read by the one call (score/3)" do
+    defp fused_reading(f, tracker) do
+      {e, v, s, thresholds} = StepScore.score(f, tracker, true)
+
+      {EntropyTracker.settle(e, f.session_id, f.agent_id, true),
+       LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id),
+       s && StepDetector.settle(s, f.session_id, thresholds)}
+    end
+
+    test "FR-9.11: each entropy setting put with Application.put_env applies to the next step",
+         %{tracker: t} do
+      sid = unique_session("fr-9-11")
+      step = fn n, tool -> fused_reading(fields(sid, n, {tool, n, n, "success"}), t) end
+
+      # Four steps, two tools: 2 distinct of 4 is 0.5, normal at the defaults.
+      for n <- 1..3, do: step.(n, rem(n, 2))
+      assert {{:ok, 0.5, :normal}, _, _} = step.(4, 0)
+
+      Application.put_env(:observatory, :entropy_warning_threshold, 0.6)
+      assert {{:ok, 0.4, :warning}, _, _} = step.(5, 1)
+
+      Application.put_env(:observatory, :entropy_loop_threshold, 0.45)
+      assert {{:ok, 0.4, :loop}, _, _} = step.(6, 0)
+
+      # A window of 2: the last two steps, two tools.
+      Application.put_env(:observatory, :entropy_window_size, 2)
+      assert {{:ok, 1.0, :normal}, _, _} = step.(7, 1)
+      assert length(EntropyTracker.window(sid, tracker: t)) == 2
+    end
+
+    test "answers as score/4 with EntropyConfig.read/0, every setting changed between steps",
+         %{tracker: t} do
+      {a, b} = {unique_session("read-here"), unique_session("read-by-caller")}
+
+      changes = %{
+        3 => {:entropy_window_size, 3},
+        5 => {:loop_verdict, repeat_suspect: 3, repeat_loop: 4},
+        7 => {:step_detection, stagnation_warn: 2, stagnation_block: 4},
+        9 => {:entropy_loop_threshold, 0.4},
+        11 => {:entropy_warning_threshold, 0.7}
+      }
+
+      for n <- 1..14 do
+        with {key, value} <- changes[n], do: Application.put_env(:observatory, key, value)
+        step = {rem(n, 2), 1, 1, "failure"}
+        fa = fields(a, n, step)
+        fb = %{fields(b, n, step) | session_id: b}
+        assert fused_reading(fa, t) == fused(fb, t, true)
+      end
+
+      # The changes took effect: the window is 3, the step detector blocked.
+      assert length(EntropyTracker.window(a, tracker: t)) == 3
+
+      assert {_, _, {:ok, %{action: :block}}} =
+               fused_reading(fields(a, 15, {1, 1, 1, "failure"}), t)
+    end
+
+    test "an invalid entropy setting: its default, and one warning per invalid value",
+         %{tracker: t} do
+      sid = unique_session("invalid-entropy")
+      Application.put_env(:observatory, :entropy_window_size, 0)
+
+      log =
+        ExUnit.CaptureLog.capture_log(fn ->
+          for n <- 1..7, do: fused_reading(fields(sid, n, {n, n, n, "success"}), t)
+        end)
+
+      # The default window of 5, warned about once over the seven steps.
+      assert length(EntropyTracker.window(sid, tracker: t)) == 5
+      assert length(String.split(log, ":entropy_window_size: 0")) == 2
+
+      Application.put_env(:observatory, :entropy_window_size, -1)
+
+      assert ExUnit.CaptureLog.capture_log(fn ->
+               fused_reading(fields(sid, 8, {1, 1, 1, "success"}), t)
+             end) =~ ":entropy_window_size: -1"
+    end
+  end
+
   describe "the verdict's reason, written on the stack by the one call" do
     test "is the sentence the session's stored verdict gives, rule by rule", %{tracker: t} do
       sid = unique_session("reasons")
