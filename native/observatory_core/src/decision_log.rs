@@ -1,7 +1,9 @@
 //! DecisionLog envelope validation (design.md §3).
 //!
 //! [`read`] turns bytes into a JSON tree that borrows its text ([`borrowed::Json`]:
-//! serde_json's parser, strict UTF-8, nesting limited to 128 levels); [`check`]
+//! read by [`reader`], or by serde_json's parser where the reader is not sure: strict
+//! UTF-8, nesting limited to 128 levels, serde_json's error messages); [`read_step`]
+//! also finds the tool input's and result's canonical text in the body; [`check`]
 //! verifies every field the gateway relies on and lists every violation at once, each
 //! with its field path, so an agent can fix its message in one round trip. Unknown
 //! fields are not checked: they pass through untouched. [`parse`] and [`validate`] do
@@ -10,6 +12,7 @@
 use serde_json::Value;
 
 pub use borrowed::{Json, Object};
+pub use reader::{CanonicalText, Parts};
 
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
@@ -17,6 +20,7 @@ use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
 use crate::stable_json::{hash_parts, stable_stringify, Digest};
 
 pub mod borrowed;
+pub mod reader;
 #[doc(hidden)]
 pub mod value_path;
 
@@ -77,6 +81,20 @@ pub fn parse(bytes: &[u8]) -> Result<Value, Violation> {
 /// violation.
 pub fn read(bytes: &[u8]) -> Result<Json<'_>, Violation> {
     Json::read(bytes).map_err(invalid_json)
+}
+
+/// [`read`], and the canonical text of the step's input and result where the body
+/// holds it as it is ([`reader`]), for [`hashes_with`]. With [`Parts::CanonicalText`]
+/// those two are left as [`Json::Canonical`] where they can be: [`check`],
+/// [`hashes_with`] and [`fingerprint_of`] read the tree the same, but the envelope's
+/// term must come from a tree read with [`Parts::Built`].
+pub fn read_step(bytes: &[u8], parts: Parts) -> Result<(Json<'_>, CanonicalText<'_>), Violation> {
+    match reader::read(bytes, parts) {
+        Some(read) => Ok(read),
+        None => Json::read_with_serde(bytes)
+            .map(|json| (json, CanonicalText::default()))
+            .map_err(invalid_json),
+    }
 }
 
 fn invalid_json(e: serde_json::Error) -> Violation {
@@ -246,9 +264,19 @@ pub fn step_hashes(envelope: &Value, rules: &Normalization) -> StepHashes {
 
 /// [`step_hashes`] of a tree.
 pub fn hashes_of(envelope: &Json<'_>, rules: &Normalization) -> StepHashes {
+    hashes_with(envelope, CanonicalText::default(), rules)
+}
+
+/// [`hashes_of`], the input's and the result's canonical text taken from `canonical`
+/// where [`read_step`] found it in the body (the same text: not written again).
+pub fn hashes_with(
+    envelope: &Json<'_>,
+    canonical: CanonicalText<'_>,
+    rules: &Normalization,
+) -> StepHashes {
     TEXTS.with(|texts| {
         let (input, result_text, _) = &mut *texts.borrow_mut();
-        let hashes = step_hashes_with(envelope, rules, input, result_text);
+        let hashes = step_hashes_with(envelope, canonical, rules, input, result_text);
         for text in [input, result_text] {
             if text.capacity() > KEPT_TEXT_BYTES {
                 *text = String::new();
@@ -272,9 +300,10 @@ thread_local! {
 
 fn step_hashes_with(
     envelope: &Json<'_>,
+    canonical: CanonicalText<'_>,
     rules: &Normalization,
-    input: &mut String,
-    result_text: &mut String,
+    input_buffer: &mut String,
+    result_buffer: &mut String,
 ) -> StepHashes {
     let action = envelope.get("action");
     let field = |key: &str| action.and_then(|a| a.get(key));
@@ -282,15 +311,20 @@ fn step_hashes_with(
         .and_then(Json::as_str)
         .unwrap_or_default();
     let status = field("status").and_then(Json::as_str).unwrap_or_default();
-    input.clear();
-    field("tool_input")
-        .unwrap_or(&Json::Null)
-        .write_canonical(input);
+    let input = canonical.tool_input.unwrap_or_else(|| {
+        input_buffer.clear();
+        field("tool_input")
+            .unwrap_or(&Json::Null)
+            .write_canonical(input_buffer);
+        input_buffer
+    });
     let result = field("result");
     let result_text = result.map(|result| {
-        result_text.clear();
-        result.write_canonical(result_text);
-        result_text.as_str()
+        canonical.result.unwrap_or_else(|| {
+            result_buffer.clear();
+            result.write_canonical(result_buffer);
+            result_buffer
+        })
     });
     let approach = hash_parts(&[tool.as_bytes(), input.as_bytes()]);
     let outcome = result_text.map(|text| hash_parts(&[status.as_bytes(), text.as_bytes()]));

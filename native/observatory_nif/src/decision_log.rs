@@ -1,6 +1,6 @@
 //! NIFs behind `Observatory.Gateway.DecisionLog`: parse and validate an envelope.
 
-use observatory_core::decision_log::{self, Fields, StepHashes, Violation, ACTION_STATUSES};
+use observatory_core::decision_log::{self, Fields, Parts, StepHashes, Violation, ACTION_STATUSES};
 use observatory_core::loop_verdict::keys::Normalization;
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
@@ -47,8 +47,15 @@ fn parse<'a>(
     rules: Option<ResourceArc<VerdictRules>>,
     with_envelope: bool,
 ) -> Term<'a> {
-    let value = match decision_log::read(body.as_slice()) {
-        Ok(value) => value,
+    // Without the envelope's term, the input and result are only hashed: their trees
+    // need not be built where the body holds their canonical text.
+    let parts = if with_envelope {
+        Parts::Built
+    } else {
+        Parts::CanonicalText
+    };
+    let (value, canonical) = match decision_log::read_step(body.as_slice(), parts) {
+        Ok(read) => read,
         Err(violation) => return violations(env, &[violation]),
     };
     match decision_log::check(&value) {
@@ -63,7 +70,7 @@ fn parse<'a>(
             let rules = rules
                 .as_ref()
                 .map_or(Normalization::shared_default(), |r| &r.0);
-            let hashes = decision_log::hashes_of(&value, rules);
+            let hashes = decision_log::hashes_with(&value, canonical, rules);
             let fingerprint = decision_log::fingerprint_of(&value, &hashes);
             let StepHashes {
                 approach,

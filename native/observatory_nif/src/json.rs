@@ -146,6 +146,11 @@ pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
                 .unzip();
             Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
         }
+        // Not built by the parse that makes the envelope's term; read here if ever met.
+        Tree::Canonical(text) => match Tree::read(text.as_bytes()) {
+            Ok(tree) => tree_to_term(env, &tree),
+            Err(_) => rustler::types::atom::nil().encode(env),
+        },
     }
 }
 

@@ -3,8 +3,10 @@
 //! this way: building a `serde_json::Value` (a `String` per key and value, a B-tree per
 //! object) was most of the cost of parsing a step.
 //!
-//! It means exactly what `serde_json::Value` means for the same text: serde_json's own
-//! parser reads it (strict UTF-8, its escapes, numbers and 128-level nesting limit), an
+//! It means exactly what `serde_json::Value` means for the same text: the decision
+//! log's own reader ([`reader`](super::reader)) reads it, leaving to serde_json's parser
+//! every text it is not sure of (strict UTF-8, the escapes, numbers, the 128-level
+//! nesting limit, the error messages are serde_json's), an
 //! object's duplicate key keeps its last value, and members come out in the order of
 //! `Value`'s `BTreeMap` (by key bytes). The one text `Value` reads differently — an
 //! object whose first key is serde_json's private raw-value token — is refused here,
@@ -27,6 +29,10 @@ pub enum Json<'a> {
     String(Cow<'a, str>),
     Array(Vec<Json<'a>>),
     Object(Object<'a>),
+    /// A value left unread, as its canonical JSON text: `action.tool_input` or
+    /// `action.result` read with [`Parts::CanonicalText`](super::reader::Parts), for
+    /// hashing only. Never built by [`Json::read`].
+    Canonical(&'a str),
 }
 
 /// An object's members sorted by key, each key once.
@@ -34,12 +40,21 @@ pub enum Json<'a> {
 pub struct Object<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
 
 /// The key `serde_json::Value` reads as a raw value rather than as an object's key.
-const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+pub(super) const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 impl<'a> Json<'a> {
     /// Reads one JSON document as [`serde_json::from_slice`] would into a `Value`;
     /// `Err` carries serde_json's error for that `Value` (line and column).
     pub fn read(bytes: &'a [u8]) -> Result<Json<'a>, serde_json::Error> {
+        match super::reader::read(bytes, super::reader::Parts::Built) {
+            Some((json, _)) => Ok(json),
+            None => Self::read_with_serde(bytes),
+        }
+    }
+
+    /// [`read`](Self::read) by serde_json's parser alone: what `read` falls back on
+    /// for any text its own reader leaves to serde_json.
+    pub fn read_with_serde(bytes: &'a [u8]) -> Result<Json<'a>, serde_json::Error> {
         match serde_json::from_slice::<Json>(bytes) {
             Ok(json) => Ok(json),
             // Refused above (the raw-value token) or not JSON: `Value` gives the answer
@@ -70,7 +85,7 @@ impl<'a> Json<'a> {
     }
 
     pub fn is_null(&self) -> bool {
-        matches!(self, Json::Null)
+        matches!(self, Json::Null | Json::Canonical("null"))
     }
 
     /// The canonical JSON text of [`stable_stringify`](crate::stable_json::stable_stringify),
@@ -93,6 +108,7 @@ impl<'a> Json<'a> {
                 out.push(']');
             }
             Json::Object(object) => object.write_canonical(out, |_| true),
+            Json::Canonical(text) => out.push_str(text),
         }
     }
 }
@@ -158,7 +174,7 @@ impl<'a> Object<'a> {
 
     /// Sorts members read in document order; of a repeated key the last value stays,
     /// as in `serde_json::Map` (a stable sort keeps repeats in reading order).
-    fn from_members(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Self {
+    pub(super) fn from_members(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Self {
         if !members.is_sorted_by(|a, b| a.0 < b.0) {
             members.sort_by(|a, b| a.0.cmp(&b.0));
             let mut unique: Vec<(Cow<'a, str>, Json<'a>)> = Vec::with_capacity(members.len());

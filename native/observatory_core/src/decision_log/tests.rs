@@ -297,15 +297,15 @@ mod borrowed_tree_answers_as_the_value_path {
         }
     }
 
-    fn new(bytes: &[u8]) -> Answer {
+    fn new(bytes: &[u8], parts: Parts) -> Answer {
         let rules = Normalization::shared_default();
-        let tree = match read(bytes) {
-            Ok(tree) => tree,
+        let (tree, canonical) = match read_step(bytes, parts) {
+            Ok(read) => read,
             Err(violation) => return Answer::Invalid(vec![violation]),
         };
         match check(&tree) {
             Ok(fields) => {
-                let hashes = hashes_of(&tree, rules);
+                let hashes = hashes_with(&tree, canonical, rules);
                 Answer::Valid {
                     fields: owned(fields),
                     hashes: Box::new(hashes),
@@ -318,15 +318,65 @@ mod borrowed_tree_answers_as_the_value_path {
 
     /// Both answers agree, and the tree is the `Value`'s (so the envelope's term is).
     fn assert_same(bytes: &[u8]) -> Result<(), TestCaseError> {
-        prop_assert_eq!(
-            new(bytes),
-            old(bytes),
-            "text: {}",
-            String::from_utf8_lossy(bytes)
-        );
+        let old = old(bytes);
+        for parts in [Parts::Built, Parts::CanonicalText] {
+            prop_assert_eq!(
+                &new(bytes, parts),
+                &old,
+                "{:?}, text: {}",
+                parts,
+                String::from_utf8_lossy(bytes)
+            );
+        }
         if let Ok(value) = parse(bytes) {
             prop_assert_eq!(read(bytes).unwrap(), Json::from(&value));
+            prop_assert_eq!(Json::read_with_serde(bytes).unwrap(), Json::from(&value));
             prop_assert_eq!(Json::from(value.clone()), Json::from(&value));
+        }
+        assert_canonical_text_is_written_text(bytes)
+    }
+
+    /// The reader's own pass finds the documents serde_json's finds (and gives up on
+    /// nothing an agent's SDK writes), and the canonical text it takes from the body is
+    /// exactly what would be written: hashing it where it lies is hashing the written
+    /// text.
+    fn assert_canonical_text_is_written_text(bytes: &[u8]) -> Result<(), TestCaseError> {
+        let Some((tree, canonical)) = reader::read(bytes, Parts::Built) else {
+            return Ok(());
+        };
+        // Left unread: exactly the parts whose canonical text the body holds.
+        let (unread, again) = reader::read(bytes, Parts::CanonicalText).unwrap();
+        prop_assert_eq!(again, canonical);
+        let left = |key: &str| match unread.get("action").and_then(|a| a.get(key)) {
+            Some(Json::Canonical(text)) => Some(*text),
+            _ => None,
+        };
+        for (found, key) in [
+            (canonical.tool_input, "tool_input"),
+            (canonical.result, "result"),
+        ] {
+            let built = matches!(
+                tree.get("action").and_then(|a| a.get(key)),
+                Some(Json::Object(_) | Json::Array(_) | Json::String(_))
+            );
+            prop_assert_eq!(left(key), found.filter(|_| built), "{}", key);
+        }
+        prop_assert!(parse(bytes).is_ok(), "read a text serde_json refuses");
+        let action = tree.get("action");
+        let written = |key: &str| {
+            action.and_then(|a| a.get(key)).map(|v| {
+                let mut text = String::new();
+                v.write_canonical(&mut text);
+                text
+            })
+        };
+        for (found, key) in [
+            (canonical.tool_input, "tool_input"),
+            (canonical.result, "result"),
+        ] {
+            if let Some(found) = found {
+                prop_assert_eq!(Some(found.to_owned()), written(key), "{}", key);
+            }
         }
         Ok(())
     }
@@ -569,6 +619,22 @@ mod borrowed_tree_answers_as_the_value_path {
             })
     }
 
+    /// Whether `json`'s canonical text has no float, no negative number and no `\u`
+    /// escape: the text the reader must find in a canonical body.
+    fn plain(json: &Json<'_>) -> bool {
+        match json {
+            Json::Number(n) => n.is_u64(),
+            Json::String(s) => !s
+                .chars()
+                .any(|c| c < ' ' && !matches!(c, '\n' | '\r' | '\t' | '\u{8}' | '\u{c}')),
+            Json::Array(items) => items.iter().all(plain),
+            Json::Object(members) => members
+                .iter()
+                .all(|(k, v)| plain(&Json::String(k.into())) && plain(v)),
+            _ => true,
+        }
+    }
+
     /// A text spoiled: cut short, an invalid UTF-8 byte put in, or nested too deep.
     fn spoiled(text: String, how: u8, at: usize) -> Vec<u8> {
         let mut bytes = text.into_bytes();
@@ -591,6 +657,27 @@ mod borrowed_tree_answers_as_the_value_path {
         #[test]
         fn on_generated_envelopes(text in envelope()) {
             assert_same(text.as_bytes())?;
+        }
+
+        /// The same envelopes written canonically, as most clients send them: the
+        /// reader reads every one itself, and takes the input's and the result's
+        /// canonical text from the body wherever the text is exactly the written one.
+        #[test]
+        fn on_canonical_envelopes(text in envelope()) {
+            let Ok(value) = parse(text.as_bytes()) else { return Ok(()) };
+            let canonical = crate::stable_json::stable_stringify(&value);
+            assert_same(canonical.as_bytes())?;
+            let read = reader::read(canonical.as_bytes(), Parts::Built);
+            prop_assert!(read.is_some(), "gave up on {}", canonical);
+            let (tree, found) = read.unwrap();
+            let plain = |key: &str| tree.get("action").and_then(|a| a.get(key)).filter(|v| plain(v));
+            // Without a float, a negative number or a `\u` escape, the text is found.
+            if plain("tool_input").is_some() {
+                prop_assert!(found.tool_input.is_some(), "{}", canonical);
+            }
+            if plain("result").is_some() {
+                prop_assert!(found.result.is_some(), "{}", canonical);
+            }
         }
 
         #[test]

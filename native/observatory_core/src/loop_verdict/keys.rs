@@ -134,12 +134,12 @@ pub fn keys_from_canonical(
         // The outcome's bytes follow the input's: a failure's reply reads both.
         buf.extend_from_slice(status.as_bytes());
         buf.push(SEPARATOR);
+        // The normalized result is written where it is hashed, not copied there.
+        let result_start = buf.len();
         let result_shape = match result {
             Some(result) => {
-                text.clear();
-                normalize_json_ids_into(result, &rules.result, text);
-                buf.extend_from_slice(text);
-                Some(shape(status, text, lines))
+                normalize_json_ids_into(result, &rules.result, buf);
+                Some(shape(status, &buf[result_start..], lines))
             }
             None => {
                 buf.push(ABSENT);
@@ -150,7 +150,7 @@ pub fn keys_from_canonical(
         let exact = match result {
             None => outcome,
             Some(_) if failure => replies.get_or_insert(call, outcome, || {
-                reply(status, text, &WordSet::of(&buf[input]))
+                reply(status, &buf[result_start..], &WordSet::of(&buf[input]))
             }),
             Some(r) => hash64(
                 &r.as_bytes()[..r.len().min(EXACT_BYTES)],

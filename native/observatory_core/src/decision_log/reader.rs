@@ -1,0 +1,401 @@
+//! A step's JSON read in one pass of our own, into the same borrowed tree serde_json's
+//! parser gives ([`Json::read`](super::Json::read)), noting on the way whether
+//! `action.tool_input` and `action.result` are already written canonically in the body
+//! (compact, keys sorted and unique, strings escaped as the canonical writer escapes them,
+//! numbers plain integers): a step sent as `Observatory.JSON` or most SDKs write it is,
+//! and then its canonical text is that slice of the body, hashed where it lies instead
+//! of written again.
+//!
+//! It reads only what it is sure of and gives up (`None`) on anything else — a syntax
+//! error, invalid UTF-8, a `\u` escape of a surrogate, nesting past 100 levels,
+//! serde_json's raw-value token: the caller then reads the text with serde_json, which
+//! gives the answer and the error message. A number that is not a plain integer is
+//! handed to serde_json's own number parser, so its value is serde_json's. So the
+//! documents it accepts and the trees it builds are serde_json's (the property tests
+//! in `decision_log::tests` compare the two on generated texts).
+
+use std::borrow::Cow;
+
+use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
+use crate::stable_json::next_escape;
+
+/// Containers nested deeper than this are left to serde_json (which refuses past 127).
+const MAX_DEPTH: u32 = 100;
+
+/// The canonical text of `action.tool_input` and of `action.result` where the body
+/// holds it as it is (`None`: written some other way, or absent).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CanonicalText<'a> {
+    pub tool_input: Option<&'a str>,
+    pub result: Option<&'a str>,
+}
+
+/// What [`read`] builds of `action.tool_input` and `action.result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parts {
+    /// Their trees, as serde_json's parser builds them.
+    Built,
+    /// Where the body holds one's canonical text, [`Json::Canonical`] of that text
+    /// instead of its tree (its syntax checked all the same): what the gateway reads
+    /// when it only hashes them.
+    CanonicalText,
+}
+
+/// Where a value sits: the envelope, its `action` section, below it, or inside a part
+/// read for its canonical text only (nothing built).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Root,
+    Action,
+    Other,
+    Skimmed,
+}
+
+/// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
+pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)> {
+    // Every string is then valid UTF-8: the slices below are `str`s as they are.
+    let text = utf8(bytes)?;
+    let mut reader = Reader {
+        text,
+        bytes,
+        at: 0,
+        canonical: CanonicalText::default(),
+        parts,
+        plain: true,
+    };
+    reader.whitespace();
+    let json = reader.value(0, Place::Root)?;
+    reader.whitespace();
+    (reader.at == bytes.len()).then_some((json, reader.canonical))
+}
+
+/// `bytes` as a `str`, or `None` if they are not UTF-8. Most bodies are ASCII, which
+/// `is_ascii` tells many bytes at a time, where `from_utf8` walks them in smaller steps.
+fn utf8(bytes: &[u8]) -> Option<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: every byte is below 0x80: ASCII, which is valid UTF-8.
+        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
+    std::str::from_utf8(bytes).ok()
+}
+
+struct Reader<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    at: usize,
+    canonical: CanonicalText<'a>,
+    parts: Parts,
+    /// Cleared by anything read that is not written canonically: whitespace between
+    /// tokens, keys out of order, other escapes, other numbers. (A flag, not a second
+    /// value returned with each: that costs more than the reading.)
+    plain: bool,
+}
+
+impl<'a> Reader<'a> {
+    /// Skips JSON whitespace (not canonical between tokens).
+    #[inline]
+    fn whitespace(&mut self) {
+        let start = self.at;
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.at) {
+            self.at += 1;
+        }
+        self.plain &= self.at == start;
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    /// The value at `at` (clearing `plain` if its text is not its canonical text).
+    fn value(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+        match self.peek()? {
+            b'{' => self.object(depth + 1, place),
+            b'[' => self.array(depth + 1, place),
+            b'"' => self.string(place != Place::Skimmed).map(Json::String),
+            b't' => self.literal("true", Json::Bool(true)),
+            b'f' => self.literal("false", Json::Bool(false)),
+            b'n' => self.literal("null", Json::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &str, json: Json<'a>) -> Option<Json<'a>> {
+        let end = self.at + word.len();
+        (self.bytes.get(self.at..end)? == word.as_bytes()).then(|| {
+            self.at = end;
+            json
+        })
+    }
+
+    fn object(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let build = place != Place::Skimmed;
+        self.at += 1;
+        self.whitespace();
+        // An envelope's objects have a handful of members: room for them at once.
+        let mut members: Vec<(Cow<'a, str>, Json<'a>)> =
+            Vec::with_capacity(if build { 8 } else { 0 });
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(Json::Object(Object::from_members(members)));
+        }
+        // The previous key, when members are not kept.
+        let mut last_key: Option<Cow<'a, str>> = None;
+        loop {
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let key = self.string(true)?;
+            // Sorted, each key once: the canonical order.
+            let last = if build {
+                members.last().map(|(k, _)| k)
+            } else {
+                last_key.as_ref()
+            };
+            let in_order = match last {
+                None if key == RAW_VALUE_TOKEN => return None,
+                None => true,
+                Some(last) => before(last.as_bytes(), key.as_bytes()),
+            };
+            self.plain &= in_order;
+            self.whitespace();
+            if self.peek()? != b':' {
+                return None;
+            }
+            self.at += 1;
+            self.whitespace();
+            let child = match place {
+                Place::Root if key == "action" => {
+                    // The last `action` is the one the tree keeps.
+                    self.canonical = CanonicalText::default();
+                    Place::Action
+                }
+                Place::Skimmed => Place::Skimmed,
+                _ => Place::Other,
+            };
+            let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
+            let value = if part {
+                let (value, text) = self.part(depth)?;
+                if key == "tool_input" {
+                    self.canonical.tool_input = text;
+                } else {
+                    self.canonical.result = text;
+                }
+                value
+            } else {
+                self.value(depth, child)?
+            };
+            if build {
+                members.push((key, value));
+            } else {
+                last_key = Some(key);
+            }
+            self.whitespace();
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    self.whitespace();
+                }
+                b'}' => {
+                    self.at += 1;
+                    return Some(Json::Object(Object::from_members(members)));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// `action.tool_input` or `action.result`, and its canonical text if the body
+    /// holds it. With [`Parts::CanonicalText`], an object, array or string whose text is
+    /// canonical is read without building it, else (or with [`Parts::Built`]) it is
+    /// built.
+    fn part(&mut self, depth: u32) -> Option<(Json<'a>, Option<&'a str>)> {
+        let (start, plain) = (self.at, self.plain);
+        self.plain = true;
+        let skim = self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"');
+        let place = if skim { Place::Skimmed } else { Place::Other };
+        let mut value = self.value(depth, place)?;
+        let text = self.plain.then(|| &self.text[start..self.at]);
+        match text {
+            Some(text) if skim => value = Json::Canonical(text),
+            None if skim => {
+                // Not canonical: its text will be written from its tree.
+                self.at = start;
+                value = self.value(depth, Place::Other)?;
+            }
+            _ => {}
+        }
+        self.plain &= plain;
+        Some((value, text))
+    }
+
+    fn array(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let build = place != Place::Skimmed;
+        let child = if build { Place::Other } else { Place::Skimmed };
+        self.at += 1;
+        self.whitespace();
+        let mut items = Vec::with_capacity(if build { 4 } else { 0 });
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(Json::Array(items));
+        }
+        loop {
+            let item = self.value(depth, child)?;
+            if build {
+                items.push(item);
+            }
+            self.whitespace();
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    self.whitespace();
+                }
+                b']' => {
+                    self.at += 1;
+                    return Some(Json::Array(items));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The string whose opening quote is at `at`: borrowed when it has no escapes;
+    /// canonical when every escape is one `stable_json::write_string` writes for the
+    /// same character (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`).
+    /// Without `build`, an escaped string is checked but not decoded (an empty one
+    /// stands for it).
+    fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
+        let (bytes, text) = (self.bytes, self.text);
+        let start = self.at + 1;
+        // The first quote, backslash or control character.
+        let mut i = next_escape(bytes, start)?;
+        if bytes[i] == b'"' {
+            self.at = i + 1;
+            return Some(Cow::Borrowed(&text[start..i]));
+        }
+        let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
+        let mut canonical = true;
+        let mut run = start;
+        loop {
+            if build {
+                out.push_str(&text[run..i]);
+            }
+            match bytes[i] {
+                b'"' => {
+                    self.at = i + 1;
+                    self.plain &= canonical;
+                    return Some(Cow::Owned(out));
+                }
+                b'\\' => {
+                    let (c, len) = match *bytes.get(i + 1)? {
+                        b'"' => ('"', 2),
+                        b'\\' => ('\\', 2),
+                        b'b' => ('\u{8}', 2),
+                        b'f' => ('\u{c}', 2),
+                        b'n' => ('\n', 2),
+                        b'r' => ('\r', 2),
+                        b't' => ('\t', 2),
+                        b'/' => {
+                            canonical = false;
+                            ('/', 2)
+                        }
+                        b'u' => {
+                            canonical = false;
+                            // A surrogate (a pair or a lone one) is serde_json's to read.
+                            (char::from_u32(hex4(bytes.get(i + 2..i + 6)?)?)?, 6)
+                        }
+                        _ => return None,
+                    };
+                    if build {
+                        out.push(c);
+                    }
+                    run = i + len;
+                    i = next_escape(bytes, run)?;
+                }
+                // A control character: not allowed in a JSON string.
+                _ => return None,
+            }
+        }
+    }
+
+    /// A number: a plain integer that fits 64 bits read here, any other handed to
+    /// serde_json's own number parser (the same value it gives in a document); only the
+    /// plain non-negative integer is written canonically as it stands.
+    fn number(&mut self) -> Option<Json<'a>> {
+        let bytes = self.bytes;
+        let start = self.at;
+        let digits_from = |mut i: usize| {
+            while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            i
+        };
+        let negative = bytes[start] == b'-';
+        let int_start = start + usize::from(negative);
+        let mut i = digits_from(int_start);
+        let digits = i - int_start;
+        if digits == 0 || (bytes[int_start] == b'0' && digits > 1) {
+            return None;
+        }
+        let mut plain = !negative;
+        if bytes.get(i) == Some(&b'.') {
+            plain = false;
+            let end = digits_from(i + 1);
+            if end == i + 1 {
+                return None;
+            }
+            i = end;
+        }
+        if let Some(b'e' | b'E') = bytes.get(i) {
+            plain = false;
+            i += 1;
+            if let Some(b'+' | b'-') = bytes.get(i) {
+                i += 1;
+            }
+            let end = digits_from(i);
+            if end == i {
+                return None;
+            }
+            i = end;
+        }
+        self.at = i;
+        if plain {
+            let n = bytes[start..i].iter().try_fold(0u64, |n, &d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            });
+            if let Some(n) = n {
+                return Some(Json::Number(n.into()));
+            }
+        }
+        self.plain = false;
+        serde_json::from_str(&self.text[start..i])
+            .ok()
+            .map(Json::Number)
+    }
+}
+
+/// Whether key `a` sorts before key `b` (by bytes, as `str`'s order): a loop, where
+/// a short key's comparison through `memcmp` costs more than the compare.
+fn before(a: &[u8], b: &[u8]) -> bool {
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            return x < y;
+        }
+    }
+    a.len() < b.len()
+}
+
+/// Four hex digits (either case), as serde_json reads them; a surrogate is `None`.
+fn hex4(digits: &[u8]) -> Option<u32> {
+    let code = digits.iter().try_fold(0u32, |code, &d| {
+        Some(code * 16 + char::from(d).to_digit(16)?)
+    })?;
+    (!(0xD800..0xE000).contains(&code)).then_some(code)
+}
