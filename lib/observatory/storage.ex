@@ -195,15 +195,46 @@ defmodule Observatory.Storage do
   copy (every table here is a `disc_copies` table on every member): the same ETS
   lookup a dirty read ends in, without its way there. Otherwise — the copy not
   loaded yet, a node without one, Mnesia down — a dirty read, with its answers and
-  errors. Exact either way: what a dirty read returns, nothing cached. Ingest checks
-  a session's pause and block with it on every step.
+  errors. Exact either way: what a dirty read returns, no record cached. Ingest
+  checks a session's pause, its block and its agent with it on every step.
+
+  Which ETS table holds this node's loaded copy is asked of Mnesia once and then
+  remembered by the table's identity (its tid): Mnesia says a copy is the one to
+  read only once it is loaded, and a loaded copy stays a replica that every commit
+  writes until Mnesia deletes it — Mnesia stopped, the copy removed or turned into
+  a `disc_only_copies` one — which ends that tid. A lookup in a remembered table
+  that is gone raises, and the read asks Mnesia again; a copy loaded again is a new
+  table, remembered once Mnesia says it is loaded.
   """
   @spec read(atom(), term()) :: [tuple()]
   def read(table, key) do
-    # Mnesia's own record of where a dirty read of `table` goes (what it reads first).
-    if :ets.lookup_element(:mnesia_gvar, {table, :where_to_read}, 2) == node(),
-      do: :ets.lookup(table, key),
-      else: :mnesia.dirty_read(table, key)
+    case :persistent_term.get({__MODULE__, :local_copy, table}, nil) do
+      nil -> read_asking(table, key)
+      tid -> read_remembered(tid, table, key)
+    end
+  end
+
+  defp read_remembered(tid, table, key) do
+    :ets.lookup(tid, key)
+  rescue
+    ArgumentError ->
+      :persistent_term.erase({__MODULE__, :local_copy, table})
+      read_asking(table, key)
+  end
+
+  defp read_asking(table, key) do
+    tid = :ets.whereis(table)
+
+    # Mnesia's own record of where a dirty read of `table` goes (what it reads first),
+    # and the same table before and after it: not one deleted and made again between.
+    if tid != :undefined and
+         :ets.lookup_element(:mnesia_gvar, {table, :where_to_read}, 2) == node() and
+         :ets.whereis(table) == tid do
+      :persistent_term.put({__MODULE__, :local_copy, table}, tid)
+      :ets.lookup(tid, key)
+    else
+      reading(fn -> :mnesia.dirty_read(table, key) end)
+    end
   rescue
     ArgumentError -> reading(fn -> :mnesia.dirty_read(table, key) end)
   end

@@ -78,6 +78,11 @@ defmodule Observatory.PubSubTest do
       # :pg removes a member when it sees the exit: it has once this call answers.
       _ = :sys.get_state(PubSub.Peer.scope(ps))
       refute PubSub.Peer.subscribed?(ps, "t")
+      assert :pg.get_members(PubSub.Peer.scope(ps), {:topic, "t"}) == []
+    end
+
+    test "subscribed?/2 is false, not an error, for an instance whose :pg scope does not run" do
+      refute PubSub.Peer.subscribed?(:"no_such_pubsub_#{System.unique_integer([:positive])}", "t")
     end
 
     test "subscribers still get broadcasts after the :pg scope restarts", %{ps: ps} do

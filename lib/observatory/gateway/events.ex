@@ -151,18 +151,13 @@ defmodule Observatory.Gateway.Events do
   def broadcast_lazy(topic, fun, pubsub \\ pubsub()) do
     case pubsub do
       {Observatory.PubSub, server} ->
-        if subscribed?(server, topic), do: broadcast(pubsub, topic, fun.()), else: :ok
+        if Observatory.PubSub.Peer.subscribed?(server, topic),
+          do: broadcast(pubsub, topic, fun.()),
+          else: :ok
 
       _host ->
         broadcast(pubsub, topic, fun.())
     end
-  end
-
-  # A server that does not run: broadcast/2 says so.
-  defp subscribed?(server, topic) do
-    Observatory.PubSub.Peer.subscribed?(server, topic)
-  rescue
-    ArgumentError -> true
   end
 
   @doc false

@@ -120,9 +120,11 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   def ingest(message, opts \\ []) do
     Observatory.Storage.require!()
     started = :erlang.monotonic_time()
-    # Each setting is read once for the step and handed down (the PubSub server: here
-    # when the parse needs it, else by the broadcast).
-    pubsub = if envelope_wanted?(opts), do: nil, else: Events.pubsub()
+    # The caller's options, read once for the step (`step_opts/2`), and each setting
+    # once and handed down (the PubSub server: here when the parse needs it, else by
+    # the broadcast).
+    step_opts = step_opts(opts, started)
+    pubsub = if step_opts.envelope?, do: nil, else: Events.pubsub()
 
     parsed =
       with {:ok, json} <- json(message),
@@ -133,7 +135,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result =
       case parsed do
         {:ok, step, fields} ->
-          score_on_owner(step, fields, opts, pubsub, [])
+          score_on_owner(step, fields, opts, step_opts, pubsub, [])
 
         {:error, violations} ->
           reject(violations, Keyword.get(opts, :log_violations, true))
@@ -151,8 +153,19 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp build_envelope?(nil), do: true
   defp build_envelope?(pubsub), do: not Events.own?(pubsub)
 
-  # Whether the caller reads `result.envelope` (`envelope:`, default true; nil is false).
-  defp envelope_wanted?(opts), do: Keyword.get(opts, :envelope, true)
+  # What the step needs of the caller's options, read once: the authenticated agent,
+  # the caller's own tracker (nil: the application's, on the session's owner),
+  # whether it reads `result.envelope` (`envelope:`, default true; nil is false), and
+  # `now_ms`, this node's monotonic clock when the step arrived (nil: read it when
+  # needed; a step scored on another node reads that node's clock).
+  defp step_opts(opts, started) do
+    %{
+      agent: Keyword.get(opts, :agent, nil),
+      tracker: Keyword.get(opts, :tracker, nil),
+      envelope?: Keyword.get(opts, :envelope, true),
+      now_ms: started && :erlang.convert_time_unit(started, :native, :millisecond)
+    }
+  end
 
   defp json(message) when is_binary(message), do: {:ok, message}
   defp json(message), do: DecisionLog.to_json(message)
@@ -165,14 +178,14 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # caller asked for none (`envelope: false`).
   # `pubsub` is the step's PubSub setting if read already (nil: not yet); the owner
   # reads its own.
-  defp score_on_owner(step, fields, opts, pubsub, down) do
+  defp score_on_owner(step, fields, opts, step_opts, pubsub, down) do
     owner =
-      if Keyword.has_key?(opts, :tracker),
+      if step_opts.tracker,
         do: node(),
         else: Cluster.owner(fields.session_id, down)
 
     if owner == node() do
-      score_here(step, fields, opts, pubsub)
+      score_local(step, fields, step_opts, pubsub)
     else
       # At most once: an owner that gets the step after the caller gave up (a node
       # frozen, then thawed) refuses it (Observatory.Cluster.remote/4).
@@ -183,7 +196,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         # The owner is gone (distribution says so): the next owner scores the step,
         # in a fresh window (F1). Nothing was scored on the lost node.
         {:error, :noconnection} ->
-          score_on_owner(step, fields, opts, pubsub, [owner | down])
+          score_on_owner(step, fields, opts, step_opts, pubsub, [owner | down])
 
         # The owner is there but did not answer in time: it may have scored the step,
         # so another node must not score it again. The caller gets an error to retry.
@@ -203,20 +216,24 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   end
 
   @doc false
-  # Runs on the session's owner (`score_on_owner/5`, possibly over :erpc, then with
-  # `pubsub` nil: the owner reads its own setting).
-  def score_here(step, fields, opts, pubsub \\ nil) do
-    with :ok <- authorize(fields, opts[:agent], opts),
-         do: once(step, fields, opts, pubsub)
+  # Runs on the session's owner when it is another node (`score_on_owner/6`, over
+  # :erpc): the owner reads the caller's options, its own clock and its own PubSub
+  # setting (`pubsub` nil).
+  def score_here(step, fields, opts, pubsub \\ nil),
+    do: score_local(step, fields, step_opts(opts, nil), pubsub)
+
+  defp score_local(step, fields, step_opts, pubsub) do
+    with :ok <- authorize(fields, step_opts.agent, step_opts),
+         do: once(step, fields, step_opts, pubsub)
   end
 
   # A step is scored once; its retries get the first answer (Idempotency).
-  defp once({_json, envelope} = step, fields, opts, pubsub) do
+  defp once({_json, envelope} = step, fields, step_opts, pubsub) do
     case Idempotency.claim(fields) do
       {:new, ticket} ->
         result =
           try do
-            accept(step, fields, opts, pubsub || Events.pubsub())
+            accept(step, fields, step_opts, pubsub || Events.pubsub())
           catch
             kind, reason ->
               Idempotency.release(ticket)
@@ -227,7 +244,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
         {:ok, result}
 
       {:replay, kept} ->
-        {:ok, replay(unkept(kept), if(envelope_wanted?(opts), do: envelope), fields)}
+        {:ok, replay(unkept(kept), if(step_opts.envelope?, do: envelope), fields)}
 
       {:error, _refusal} = error ->
         error
@@ -280,8 +297,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       session_id: fields.session_id,
       agent_id: fields.agent_id,
       paused: pause != nil,
-      directives:
-        directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(first.step),
+      directives: directives(pause, KillSwitch.active?(fields.agent_id), fields, first.step),
       envelope: envelope,
       replayed: true
     })
@@ -291,13 +307,13 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # write a session owns it (SessionOwners), whatever the detectors evicted since.
   # A trusted caller (in-process, a shared key) is not checked, but the session
   # it writes is still claimed for the envelope's agent.
-  defp authorize(fields, agent, opts) when agent in [nil, :any_agent] do
-    _ = claim(fields, opts)
+  defp authorize(fields, agent, step_opts) when agent in [nil, :any_agent] do
+    _ = claim(fields, step_opts)
     :ok
   end
 
-  defp authorize(%{agent_id: agent} = fields, agent, opts) when is_binary(agent) do
-    case claim(fields, opts) do
+  defp authorize(%{agent_id: agent} = fields, agent, step_opts) when is_binary(agent) do
+    case claim(fields, step_opts) do
       :ok ->
         :ok
 
@@ -306,19 +322,26 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
   end
 
-  defp authorize(_fields, agent, _opts) do
+  defp authorize(_fields, agent, _step_opts) do
     forbidden(%{path: "meta.agent_id", reason: "is not #{inspect(agent)}, the agent of this key"})
   end
 
   # Past its quota the agent gives up its own least recently used sessions: their
   # windows go too, so one agent cannot crowd the others out of the stores.
-  defp claim(%{session_id: session_id, agent_id: agent_id}, opts) do
-    case SessionOwners.claim(session_id, agent_id) do
-      {:ok, released} ->
-        tracker = Keyword.get(opts, :tracker, EntropyTracker)
+  defp claim(%{session_id: session_id, agent_id: agent_id}, step_opts) do
+    claimed =
+      case step_opts.now_ms do
+        nil -> SessionOwners.claim(session_id, agent_id)
+        now_ms -> SessionOwners.claim(session_id, agent_id, now_ms)
+      end
 
+    case claimed do
+      {:ok, []} ->
+        :ok
+
+      {:ok, released} ->
         for id <- released do
-          EntropyTracker.forget(id, tracker: tracker)
+          EntropyTracker.forget(id, tracker: tracker(step_opts))
           LoopVerdict.forget(id)
         end
 
@@ -334,11 +357,12 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     {:error, {:forbidden, violation}}
   end
 
-  defp accept({json, envelope}, fields, opts, pubsub) do
-    Metrics.inc(:messages)
+  defp tracker(%{tracker: nil}), do: EntropyTracker
+  defp tracker(%{tracker: tracker}), do: tracker
 
+  defp accept({json, envelope}, fields, step_opts, pubsub) do
     alert_source = AlertSource.current()
-    tracker = Keyword.get(opts, :tracker, EntropyTracker)
+    tracker = tracker(step_opts)
     alerts? = alert_source == :entropy
 
     # The entropy window, the loop verdict and the step detector in one NIF call
@@ -351,12 +375,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     {score, severity} =
       case EntropyTracker.settle(recorded, fields.session_id, fields.agent_id, alerts?) do
         {:ok, score, severity} ->
-          Metrics.inc(severity)
           {score, severity}
 
         {:error, reason} ->
-          Metrics.inc(:entropy_errors)
-
           Logger.warning(
             "schema_violation: entropy computation failed for session #{inspect(fields.session_id)} " <>
               "step #{inspect(fields.step_id)}: #{inspect(reason)}; the agent's entropy_score is kept",
@@ -371,6 +392,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     envelope = envelope && DecisionLog.with_score(envelope, gateway_score)
 
     verdict = judge(fields, observed)
+    # The step, its severity and its verdict counted at once (one read of the array).
+    Metrics.inc(:messages, severity_counter(severity), verdict_counter(verdict))
 
     if alert_source == :verdict and verdict != nil do
       AlertSource.act(fields.session_id, fields.agent_id, verdict, gateway_score, tracker: tracker)
@@ -379,6 +402,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     step = analyze_step(analysed, fields.session_id, step_thresholds)
     count_step_action(step)
     pause = HITL.pause_of(fields.session_id)
+    active? = KillSwitch.active?(fields.agent_id)
     # Stored as its text, under the verdict's step number, which its evidence names.
     SessionLog.put_json(fields.session_id, json, gateway_score, verdict && verdict.step_number)
 
@@ -408,8 +432,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       paused: pause != nil,
       verdict: verdict,
       step: step,
-      directives: directives(pause) ++ stop_directives(fields.agent_id) ++ step_directives(step),
-      envelope: if(envelope_wanted?(opts), do: envelope),
+      directives: directives(pause, active?, fields, step),
+      envelope: if(step_opts.envelope?, do: envelope),
       replayed: false
     }
   end
@@ -424,12 +448,9 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   defp judge(fields, observed) do
     case LoopVerdict.settle(observed, fields.session_id, fields.agent_id, fields.step_id) do
       {:ok, verdict} ->
-        Metrics.inc(verdict_counter(verdict.verdict))
         verdict
 
       {:error, reason} ->
-        Metrics.inc(:verdict_errors)
-
         Logger.warning(
           "loop verdict failed for session #{inspect(fields.session_id)} " <>
             "step #{inspect(fields.step_id)}: #{inspect(reason)}"
@@ -439,9 +460,15 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     end
   end
 
-  defp verdict_counter(:progress), do: :verdict_progress
-  defp verdict_counter(:suspect), do: :verdict_suspect
-  defp verdict_counter(:loop), do: :verdict_loop
+  # The counters of a step's severity (nil: the tracker failed) and verdict (nil: the
+  # verdict failed).
+  defp severity_counter(nil), do: :entropy_errors
+  defp severity_counter(severity), do: severity
+
+  defp verdict_counter(%{verdict: :progress}), do: :verdict_progress
+  defp verdict_counter(%{verdict: :suspect}), do: :verdict_suspect
+  defp verdict_counter(%{verdict: :loop}), do: :verdict_loop
+  defp verdict_counter(nil), do: :verdict_errors
 
   # Layer 1 of seed 002; a step without a result has no outcome and is not analysed.
   defp analyze_step(nil, _session_id, _thresholds), do: nil
@@ -452,6 +479,15 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       {:error, _} -> nil
     end
   end
+
+  # What the agent is told to do, in this order: pause (an operator paused the
+  # session), stop (its agent is inactive), warn or block (the step detector). A step
+  # with none of them — nearly every step — builds no list.
+  defp directives(nil, true, _fields, nil), do: []
+  defp directives(nil, true, _fields, %{action: :continue}), do: []
+
+  defp directives(pause, active?, fields, step),
+    do: pause_directives(pause) ++ stop_directives(active?, fields) ++ step_directives(step)
 
   defp step_directives(%{action: action} = step) when action in [:warn, :block],
     do: [
@@ -484,21 +520,21 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   # An inactive agent (the kill switch, or an operator, deactivated it) is told to stop
   # on every step it still sends; the step is kept, as a paused session's are.
-  defp stop_directives(agent_id) do
-    if KillSwitch.active?(agent_id),
-      do: [],
-      else: [
-        %{
-          "type" => "stop",
-          "code" => "agent_inactive",
-          "message" => "Agent #{agent_id} is inactive; an operator activates it again"
-        }
-      ]
+  defp stop_directives(true = _active?, _fields), do: []
+
+  defp stop_directives(false, %{agent_id: agent_id}) do
+    [
+      %{
+        "type" => "stop",
+        "code" => "agent_inactive",
+        "message" => "Agent #{agent_id} is inactive; an operator activates it again"
+      }
+    ]
   end
 
-  defp directives(nil), do: []
+  defp pause_directives(nil), do: []
 
-  defp directives(pause) do
+  defp pause_directives(pause) do
     [
       %{
         "type" => "pause",
@@ -509,25 +545,42 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     ]
   end
 
-  # The [:observatory, :ingest, :stop] telemetry event (Observatory.Telemetry).
-  defp emit_ingest({:ok, result}, duration) do
-    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+  # The [:observatory, :ingest, :stop] telemetry event (Observatory.Telemetry); its
+  # metadata is built only when events go somewhere.
+  defp emit_ingest(result, duration) do
+    case Observatory.Telemetry.dispatcher() do
+      nil ->
+        :ok
+
+      dispatcher ->
+        dispatcher.execute(
+          [:observatory, :ingest, :stop],
+          %{duration: duration},
+          ingest_metadata(result)
+        )
+
+        :ok
+    end
+  end
+
+  defp ingest_metadata({:ok, result}) do
+    %{
       result: :ok,
       session_id: result.session_id,
       agent_id: result.agent_id,
       violations: 0,
       replayed: result.replayed
-    })
+    }
   end
 
   # `result` is the error's kind (`:invalid`, or any other a refusal may name).
-  defp emit_ingest({:error, {kind, details}}, duration) when is_atom(kind) do
-    Observatory.Telemetry.execute([:observatory, :ingest, :stop], %{duration: duration}, %{
+  defp ingest_metadata({:error, {kind, details}}) when is_atom(kind) do
+    %{
       result: kind,
       session_id: nil,
       agent_id: nil,
       violations: if(is_list(details), do: length(details), else: 1),
       replayed: false
-    })
+    }
   end
 end

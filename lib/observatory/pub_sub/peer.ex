@@ -23,8 +23,20 @@ defmodule Observatory.PubSub.Peer do
     end
   end
 
-  @doc "Whether `topic` has a subscriber on any node (local ones join at once)."
-  def subscribed?(pubsub, topic), do: :pg.get_members(scope(pubsub), {:topic, topic}) != []
+  @doc """
+  Whether `topic` has a subscriber on any node (local ones join at once); false
+  when the instance's `:pg` scope does not run, as `:pg.get_members/2` answers then.
+
+  Asked on every ingested step, mostly of a topic nobody follows: `:pg` keeps a
+  group's row in the scope's table (named after the scope) only while the group has
+  members, so `:ets.member/2` answers without copying the members, and without the
+  exception `:pg.get_members/2` raises and catches for a group with none.
+  """
+  def subscribed?(pubsub, topic) do
+    :ets.member(scope(pubsub), {:topic, topic})
+  rescue
+    ArgumentError -> false
+  end
 
   @doc """
   Sends a broadcast to the peer of `pubsub` on every other node that has a

@@ -74,6 +74,37 @@ defmodule Observatory.Gateway.IngestHotPathTest do
     end
   end
 
+  describe "Storage.read/2 remembers which table holds this node's copy, not what it holds" do
+    setup do
+      table = :"hot_path_probe_#{System.unique_integer([:positive])}"
+      create = fn -> {:atomic, :ok} = :mnesia.create_table(table, attributes: [:k, :v]) end
+      create.()
+      on_exit(fn -> :mnesia.delete_table(table) end)
+      %{table: table, create: create}
+    end
+
+    test "a copy deleted and made again is read anew: each answer a dirty read's",
+         %{sid: sid, table: table, create: create} do
+      :ok = :mnesia.dirty_write({table, sid, :first})
+      assert Storage.read(table, sid) == [{table, sid, :first}]
+      # The loaded copy's table is remembered, and each read still looks in it.
+      assert :persistent_term.get({Storage, :local_copy, table}) == :ets.whereis(table)
+      :ok = :mnesia.dirty_write({table, sid, :again})
+      assert Storage.read(table, sid) == [{table, sid, :again}]
+
+      {:atomic, :ok} = :mnesia.delete_table(table)
+
+      assert catch_exit(Storage.read(table, sid)) ==
+               catch_exit(:mnesia.dirty_read(table, sid))
+
+      create.()
+      assert Storage.read(table, sid) == [] and :mnesia.dirty_read(table, sid) == []
+      :ok = :mnesia.dirty_write({table, sid, :second})
+      assert Storage.read(table, sid) == [{table, sid, :second}]
+      assert :persistent_term.get({Storage, :local_copy, table}) == :ets.whereis(table)
+    end
+  end
+
   describe "settings are read on every step" do
     test "a changed :step_detection threshold applies to the next step", %{sid: sid} do
       Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 8)

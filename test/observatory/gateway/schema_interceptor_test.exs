@@ -112,6 +112,99 @@ defmodule Observatory.Gateway.SchemaInterceptorTest do
     assert log =~ "schema_violation"
   end
 
+  describe "the ingest's glue: directives and counters" do
+    setup %{sid: sid} do
+      agent = "agent-glue-#{System.unique_integer([:positive])}"
+      {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register(agent)
+
+      # The same call and result every time: the step detector warns, then blocks.
+      step = fn n ->
+        HTTP.envelope(%{
+          "meta" => %{"session_id" => sid, "agent_id" => agent, "step_id" => "#{sid}-#{n}"},
+          "action" => %{
+            "tool_call" => "run_code",
+            "tool_input" => %{"code" => "1 + 1"},
+            "result" => %{"out" => 2},
+            "status" => "success"
+          }
+        })
+      end
+
+      %{agent: agent, step: step}
+    end
+
+    test "a step with nothing to say gets no directives; paused, its agent inactive and " <>
+           "blocked: pause, stop and block, in that order, from the next step on",
+         %{sid: sid, agent: agent, step: step} do
+      assert {:ok, %{directives: [], paused: false, step: %{action: :continue}}} =
+               SchemaInterceptor.ingest(step.(1))
+
+      {:ok, _} = Observatory.Gateway.HITL.pause(sid, operator: "alice", reason: "looping")
+      {:ok, _} = Observatory.KillSwitch.deactivate(agent, operator: "alice", reason: "test")
+
+      assert {:ok, %{paused: true, directives: [%{"type" => "pause"}, %{"type" => "stop"}]}} =
+               SchemaInterceptor.ingest(step.(2))
+
+      blocked =
+        Enum.find_value(3..12, fn n ->
+          {:ok, result} = SchemaInterceptor.ingest(step.(n))
+          if result.step.action == :block, do: result
+        end)
+
+      assert %{
+               "type" => "pause",
+               "reason" => "looping",
+               "operator" => "alice",
+               "since" => since
+             } = hd(blocked.directives)
+
+      assert {:ok, _, 0} = DateTime.from_iso8601(since)
+
+      assert [_pause, %{"type" => "stop", "code" => "agent_inactive"}, block] = blocked.directives
+
+      assert %{"type" => "block", "source" => "step_detector", "guidance" => guidance} = block
+      assert is_binary(guidance)
+
+      # A retry of the blocked step is told the same, the session's state as it is now.
+      {:ok, _} = Observatory.Gateway.HITL.resume(sid, operator: "alice", reason: "fixed")
+      {:ok, _} = Observatory.KillSwitch.activate(agent, operator: "alice", reason: "fixed")
+      [block_again] = blocked.directives -- Enum.take(blocked.directives, 2)
+      retry = step.(blocked.step.stagnation_streak + 1)
+
+      assert {:ok, %{replayed: true, directives: [^block_again]}} =
+               SchemaInterceptor.ingest(retry)
+    end
+
+    test "a scored step is counted once (the step, its severity, its verdict); a retry is not",
+         %{step: step} do
+      names = [
+        :messages,
+        :normal,
+        :warning,
+        :loop,
+        :verdict_progress,
+        :verdict_suspect,
+        :verdict_loop,
+        :entropy_errors,
+        :verdict_errors
+      ]
+
+      counts = fn -> Map.new(names, &{&1, Observatory.Metrics.get(&1)}) end
+      before = counts.()
+      {:ok, first} = SchemaInterceptor.ingest(step.(1))
+      after_one = counts.()
+      delta = Map.new(names, &{&1, after_one[&1] - before[&1]})
+
+      assert delta.messages == 1
+      assert delta[first.severity] == 1
+      assert delta[:"verdict_#{first.verdict.verdict}"] == 1
+      assert Enum.sum(Map.values(delta)) == 3, "nothing else counted: #{inspect(delta)}"
+
+      assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step.(1))
+      assert counts.() == after_one
+    end
+  end
+
   defp contains_value?(value, target) when is_map(value),
     do: Enum.any?(value, fn {_k, v} -> contains_value?(v, target) end)
 
