@@ -59,6 +59,10 @@ defmodule Observatory.Native do
     do: :erlang.nif_error(:nif_not_loaded)
 
   def answered_complete(_store, _slot, _seq, _answer), do: :erlang.nif_error(:nif_not_loaded)
+
+  def answered_complete_encoded(_store, _slot, _seq, _answer),
+    do: :erlang.nif_error(:nif_not_loaded)
+
   def answered_release(_store, _slot, _seq), do: :erlang.nif_error(:nif_not_loaded)
 
   def answered_sweep(_store, _now_ms, _window_ms), do: :erlang.nif_error(:nif_not_loaded)

@@ -61,6 +61,9 @@ defmodule Observatory.Gateway.Idempotency do
     max_steps: 100_000
   ]
 
+  # An answer up to this size is encoded inside the complete NIF (a few µs at most).
+  @encoded_in_nif_max_bytes 16_384
+
   @typedoc "What `claim/1` hands the first delivery, for `complete/2` or `release/1`."
   # The store travels with the claim, and the step's place in it: `complete/2` does
   # not look either up again.
@@ -168,15 +171,19 @@ defmodule Observatory.Gateway.Idempotency do
   end
 
   @doc """
-  Stores the first delivery's answer: the one every retry of the step gets. The NIF
-  encodes `answer` (external term format) within the call: keep it small — what a
-  retry is answered from, as the ingest's tuple of score, severity and verdicts.
+  Stores the first delivery's answer: the one every retry of the step gets. Any term;
+  the ingest's (a small tuple of score, severity and verdicts) is encoded in the
+  store's NIF call, a larger one by `:erlang.term_to_binary/1` first, which yields, so
+  no NIF call encodes a large term.
   """
   @spec complete(ticket(), term()) :: :ok
   def complete(nil, _answer), do: :ok
 
   def complete({store, slot, seq}, answer) do
-    Native.answered_complete(store, slot, seq, answer)
+    if :erlang.external_size(answer) <= @encoded_in_nif_max_bytes,
+      do: Native.answered_complete(store, slot, seq, answer),
+      else: Native.answered_complete_encoded(store, slot, seq, :erlang.term_to_binary(answer))
+
     :ok
   end
 

@@ -65,12 +65,25 @@ fn answered_claim<'a>(
 
 /// Stores the answer of the claim `slot`, `seq`, in the external term format (encoded
 /// here: no binary made on the caller's heap to be copied once more); false if that
-/// claim is no longer held.
+/// claim is no longer held. The caller sends only small answers this way
+/// (`Idempotency.complete/2`), so the encoding keeps the call short.
 #[rustler::nif]
 fn answered_complete(store: ResourceArc<StepsRef>, slot: u32, seq: u64, answer: Term) -> bool {
     store
         .0
         .complete(Ticket { slot, seq }, answer.to_binary().as_slice())
+}
+
+/// As `answered_complete`, with the answer already encoded (`term_to_binary`, which
+/// yields): a large answer is copied here, never encoded inside a NIF call.
+#[rustler::nif]
+fn answered_complete_encoded(
+    store: ResourceArc<StepsRef>,
+    slot: u32,
+    seq: u64,
+    answer: Binary,
+) -> bool {
+    store.0.complete(Ticket { slot, seq }, answer.as_slice())
 }
 
 #[rustler::nif]

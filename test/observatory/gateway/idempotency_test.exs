@@ -219,6 +219,29 @@ defmodule Observatory.Gateway.IdempotencyTest do
       assert length(EntropyTracker.window(sid)) == 1
     end
 
+    test "a small answer and a large one are each replayed as completed", %{sid: sid} do
+      claim = fn id ->
+        Idempotency.claim(%{
+          session_id: sid,
+          step_id: id,
+          agent_id: "agent-idem",
+          fingerprint: @fingerprint
+        })
+      end
+
+      small = {0.5, :warning, nil, nil}
+      # Past the size the complete NIF encodes itself: encoded by term_to_binary first.
+      large = %{notes: List.duplicate("a line of a long answer", 2_000), score: 0.5}
+      assert :erlang.external_size(large) > 16_384
+
+      {:new, first} = claim.("small")
+      {:new, second} = claim.("large")
+      :ok = Idempotency.complete(first, small)
+      :ok = Idempotency.complete(second, large)
+      assert claim.("small") == {:replay, small}
+      assert claim.("large") == {:replay, large}
+    end
+
     test "a released claim (the step was not scored) is a new step next time", %{sid: sid} do
       step = %{session_id: sid, step_id: "s", agent_id: "agent-idem"}
       {:new, ticket} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
