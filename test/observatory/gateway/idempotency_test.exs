@@ -39,6 +39,16 @@ defmodule Observatory.Gateway.IdempotencyTest do
   # What the agent is told, without the replay mark.
   defp answer({:ok, result}), do: Map.drop(result, [:replayed])
 
+  # A claim of step `step_id` of `sid`, as the parse's fields would make it.
+  defp claim_step(sid, step_id) do
+    Idempotency.claim(%{
+      session_id: sid,
+      step_id: step_id,
+      agent_id: "agent-idem",
+      fingerprint: @fingerprint
+    })
+  end
+
   defp broadcasts(sid, step_id) do
     receive do
       %{event_type: "decision_log", session_id: ^sid, step_id: ^step_id} ->
@@ -220,14 +230,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "a small answer and a large one are each replayed as completed", %{sid: sid} do
-      claim = fn id ->
-        Idempotency.claim(%{
-          session_id: sid,
-          step_id: id,
-          agent_id: "agent-idem",
-          fingerprint: @fingerprint
-        })
-      end
+      claim = &claim_step(sid, &1)
 
       small = {0.5, :warning, nil, nil}
       # Past the size the complete NIF encodes itself: encoded by term_to_binary first.
@@ -260,14 +263,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
       # the next claims (1,024 evictions each), not at once.
       Idempotency.sweep(-1)
 
-      claim = fn id ->
-        Idempotency.claim(%{
-          session_id: sid,
-          step_id: id,
-          agent_id: "agent-idem",
-          fingerprint: @fingerprint
-        })
-      end
+      claim = &claim_step(sid, &1)
 
       {:new, first} = claim.("a")
       {:new, second} = claim.("b")
