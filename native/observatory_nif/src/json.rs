@@ -77,36 +77,14 @@ pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
     match value {
         Value::Null => rustler::types::atom::nil().encode(env),
         Value::Bool(b) => b.encode(env),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => i.encode(env),
-            (None, Some(u)) => u.encode(env),
-            _ => n.as_f64().unwrap_or(0.0).encode(env),
-        },
+        Value::Number(n) => number_to_term(env, n),
         Value::String(s) => binary(env, s.as_bytes()),
-        // Built from the tail, cell by cell: no vector of terms in between.
-        Value::Array(items) => items
-            .iter()
-            .rev()
-            .fold(Term::list_new_empty(env), |list, item| {
-                list.list_prepend(value_to_term(env, item))
-            }),
-        Value::Object(map) if map.len() <= SMALL_OBJECT => {
-            // Most objects are small: their terms go on the stack, not into two vectors.
-            let nil = rustler::types::atom::nil().encode(env);
-            let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
-            for (i, (key, value)) in map.iter().enumerate() {
-                keys[i] = binary(env, key.as_bytes());
-                values[i] = value_to_term(env, value);
-            }
-            let n = map.len();
-            Term::map_from_term_arrays(env, &keys[..n], &values[..n])
-                .expect("JSON object keys are unique")
-        }
-        Value::Object(map) => {
-            let keys: Vec<Term<'a>> = map.keys().map(|k| binary(env, k.as_bytes())).collect();
-            let values: Vec<Term<'a>> = map.values().map(|v| value_to_term(env, v)).collect();
-            Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
-        }
+        Value::Array(items) => list_to_term(env, items.iter().map(|v| value_to_term(env, v))),
+        Value::Object(map) => object_to_term(
+            env,
+            map.len(),
+            map.iter().map(|(k, v)| (k.as_str(), value_to_term(env, v))),
+        ),
     }
 }
 
@@ -116,42 +94,61 @@ pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
     match value {
         Tree::Null => rustler::types::atom::nil().encode(env),
         Tree::Bool(b) => b.encode(env),
-        Tree::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => i.encode(env),
-            (None, Some(u)) => u.encode(env),
-            _ => n.as_f64().unwrap_or(0.0).encode(env),
-        },
+        Tree::Number(n) => number_to_term(env, n),
         Tree::String(s) => binary(env, s.as_bytes()),
-        Tree::Array(items) => items
-            .iter()
-            .rev()
-            .fold(Term::list_new_empty(env), |list, item| {
-                list.list_prepend(tree_to_term(env, item))
-            }),
-        Tree::Object(object) if object.len() <= SMALL_OBJECT => {
-            let nil = rustler::types::atom::nil().encode(env);
-            let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
-            for (i, (key, value)) in object.iter().enumerate() {
-                keys[i] = binary(env, key.as_bytes());
-                values[i] = tree_to_term(env, value);
-            }
-            let n = object.len();
-            Term::map_from_term_arrays(env, &keys[..n], &values[..n])
-                .expect("JSON object keys are unique")
-        }
-        Tree::Object(object) => {
-            let (keys, values): (Vec<Term<'a>>, Vec<Term<'a>>) = object
-                .iter()
-                .map(|(k, v)| (binary(env, k.as_bytes()), tree_to_term(env, v)))
-                .unzip();
-            Term::map_from_term_arrays(env, &keys, &values).expect("JSON object keys are unique")
-        }
+        Tree::Array(items) => list_to_term(env, items.iter().map(|v| tree_to_term(env, v))),
+        Tree::Object(object) => object_to_term(
+            env,
+            object.len(),
+            object.iter().map(|(k, v)| (k, tree_to_term(env, v))),
+        ),
         // Not built by the parse that makes the envelope's term; read here if ever met.
         Tree::Canonical(text) => match Tree::read(text.as_bytes()) {
             Ok(tree) => tree_to_term(env, &tree),
             Err(_) => rustler::types::atom::nil().encode(env),
         },
     }
+}
+
+/// An integer as an integer, any other number as a float.
+fn number_to_term<'a>(env: Env<'a>, n: &serde_json::Number) -> Term<'a> {
+    match (n.as_i64(), n.as_u64()) {
+        (Some(i), _) => i.encode(env),
+        (None, Some(u)) => u.encode(env),
+        _ => n.as_f64().unwrap_or(0.0).encode(env),
+    }
+}
+
+/// A list of the items' terms, built from the tail, cell by cell: no vector of terms
+/// in between.
+fn list_to_term<'a>(env: Env<'a>, items: impl DoubleEndedIterator<Item = Term<'a>>) -> Term<'a> {
+    items.rev().fold(Term::list_new_empty(env), |list, item| {
+        list.list_prepend(item)
+    })
+}
+
+/// A map of an object's `len` members, each key's binary made before its value's term.
+fn object_to_term<'a, 'k>(
+    env: Env<'a>,
+    len: usize,
+    members: impl Iterator<Item = (&'k str, Term<'a>)>,
+) -> Term<'a> {
+    let map = if len <= SMALL_OBJECT {
+        // Most objects are small: their terms go on the stack, not into two vectors.
+        let nil = rustler::types::atom::nil().encode(env);
+        let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
+        for (i, (key, value)) in members.enumerate() {
+            keys[i] = binary(env, key.as_bytes());
+            values[i] = value;
+        }
+        Term::map_from_term_arrays(env, &keys[..len], &values[..len])
+    } else {
+        let (keys, values): (Vec<Term<'a>>, Vec<Term<'a>>) = members
+            .map(|(key, value)| (binary(env, key.as_bytes()), value))
+            .unzip();
+        Term::map_from_term_arrays(env, &keys, &values)
+    };
+    map.expect("JSON object keys are unique")
 }
 
 /// Objects up to this many members are built without allocating (see `value_to_term`).
