@@ -194,14 +194,21 @@ defmodule Observatory.Gateway.EntropyTracker do
     )
   end
 
+  # The event's maps are built only when events go somewhere (a dispatcher).
   defp emit_score({:ok, score, severity} = result, session_id, agent_id) do
-    Observatory.Telemetry.execute([:observatory, :entropy, :score], %{score: score}, %{
-      session_id: session_id,
-      agent_id: agent_id,
-      severity: severity
-    })
+    case Observatory.Telemetry.dispatcher() do
+      nil ->
+        result
 
-    result
+      dispatcher ->
+        dispatcher.execute([:observatory, :entropy, :score], %{score: score}, %{
+          session_id: session_id,
+          agent_id: agent_id,
+          severity: severity
+        })
+
+        result
+    end
   end
 
   defp emit_score(error, _session_id, _agent_id), do: error

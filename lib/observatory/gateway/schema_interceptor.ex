@@ -147,6 +147,32 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     result
   end
 
+  # The monotonic clock in milliseconds, from a native reading: as
+  # `:erlang.convert_time_unit(native, :native, :millisecond)`, rounded down (the clock
+  # may be negative), without its product past 60 bits (a bignum, ~35 ns of its ~70).
+  # The native units per millisecond are fixed while the VM runs: worked out once. A
+  # native unit that is not a whole number of them (no known OS) is converted as before.
+  @clock_key {__MODULE__, :native_per_ms}
+
+  @doc false
+  def native_to_ms(native) do
+    case :persistent_term.get(@clock_key, nil) do
+      per_ms when is_integer(per_ms) -> floor_div(native, per_ms)
+      :inexact -> :erlang.convert_time_unit(native, :native, :millisecond)
+      nil -> native_per_ms() && native_to_ms(native)
+    end
+  end
+
+  defp native_per_ms do
+    per_second = :erlang.convert_time_unit(1, :second, :native)
+    per_ms = if rem(per_second, 1_000) == 0, do: div(per_second, 1_000), else: :inexact
+    :persistent_term.put(@clock_key, per_ms)
+    per_ms
+  end
+
+  defp floor_div(a, b) when a >= 0, do: div(a, b)
+  defp floor_div(a, b), do: div(a - b + 1, b)
+
   # The envelope's term is built in the parse when the caller wants it, or when a
   # host's PubSub server is configured: whether anyone follows "gateway:decision_logs"
   # cannot be known there, so its broadcast always carries the term.
@@ -163,7 +189,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       agent: Keyword.get(opts, :agent, nil),
       tracker: Keyword.get(opts, :tracker, nil),
       envelope?: Keyword.get(opts, :envelope, true),
-      now_ms: started && :erlang.convert_time_unit(started, :native, :millisecond)
+      now_ms: started && native_to_ms(started)
     }
   end
 

@@ -3,6 +3,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
   # step, settings read on every step, broadcasts to whoever subscribes, the session
   # log's byte count (bench/ingest_breakdown.exs measures what it costs).
   use Observatory.TrackerCase, async: false
+  import Bitwise
 
   alias Observatory.Gateway.{Events, HITL, SchemaInterceptor, SessionLog, StepDetector}
   alias Observatory.Storage
@@ -179,6 +180,21 @@ defmodule Observatory.Gateway.IngestHotPathTest do
       {:ok, _} = SchemaInterceptor.ingest(step(sid, 2, "/b"))
       assert_receive {:late, %{event_type: "decision_log", step_id: step_id}}
       assert step_id == "#{sid}-2"
+    end
+  end
+
+  describe "the step's clock in milliseconds, worked out without convert_time_unit/3" do
+    test "is :erlang.convert_time_unit/3's answer, rounded down, negative readings included" do
+      now = :erlang.monotonic_time()
+      per_ms = :erlang.convert_time_unit(1, :millisecond, :native)
+      edges = for base <- [0, now, -now], d <- -2..2, k <- [0, per_ms], do: base + k * d + d
+      random = for _ <- 1..2_000, do: :rand.uniform(1 <<< 62) - (1 <<< 61)
+
+      for t <- edges ++ random do
+        assert SchemaInterceptor.native_to_ms(t) ==
+                 :erlang.convert_time_unit(t, :native, :millisecond),
+               "at #{t}"
+      end
     end
   end
 
