@@ -22,7 +22,8 @@ defmodule Observatory.Telemetry do
       :telemetry.attach("log-alerts", [:observatory, :alert], &MyApp.handle/4, nil)
   """
 
-  @key {__MODULE__, :dispatcher}
+  # An atom: a tuple key costs ~40 ns more a read, and the ingest reads it every step.
+  @key __MODULE__.Dispatcher
 
   @typedoc "A module with `execute/3` (`:telemetry`'s signature), or nil: no events."
   @type dispatcher :: module() | nil

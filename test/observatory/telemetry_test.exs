@@ -141,7 +141,7 @@ defmodule Observatory.TelemetryTest do
 
   # Forget the decision so dispatcher/0 detects again.
   defp previous_default do
-    :persistent_term.erase({Telemetry, :dispatcher})
+    :persistent_term.erase(Telemetry.Dispatcher)
     Telemetry.dispatcher()
   end
 

@@ -152,7 +152,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # may be negative), without its product past 60 bits (a bignum, ~35 ns of its ~70).
   # The native units per millisecond are fixed while the VM runs: worked out once. A
   # native unit that is not a whole number of them (no known OS) is converted as before.
-  @clock_key {__MODULE__, :native_per_ms}
+  @clock_key __MODULE__.NativePerMs
 
   @doc false
   def native_to_ms(native) do

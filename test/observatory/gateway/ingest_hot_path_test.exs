@@ -89,7 +89,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
       :ok = :mnesia.dirty_write({table, sid, :first})
       assert Storage.read(table, sid) == [{table, sid, :first}]
       # The loaded copy's table is remembered, and each read still looks in it.
-      assert :persistent_term.get({Storage, :local_copy, table}) == :ets.whereis(table)
+      assert Storage.remembered_copy(table) == :ets.whereis(table)
       :ok = :mnesia.dirty_write({table, sid, :again})
       assert Storage.read(table, sid) == [{table, sid, :again}]
 
@@ -102,7 +102,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
       assert Storage.read(table, sid) == [] and :mnesia.dirty_read(table, sid) == []
       :ok = :mnesia.dirty_write({table, sid, :second})
       assert Storage.read(table, sid) == [{table, sid, :second}]
-      assert :persistent_term.get({Storage, :local_copy, table}) == :ets.whereis(table)
+      assert Storage.remembered_copy(table) == :ets.whereis(table)
     end
   end
 
