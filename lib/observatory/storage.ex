@@ -231,10 +231,12 @@ defmodule Observatory.Storage do
   # The table remembered as this node's copy of `table`, or nil (for tests).
   def remembered_copy(table), do: Map.get(:persistent_term.get(@copies_key, %{}), table)
 
-  # Two processes remembering or forgetting copies at once may each write the map
-  # without the other's change: a copy left out is asked of Mnesia again at its next
-  # read, and a tid of a deleted table put back raises at its next lookup (a tid is
-  # never reused), which forgets it again.
+  # Each write replaces the map, which makes the VM check every process for the old
+  # one (as erasing a key did): once per table after start, and when a copy is
+  # loaded again. Two processes remembering or forgetting copies at once may each
+  # write the map without the other's change: a copy left out is asked of Mnesia
+  # again at its next read, and a tid of a deleted table put back raises at its next
+  # lookup (a tid is never reused), which forgets it again.
   defp remember_copy(table, tid) do
     copies = :persistent_term.get(@copies_key, %{})
     :persistent_term.put(@copies_key, Map.put(copies, table, tid))
