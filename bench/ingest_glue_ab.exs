@@ -1,7 +1,7 @@
 # The ingest's glue here against another build of it, in one VM: the modules that
 # make the glue are loaded from this build and from the other in turn (their .beam
-# files), and the same pieces and the whole ingest are timed with each, alternated
-# round by round. Both sides share the VM, its tables, its NIF and the machine's
+# files), and the same pieces and the whole ingest are timed with each, one right
+# after the other. Both sides share the VM, its tables, its NIF and the machine's
 # load at that moment, so differences of tens of ns show that two separate runs
 # (each ±1–2 µs on a shared machine) cannot.
 #
@@ -156,23 +156,33 @@ end
 load_avg = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
 IO.puts("1-min load average at the start: #{load_avg}; #{rounds} rounds, each side in turn\n")
 
+# Each measurement is taken with one build, then at once with the other (which goes
+# first alternates), so that a difference is paired with the machine's load of the
+# same few seconds.
+measure = fn key, take ->
+  fn acc, r ->
+    order = if rem(r, 2) == 0, do: builds, else: Enum.reverse(builds)
+
+    for {side, dir} <- order, reduce: acc do
+      acc ->
+        load.(dir)
+        Map.update(acc, {side, key}, [take.()], &[take.() | &1])
+    end
+  end
+end
+
+# Each whole-ingest round once with each build (unmeasured) so both are warm.
+for {_side, dir} <- builds, do: load.(dir) && ingest_ns.()
+
+steps =
+  [
+    measure.(:wall, fn -> elem(ingest_ns.(), 0) end),
+    measure.(:cpu, fn -> elem(ingest_ns.(), 1) end)
+  ] ++ for({label, fun} <- pieces, do: measure.(label, fn -> loop_ns.(fun) end))
+
 samples =
-  for r <- 1..rounds, reduce: %{} do
-    acc ->
-      order = if rem(r, 2) == 0, do: builds, else: Enum.reverse(builds)
-
-      for {side, dir} <- order, reduce: acc do
-        acc ->
-          load.(dir)
-          _warm = ingest_ns.()
-          {wall, cpu} = ingest_ns.()
-          acc = Map.update(acc, {side, :wall}, [wall], &[wall | &1])
-          acc = Map.update(acc, {side, :cpu}, [cpu], &[cpu | &1])
-
-          for {label, fun} <- pieces, reduce: acc do
-            acc -> Map.update(acc, {side, label}, [loop_ns.(fun)], &[loop_ns.(fun) | &1])
-          end
-      end
+  for r <- 1..rounds, step <- steps, reduce: %{} do
+    acc -> step.(acc, r)
   end
 
 median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
