@@ -106,6 +106,31 @@ defmodule Observatory.Gateway.IngestHotPathTest do
     end
   end
 
+  describe "Storage.read/2's remembered copies, every table's under one key" do
+    test "a table's copy forgotten leaves the others' remembered, and each read exact",
+         %{sid: sid} do
+      [a, b] =
+        for name <- [:a, :b] do
+          table = :"hot_path_#{name}_#{System.unique_integer([:positive])}"
+          {:atomic, :ok} = :mnesia.create_table(table, attributes: [:k, :v])
+          on_exit(fn -> :mnesia.delete_table(table) end)
+          :ok = :mnesia.dirty_write({table, sid, name})
+          table
+        end
+
+      assert Storage.read(a, sid) == [{a, sid, :a}]
+      assert Storage.read(b, sid) == [{b, sid, :b}]
+      assert Storage.remembered_copy(a) == :ets.whereis(a)
+      assert Storage.remembered_copy(b) == :ets.whereis(b)
+
+      {:atomic, :ok} = :mnesia.delete_table(a)
+      assert catch_exit(Storage.read(a, sid)) == catch_exit(:mnesia.dirty_read(a, sid))
+      assert Storage.remembered_copy(a) == nil
+      assert Storage.remembered_copy(b) == :ets.whereis(b)
+      assert Storage.read(b, sid) == [{b, sid, :b}]
+    end
+  end
+
   describe "settings are read on every step" do
     test "a changed :step_detection threshold applies to the next step", %{sid: sid} do
       Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 8)
