@@ -43,37 +43,8 @@ end
 
 # The ~600-byte step of bench/ingest_glue_cost.exs: 1,000 sessions, 50 agents, every
 # step a new one.
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
-
-tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
-intents = ~w(search plan execute summarize)
-
-message = fn i ->
-  {s, k} = {rem(i, 1000), div(i, 1000)}
-
-  Observatory.JSON.encode!(%{
-    "meta" => %{
-      "step_id" => "ab#{i}-#{System.unique_integer([:positive])}",
-      "session_id" => "glue-#{s}",
-      "agent_id" => "agent-#{rem(s, 50)}",
-      "parent_step_id" => "step-#{i - 1}",
-      "timestamp" => "2026-02-22T10:30:00.123Z"
-    },
-    "cognition" => %{
-      "intent" => Enum.at(intents, rem(k + s, 4)),
-      "reasoning_chain" => ["read the failing test", "open the module it names"],
-      "confidence" => 0.8,
-      "entropy_score" => 0.9
-    },
-    "action" => %{
-      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
-      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
-      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
-      "result" => %{"content" => "# #{i}\n" <> String.duplicate(line, 3), "lines" => 4}
-    }
-  })
-end
+Code.require_file("glue_step.exs", __DIR__)
+message = &Observatory.Bench.GlueStep.message(&1, "ab")
 
 for a <- 0..49, do: {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register("agent-#{a}")
 for i <- 0..9_999, do: SchemaInterceptor.ingest(message.(i), envelope: false)

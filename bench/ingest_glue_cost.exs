@@ -10,7 +10,7 @@
 # The ~600-byte step of bench/ingest_breakdown.exs (a reasoning chain, a file read and
 # a few lines of it), 1,000 sessions, 50 registered agents, every step a new one.
 # Only public calls that every version of the ingest has: run the same script on two
-# builds, alternately, to compare them.
+# builds, alternately, to compare them (with bench/glue_step.exs, its step).
 alias Observatory.Gateway.{DecisionLog, Events, HITL, Idempotency, SchemaInterceptor}
 alias Observatory.Gateway.{SessionLog, SessionOwners}
 alias Observatory.{Cluster, KillSwitch, Metrics}
@@ -18,38 +18,8 @@ alias Observatory.{Cluster, KillSwitch, Metrics}
 Logger.configure(level: :error)
 {rounds, n} = if "--quick" in System.argv(), do: {5, 4_000}, else: {11, 10_000}
 
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
-
-tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
-intents = ~w(search plan execute summarize)
-
-# Step i: session rem(i, 1000), its k-th step; a new step id in every call.
-message = fn i ->
-  {s, k} = {rem(i, 1000), div(i, 1000)}
-
-  Observatory.JSON.encode!(%{
-    "meta" => %{
-      "step_id" => "g#{i}-#{System.unique_integer([:positive])}",
-      "session_id" => "glue-#{s}",
-      "agent_id" => "agent-#{rem(s, 50)}",
-      "parent_step_id" => "step-#{i - 1}",
-      "timestamp" => "2026-02-22T10:30:00.123Z"
-    },
-    "cognition" => %{
-      "intent" => Enum.at(intents, rem(k + s, 4)),
-      "reasoning_chain" => ["read the failing test", "open the module it names"],
-      "confidence" => 0.8,
-      "entropy_score" => 0.9
-    },
-    "action" => %{
-      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
-      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
-      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
-      "result" => %{"content" => "# #{i}\n" <> String.duplicate(line, 3), "lines" => 4}
-    }
-  })
-end
+Code.require_file("glue_step.exs", __DIR__)
+message = &Observatory.Bench.GlueStep.message(&1, "g")
 
 for a <- 0..49, do: {:ok, _} = KillSwitch.Agents.fetch_or_register("agent-#{a}")
 # Warm: every session's windows full, the stores at their steady size.
