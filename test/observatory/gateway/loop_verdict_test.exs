@@ -565,6 +565,26 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert poll.(10) == poll.(80)
     end
 
+    test "keys that are not the parse's binary are refused: cut short, an unknown flag, a tuple",
+         %{sid: sid} do
+      keys = packed_keys(@fail)
+      # The flags byte follows the thirteen words and the number count.
+      <<head::binary-size(13 * 8 + 4), _flags, lines::binary>> = keys
+      assert {:ok, %{step_number: 1}} = LoopVerdict.observe(sid, keys, :normal)
+
+      for bad <- [binary_part(keys, 0, byte_size(keys) - 1), head <> <<8>> <> lines, {1, 2}] do
+        log =
+          capture_log(fn ->
+            assert {:error, :internal_error} = LoopVerdict.observe(sid, bad, :normal)
+          end)
+
+        assert log =~ "verdict_observe failed"
+      end
+
+      # Nothing refused was counted as a step.
+      assert {:ok, %{step_number: 2}} = LoopVerdict.observe(sid, keys, :normal)
+    end
+
     test "a restarted verdict's rules apply to the next parse of a process that parsed before" do
       token = fn t -> keys(%{"tool_input" => %{"job_token" => "tok-#{t}"}}) end
       # This process has read (and keeps) the rules in force.
