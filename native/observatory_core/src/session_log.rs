@@ -1,0 +1,726 @@
+//! The most recent envelopes of each session, for inspection (the store behind
+//! `Observatory.Gateway.SessionLog`).
+//!
+//! Each session keeps a ring of its last `ring` envelopes: the `n`-th message goes to
+//! slot `n mod ring`, replacing what was there, so a step's write is one lookup of the
+//! session and one slot overwritten, under one lock. The envelopes are copied in (a
+//! 600-byte text is a short memcpy, done before the lock is taken) and kept with the
+//! step's number, the time it was received and the score to read it with.
+//!
+//! Sessions are threaded, least recently seen first, by a doubly linked list through
+//! the slab that holds them: a step moves its session to the end, and the trim and
+//! the idle sweep take sessions off the front, a bounded number per call, so no call
+//! holds the lock long whatever the number of sessions. The store counts the
+//! envelope bytes it keeps and each put says whether a cap is now exceeded; the owner
+//! then trims. Everything a put, a trim or a sweep replaces or drops is freed after
+//! the lock is released.
+//!
+//! The ring's size and the caps are arguments of each call: they are settings that
+//! may change at run time. When the ring is made smaller, the slots past its end are
+//! freed by the session's next put (and readers, given the size, never look at them);
+//! when it is made larger, new slots are used as numbers reach them — what the ETS
+//! layout this replaces did, so readers see the same steps.
+//!
+//! Keys come from clients: they are hashed with keyed SipHash.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+/// How an envelope is kept: its JSON text (read with [`Score`] as its entropy score),
+/// or an encoded term (an envelope given as a map, or the stub of one too large).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Json,
+    Term,
+}
+
+/// The score a text is read back with: the agent's own (`Agent`), or the gateway's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Score {
+    Agent,
+    Float(f64),
+    Int(i64),
+}
+
+/// An envelope to keep: its bytes, and the size the byte caps count for it (the
+/// text's size; for a term, the size the caller measured).
+#[derive(Debug)]
+pub struct Envelope {
+    pub kind: Kind,
+    pub score: Score,
+    pub data: Box<[u8]>,
+    pub bytes: usize,
+}
+
+/// A kept step, as readers see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Step<'a> {
+    /// The session's message count when it came (1 for its first).
+    pub seq: u64,
+    /// Its number in the session (the loop verdict's, or `seq`).
+    pub number: u64,
+    /// When it was received (Unix ms).
+    pub at_ms: i64,
+    pub kind: Kind,
+    pub score: Score,
+    pub data: &'a [u8],
+}
+
+/// What a put found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Put {
+    /// The session's message count, this one included.
+    pub seq: u64,
+    /// The session was not held before this put: `sessions` is how many are now.
+    pub new_session: bool,
+    pub sessions: usize,
+    /// Envelope bytes kept in all, and whether that is over the `max_bytes` given.
+    pub bytes: u64,
+    pub over_bytes: bool,
+}
+
+/// What a trim or a sweep did: sessions dropped, and whether it is finished (false:
+/// it stopped at the number it was allowed; call again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub sessions: usize,
+    pub done: bool,
+}
+
+const NIL: u32 = u32::MAX;
+
+struct Slot {
+    seq: u64,
+    number: u64,
+    at_ms: i64,
+    envelope: Envelope,
+}
+
+struct Session {
+    key: Box<str>,
+    hash: u64,
+    seq: u64,
+    at_ms: i64,
+    /// Slot `i` holds the message whose `seq mod ring` is `i`; grown as needed.
+    slots: Vec<Option<Slot>>,
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Slab indices, found by the session's hash.
+    index: HashTable<u32>,
+    slab: Vec<Option<Session>>,
+    free: Vec<u32>,
+    /// Least recently seen first.
+    head: u32,
+    tail: u32,
+    sessions: usize,
+    bytes: u64,
+}
+
+/// The log. `Sync`: one lock guards it.
+pub struct SessionLog {
+    inner: Mutex<Inner>,
+    hasher: RandomState,
+}
+
+impl Default for SessionLog {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SessionLog {
+    pub fn new() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                head: NIL,
+                tail: NIL,
+                ..Inner::default()
+            }),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Keeps `envelope` as the session's next message, numbered `number` (its
+    /// `seq` when None), in a ring of `ring` slots (at least 1). `now_ms` is called
+    /// under the lock, so the sessions' order and their times agree.
+    pub fn put(
+        &self,
+        session: &str,
+        envelope: Envelope,
+        number: Option<u64>,
+        ring: usize,
+        max_bytes: u64,
+        now_ms: impl FnOnce() -> i64,
+    ) -> Put {
+        let ring = ring.max(1);
+        let hash = self.hasher.hash_one(session);
+        // Freed after the lock is released.
+        let mut freed: Vec<Slot> = Vec::new();
+        let put = {
+            let mut inner = self.inner.lock();
+            let inner = &mut *inner;
+            let (at, new_session) = inner.find_or_insert(session, hash);
+            inner.touch(at);
+            let now = now_ms();
+            let session = inner.slab[at as usize].as_mut().expect("indexed");
+            session.seq += 1;
+            session.at_ms = now;
+            let seq = session.seq;
+            let mut released = 0u64;
+            if session.slots.len() > ring {
+                for slot in session.slots.drain(ring..).flatten() {
+                    released += slot.envelope.bytes as u64;
+                    freed.push(slot);
+                }
+            }
+            let i = (seq % ring as u64) as usize;
+            if i >= session.slots.len() {
+                session.slots.resize_with(i + 1, || None);
+            }
+            let added = envelope.bytes as u64;
+            let slot = Slot {
+                seq,
+                number: number.unwrap_or(seq),
+                at_ms: now,
+                envelope,
+            };
+            if let Some(old) = session.slots[i].replace(slot) {
+                released += old.envelope.bytes as u64;
+                freed.push(old);
+            }
+            inner.bytes = inner.bytes + added - released;
+            Put {
+                seq,
+                new_session,
+                sessions: inner.sessions,
+                bytes: inner.bytes,
+                over_bytes: inner.bytes > max_bytes,
+            }
+        };
+        drop(freed);
+        put
+    }
+
+    /// The session's kept steps in a ring of `ring` slots, oldest first, given to
+    /// `f` under the lock (so the caller copies out only what it needs).
+    pub fn steps<R>(&self, session: &str, ring: usize, f: impl FnOnce(&[Step<'_>]) -> R) -> R {
+        let hash = self.hasher.hash_one(session);
+        let inner = self.inner.lock();
+        let mut steps: Vec<Step<'_>> = match inner.find(session, hash) {
+            Some(at) => inner.slab[at as usize]
+                .as_ref()
+                .expect("indexed")
+                .slots
+                .iter()
+                .take(ring.max(1))
+                .flatten()
+                .map(Slot::view)
+                .collect(),
+            None => Vec::new(),
+        };
+        steps.sort_unstable_by_key(|step| step.seq);
+        f(&steps)
+    }
+
+    /// The oldest kept step numbered `number`, given to `f` under the lock.
+    pub fn step<R>(
+        &self,
+        session: &str,
+        number: u64,
+        ring: usize,
+        f: impl FnOnce(Option<Step<'_>>) -> R,
+    ) -> R {
+        let hash = self.hasher.hash_one(session);
+        let inner = self.inner.lock();
+        let step = inner.find(session, hash).and_then(|at| {
+            inner.slab[at as usize]
+                .as_ref()
+                .expect("indexed")
+                .slots
+                .iter()
+                .take(ring.max(1))
+                .flatten()
+                .filter(|slot| slot.number == number)
+                .min_by_key(|slot| slot.seq)
+                .map(Slot::view)
+        });
+        f(step)
+    }
+
+    /// The session's message count and when it last sent one (Unix ms).
+    pub fn head(&self, session: &str) -> Option<(u64, i64)> {
+        let hash = self.hasher.hash_one(session);
+        let inner = self.inner.lock();
+        inner.find(session, hash).map(|at| {
+            let session = inner.slab[at as usize].as_ref().expect("indexed");
+            (session.seq, session.at_ms)
+        })
+    }
+
+    /// Sessions held and envelope bytes kept.
+    pub fn stats(&self) -> (usize, u64) {
+        let inner = self.inner.lock();
+        (inner.sessions, inner.bytes)
+    }
+
+    /// Drops the least recently seen sessions until at most `keep_sessions` are held
+    /// and at most `keep_bytes` kept, at most `limit` of them in this call.
+    pub fn trim(&self, keep_sessions: usize, keep_bytes: u64, limit: usize) -> Dropped {
+        self.drop_front(limit, |inner, _| {
+            inner.sessions > keep_sessions || inner.bytes > keep_bytes
+        })
+    }
+
+    /// Drops the sessions last seen before `cutoff_ms`, at most `limit` of them in
+    /// this call.
+    pub fn sweep(&self, cutoff_ms: i64, limit: usize) -> Dropped {
+        self.drop_front(limit, |_, oldest| oldest.at_ms < cutoff_ms)
+    }
+
+    /// Drops the session, if held; true if it was.
+    pub fn remove(&self, session: &str) -> bool {
+        let hash = self.hasher.hash_one(session);
+        let removed = {
+            let mut inner = self.inner.lock();
+            inner.find(session, hash).map(|at| inner.remove(at))
+        };
+        removed.is_some()
+    }
+
+    fn drop_front(
+        &self,
+        limit: usize,
+        mut doomed: impl FnMut(&Inner, &Session) -> bool,
+    ) -> Dropped {
+        let mut dropped: Vec<Session> = Vec::new();
+        let done = {
+            let mut inner = self.inner.lock();
+            loop {
+                let at = inner.head;
+                if at == NIL {
+                    break true;
+                }
+                if !doomed(&inner, inner.slab[at as usize].as_ref().expect("linked")) {
+                    break true;
+                }
+                if dropped.len() == limit {
+                    break false;
+                }
+                dropped.push(inner.remove(at));
+            }
+        };
+        let sessions = dropped.len();
+        drop(dropped);
+        Dropped { sessions, done }
+    }
+}
+
+impl Slot {
+    fn view(&self) -> Step<'_> {
+        Step {
+            seq: self.seq,
+            number: self.number,
+            at_ms: self.at_ms,
+            kind: self.envelope.kind,
+            score: self.envelope.score,
+            data: &self.envelope.data,
+        }
+    }
+}
+
+impl Inner {
+    fn find(&self, key: &str, hash: u64) -> Option<u32> {
+        self.index
+            .find(hash, |&at| {
+                self.slab[at as usize]
+                    .as_ref()
+                    .expect("indexed")
+                    .key
+                    .as_ref()
+                    == key
+            })
+            .copied()
+    }
+
+    /// The session's slab index, inserting it (at the end of the order) if new.
+    fn find_or_insert(&mut self, key: &str, hash: u64) -> (u32, bool) {
+        if let Some(at) = self.find(key, hash) {
+            return (at, false);
+        }
+        let session = Session {
+            key: key.into(),
+            hash,
+            seq: 0,
+            at_ms: 0,
+            slots: Vec::new(),
+            prev: NIL,
+            next: NIL,
+        };
+        let at = match self.free.pop() {
+            Some(at) => {
+                self.slab[at as usize] = Some(session);
+                at
+            }
+            None => {
+                self.slab.push(Some(session));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let slab = &self.slab;
+        self.index.insert_unique(hash, at, |&i| {
+            slab[i as usize].as_ref().expect("indexed").hash
+        });
+        self.link_last(at);
+        self.sessions += 1;
+        (at, true)
+    }
+
+    /// Moves the session to the end of the order (the most recently seen).
+    fn touch(&mut self, at: u32) {
+        if self.tail != at {
+            self.unlink(at);
+            self.link_last(at);
+        }
+    }
+
+    fn remove(&mut self, at: u32) -> Session {
+        self.unlink(at);
+        let session = self.slab[at as usize].take().expect("held");
+        if let Ok(entry) = self.index.find_entry(session.hash, |&i| i == at) {
+            entry.remove();
+        }
+        self.free.push(at);
+        self.sessions -= 1;
+        let bytes: u64 = session
+            .slots
+            .iter()
+            .flatten()
+            .map(|slot| slot.envelope.bytes as u64)
+            .sum();
+        self.bytes -= bytes;
+        session
+    }
+
+    fn session(&mut self, at: u32) -> &mut Session {
+        self.slab[at as usize].as_mut().expect("linked")
+    }
+
+    fn unlink(&mut self, at: u32) {
+        let (prev, next) = {
+            let session = self.session(at);
+            let links = (session.prev, session.next);
+            session.prev = NIL;
+            session.next = NIL;
+            links
+        };
+        match prev {
+            NIL => {
+                if self.head == at {
+                    self.head = next;
+                }
+            }
+            prev => self.session(prev).next = next,
+        }
+        match next {
+            NIL => {
+                if self.tail == at {
+                    self.tail = prev;
+                }
+            }
+            next => self.session(next).prev = prev,
+        }
+    }
+
+    fn link_last(&mut self, at: u32) {
+        let tail = self.tail;
+        {
+            let session = self.session(at);
+            session.prev = tail;
+            session.next = NIL;
+        }
+        match tail {
+            NIL => self.head = at,
+            tail => self.session(tail).next = at,
+        }
+        self.tail = at;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn text(s: &str) -> Envelope {
+        Envelope {
+            kind: Kind::Json,
+            score: Score::Agent,
+            data: s.as_bytes().into(),
+            bytes: s.len(),
+        }
+    }
+
+    fn texts(log: &SessionLog, session: &str, ring: usize) -> Vec<String> {
+        log.steps(session, ring, |steps| {
+            steps
+                .iter()
+                .map(|s| String::from_utf8(s.data.to_vec()).unwrap())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_ring_keeps_the_last_messages_oldest_first_with_their_numbers_and_times() {
+        let log = SessionLog::new();
+        for (i, t) in ["a", "bb", "ccc", "dddd"].iter().enumerate() {
+            let put = log.put("s", text(t), Some(10 + i as u64), 3, u64::MAX, || {
+                100 + i as i64
+            });
+            assert_eq!(put.seq, i as u64 + 1);
+            assert_eq!(put.new_session, i == 0);
+        }
+        assert_eq!(texts(&log, "s", 3), ["bb", "ccc", "dddd"]);
+        assert_eq!(log.stats(), (1, 9));
+        assert_eq!(log.head("s"), Some((4, 103)));
+        assert_eq!(log.head("t"), None);
+        let numbers = log.steps("s", 3, |s| {
+            s.iter().map(|s| (s.number, s.at_ms)).collect::<Vec<_>>()
+        });
+        assert_eq!(numbers, [(11, 101), (12, 102), (13, 103)]);
+        assert_eq!(
+            log.step("s", 12, 3, |s| s.map(|s| s.data.to_vec())),
+            Some(b"ccc".to_vec())
+        );
+        assert!(!log.step("s", 10, 3, |s| s.is_some()));
+        // No number: the session's count.
+        log.put("s", text("e"), None, 3, u64::MAX, || 200);
+        assert_eq!(log.step("s", 5, 3, |s| s.map(|s| s.seq)), Some(5));
+    }
+
+    #[test]
+    fn the_oldest_step_of_a_number_is_the_one_found() {
+        let log = SessionLog::new();
+        log.put("s", text("first"), Some(7), 5, u64::MAX, || 1);
+        log.put("s", text("second"), Some(7), 5, u64::MAX, || 2);
+        assert_eq!(
+            log.step("s", 7, 5, |s| s.map(|s| s.data.to_vec())),
+            Some(b"first".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_ring_resized_keeps_what_the_slots_layout_gives_and_frees_what_falls_off() {
+        let log = SessionLog::new();
+        log.put("s", text("1"), None, 2, u64::MAX, || 0);
+        log.put("s", text("22"), None, 2, u64::MAX, || 0);
+        // Message 3 of a ring of 3 goes to slot 0, which message 2 took.
+        log.put("s", text("333"), None, 3, u64::MAX, || 0);
+        assert_eq!(texts(&log, "s", 3), ["1", "333"]);
+        assert_eq!(log.stats().1, 4);
+        // Shrunk to 1: the next put frees every other slot.
+        log.put("s", text("4444"), None, 1, u64::MAX, || 0);
+        assert_eq!(texts(&log, "s", 1), ["4444"]);
+        assert_eq!(log.stats().1, 4);
+    }
+
+    #[test]
+    fn a_put_over_the_byte_cap_says_so_and_the_trim_drops_the_least_recently_seen() {
+        let log = SessionLog::new();
+        for s in ["a", "b", "c", "d"] {
+            assert!(!log.put(s, text("xxxx"), None, 5, 16, || 0).over_bytes);
+        }
+        // "a" seen again: "b" is now the least recently seen.
+        assert!(log.put("a", text("y"), None, 5, 16, || 0).over_bytes);
+        assert_eq!(
+            log.trim(10, 13, 100),
+            Dropped {
+                sessions: 1,
+                done: true
+            }
+        );
+        assert_eq!(log.head("b"), None);
+        assert_eq!(log.stats(), (3, 13));
+        assert_eq!(
+            log.trim(1, u64::MAX, 1),
+            Dropped {
+                sessions: 1,
+                done: false
+            }
+        );
+        assert_eq!(
+            log.trim(1, u64::MAX, 1),
+            Dropped {
+                sessions: 1,
+                done: true
+            }
+        );
+        assert!(log.head("a").is_some(), "the most recently seen stays");
+        assert_eq!(log.stats(), (1, 5));
+    }
+
+    #[test]
+    fn the_sweep_drops_sessions_idle_since_the_cutoff_in_chunks() {
+        let log = SessionLog::new();
+        for (i, s) in ["a", "b", "c"].iter().enumerate() {
+            log.put(s, text("x"), None, 5, u64::MAX, || i as i64 * 10);
+        }
+        assert_eq!(
+            log.sweep(15, 1),
+            Dropped {
+                sessions: 1,
+                done: false
+            }
+        );
+        assert_eq!(
+            log.sweep(15, 1),
+            Dropped {
+                sessions: 1,
+                done: true
+            }
+        );
+        assert_eq!(
+            log.sweep(15, 1),
+            Dropped {
+                sessions: 0,
+                done: true
+            }
+        );
+        assert_eq!(log.stats(), (1, 1));
+        assert!(log.remove("c"));
+        assert!(!log.remove("c"));
+        assert_eq!(log.stats(), (0, 0));
+        // The slab's slots are reused.
+        log.put("d", text("x"), None, 5, u64::MAX, || 0);
+        assert_eq!(log.stats(), (1, 1));
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Put {
+            session: u8,
+            len: u8,
+            ring: u8,
+        },
+        Trim {
+            keep_sessions: u8,
+            keep_bytes: u16,
+            limit: u8,
+        },
+        Sweep {
+            cutoff: u8,
+            limit: u8,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..6, 0u8..40, 1u8..5).prop_map(|(session, len, ring)| Op::Put { session, len, ring }),
+            1 => (0u8..6, 0u16..300, 0u8..4)
+                .prop_map(|(keep_sessions, keep_bytes, limit)| Op::Trim { keep_sessions, keep_bytes, limit }),
+            1 => (0u8..60, 0u8..4).prop_map(|(cutoff, limit)| Op::Sweep { cutoff, limit }),
+        ]
+    }
+
+    /// A session of the model: its key, message count, last time and slots.
+    type ModelSession = (
+        String,
+        u64,
+        i64,
+        std::collections::BTreeMap<usize, (u64, String)>,
+    );
+
+    /// The model: each session a list of every message (seq, text) it sent and its
+    /// slots as the ETS layout kept them; the order a list of sessions.
+    #[derive(Default)]
+    struct Model {
+        sessions: Vec<ModelSession>,
+    }
+
+    impl Model {
+        fn bytes(&self) -> u64 {
+            self.sessions
+                .iter()
+                .flat_map(|s| s.3.values())
+                .map(|(_, t)| t.len() as u64)
+                .sum()
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_log_behaves_like_a_list_of_rings_with_its_caps(ops in proptest::collection::vec(op(), 1..120)) {
+            let log = SessionLog::new();
+            let mut model = Model::default();
+            let mut clock = 0i64;
+            let max_bytes = 200u64;
+            let mut last_ring = 1usize;
+            for op in ops {
+                match op {
+                    Op::Put { session, len, ring } => {
+                        clock += 1;
+                        let ring = ring as usize;
+                        last_ring = ring;
+                        let key = format!("s{session}");
+                        let t = "x".repeat(len as usize) + &clock.to_string();
+                        let put = log.put(&key, text(&t), None, ring, max_bytes, || clock);
+                        let pos = model.sessions.iter().position(|s| s.0 == key);
+                        let mut entry = match pos {
+                            Some(p) => model.sessions.remove(p),
+                            None => (key.clone(), 0, 0, Default::default()),
+                        };
+                        prop_assert_eq!(put.new_session, pos.is_none());
+                        entry.1 += 1;
+                        entry.2 = clock;
+                        entry.3.retain(|&i, _| i < ring);
+                        entry.3.insert((entry.1 % ring as u64) as usize, (entry.1, t));
+                        prop_assert_eq!(put.seq, entry.1);
+                        model.sessions.push(entry);
+                        prop_assert_eq!(put.bytes, model.bytes());
+                        prop_assert_eq!(put.over_bytes, model.bytes() > max_bytes);
+                        prop_assert_eq!(put.sessions, model.sessions.len());
+                    }
+                    Op::Trim { keep_sessions, keep_bytes, limit } => {
+                        let got = log.trim(keep_sessions as usize, keep_bytes as u64, limit as usize);
+                        let mut n = 0;
+                        while (model.sessions.len() > keep_sessions as usize || model.bytes() > keep_bytes as u64)
+                            && n < limit as usize
+                        {
+                            model.sessions.remove(0);
+                            n += 1;
+                        }
+                        let done = !(model.sessions.len() > keep_sessions as usize || model.bytes() > keep_bytes as u64);
+                        prop_assert_eq!(got, Dropped { sessions: n, done });
+                    }
+                    Op::Sweep { cutoff, limit } => {
+                        let got = log.sweep(cutoff as i64, limit as usize);
+                        let mut n = 0;
+                        while model.sessions.first().is_some_and(|s| s.2 < cutoff as i64) && n < limit as usize {
+                            model.sessions.remove(0);
+                            n += 1;
+                        }
+                        let done = model.sessions.first().is_none_or(|s| s.2 >= cutoff as i64);
+                        prop_assert_eq!(got, Dropped { sessions: n, done });
+                    }
+                }
+                prop_assert_eq!(log.stats(), (model.sessions.len(), model.bytes()));
+                for (key, seq, at, slots) in &model.sessions {
+                    prop_assert_eq!(log.head(key), Some((*seq, *at)));
+                    let mut kept: Vec<(u64, String)> =
+                        slots.iter().filter(|(&i, _)| i < last_ring).map(|(_, v)| v.clone()).collect();
+                    kept.sort();
+                    let got = log.steps(key, last_ring, |steps| {
+                        steps.iter().map(|s| (s.seq, String::from_utf8(s.data.to_vec()).unwrap())).collect::<Vec<_>>()
+                    });
+                    prop_assert_eq!(got, kept);
+                }
+            }
+        }
+    }
+}

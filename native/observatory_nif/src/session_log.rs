@@ -1,0 +1,192 @@
+//! NIFs behind `Observatory.Gateway.SessionLog`: each session's last envelopes.
+//!
+//! Thin wrappers over `observatory_core::session_log::SessionLog`: a put is one call
+//! (find the session, copy the text in, overwrite its oldest slot, count the bytes),
+//! so that a later caller — the scoring NIF — can call the store's `put` itself.
+
+use observatory_core::session_log::{Dropped, Envelope, Kind, Score, SessionLog, Step};
+use rustler::{Binary, Encoder, Env, NifResult, ResourceArc, Term, TermType};
+
+use crate::{atoms, json};
+
+/// The store, owned by the SessionLog process (which creates it again on a restart).
+pub struct SessionLogRef(SessionLog);
+
+#[rustler::resource_impl]
+impl rustler::Resource for SessionLogRef {}
+
+#[rustler::nif]
+fn session_log_new(env: Env<'_>) -> Term<'_> {
+    ResourceArc::new(SessionLogRef(SessionLog::new())).encode(env)
+}
+
+/// Keeps `json` (copied) as the session's next step, to be read with `score` as its
+/// entropy score (nil: the agent's own), in a ring of `caps`' `ring` slots.
+/// `:ok`, `:over_bytes` (the bytes kept are now over `caps`' `max_bytes`) or `{:new_session, sessions}` (the session was new: the caller
+/// checks the sessions cap).
+#[rustler::nif]
+fn session_log_put_json<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    json: Binary<'a>,
+    score: Term<'a>,
+    number: Option<u64>,
+    caps: (usize, u64),
+) -> NifResult<Term<'a>> {
+    let score = match score.get_type() {
+        TermType::Float => Score::Float(score.decode()?),
+        TermType::Integer => Score::Int(score.decode()?),
+        _ if score == atoms::nil().to_term(env) => Score::Agent,
+        _ => return Err(rustler::Error::BadArg),
+    };
+    let envelope = Envelope {
+        kind: Kind::Json,
+        score,
+        data: json.as_slice().into(),
+        bytes: json.len(),
+    };
+    Ok(put(env, &store.0, session, envelope, number, caps))
+}
+
+/// As `session_log_put_json`, for an envelope kept as a term: `etf` its external
+/// format, `bytes` the size the caps count for it.
+#[rustler::nif]
+fn session_log_put_term<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    etf: Binary<'a>,
+    bytes: usize,
+    number: Option<u64>,
+    caps: (usize, u64),
+) -> Term<'a> {
+    let envelope = Envelope {
+        kind: Kind::Term,
+        score: Score::Agent,
+        data: etf.as_slice().into(),
+        bytes,
+    };
+    put(env, &store.0, session, envelope, number, caps)
+}
+
+fn put<'a>(
+    env: Env<'a>,
+    store: &SessionLog,
+    session: &str,
+    envelope: Envelope,
+    number: Option<u64>,
+    (ring, max_bytes): (usize, u64),
+) -> Term<'a> {
+    let put = store.put(session, envelope, number, ring, max_bytes, system_time_ms);
+    if put.over_bytes {
+        atoms::over_bytes().encode(env)
+    } else if put.new_session {
+        (atoms::new_session(), put.sessions).encode(env)
+    } else {
+        atoms::ok().encode(env)
+    }
+}
+
+/// The VM's system time (`System.system_time(:millisecond)`), read in nanoseconds
+/// (the native unit here) so the sum is the VM's own.
+fn system_time_ms() -> i64 {
+    use rustler::sys::{enif_monotonic_time, enif_time_offset, ErlNifTimeUnit};
+    // SAFETY: plain reads of the VM's clocks, callable from any scheduler thread.
+    let ns = unsafe {
+        enif_monotonic_time(ErlNifTimeUnit::ERL_NIF_NSEC)
+            + enif_time_offset(ErlNifTimeUnit::ERL_NIF_NSEC)
+    };
+    ns.div_euclid(1_000_000)
+}
+
+/// `[{number, at, kind, data, score}]`, oldest first, in a ring of `ring` slots.
+#[rustler::nif]
+fn session_log_steps<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    ring: usize,
+) -> Term<'a> {
+    store.0.steps(session, ring, |steps| {
+        steps
+            .iter()
+            .map(|step| step_term(env, step))
+            .collect::<Vec<_>>()
+            .encode(env)
+    })
+}
+
+/// The oldest kept step numbered `number` (as `session_log_steps` gives it), or nil.
+#[rustler::nif]
+fn session_log_step<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    number: u64,
+    ring: usize,
+) -> Term<'a> {
+    store.0.step(session, number, ring, |step| match step {
+        Some(step) => step_term(env, &step),
+        None => atoms::nil().encode(env),
+    })
+}
+
+fn step_term<'a>(env: Env<'a>, step: &Step<'_>) -> Term<'a> {
+    let kind = match step.kind {
+        Kind::Json => atoms::json(),
+        Kind::Term => atoms::term(),
+    };
+    let score = match step.score {
+        Score::Agent => atoms::nil().encode(env),
+        Score::Float(f) => f.encode(env),
+        Score::Int(i) => i.encode(env),
+    };
+    (
+        step.number,
+        step.at_ms,
+        kind,
+        json::binary(env, step.data),
+        score,
+    )
+        .encode(env)
+}
+
+/// `{count, last_at}` of the session, or nil.
+#[rustler::nif]
+fn session_log_head(store: ResourceArc<SessionLogRef>, session: &str) -> Option<(u64, i64)> {
+    store.0.head(session)
+}
+
+/// `{sessions, bytes}`.
+#[rustler::nif]
+fn session_log_stats(store: ResourceArc<SessionLogRef>) -> (usize, u64) {
+    store.0.stats()
+}
+
+/// Drops least recently seen sessions until at most `keep_sessions` and `keep_bytes`
+/// remain, at most `limit` in this call: `{dropped, done}`.
+#[rustler::nif]
+fn session_log_trim(
+    store: ResourceArc<SessionLogRef>,
+    keep_sessions: usize,
+    keep_bytes: u64,
+    limit: usize,
+) -> (usize, bool) {
+    dropped(store.0.trim(keep_sessions, keep_bytes, limit))
+}
+
+/// Drops sessions last seen before `cutoff_ms`, at most `limit` in this call:
+/// `{dropped, done}`.
+#[rustler::nif]
+fn session_log_sweep(
+    store: ResourceArc<SessionLogRef>,
+    cutoff_ms: i64,
+    limit: usize,
+) -> (usize, bool) {
+    dropped(store.0.sweep(cutoff_ms, limit))
+}
+
+fn dropped(dropped: Dropped) -> (usize, bool) {
+    (dropped.sessions, dropped.done)
+}
