@@ -86,10 +86,10 @@ defmodule Observatory.Native do
   def session_log_head(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
   def session_log_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
 
-  def session_log_trim(_store, _keep_sessions, _keep_bytes, _limit),
+  def session_log_trim(_store, _keep_sessions, _keep_bytes, _budget),
     do: :erlang.nif_error(:nif_not_loaded)
 
-  def session_log_sweep(_store, _cutoff_ms, _limit), do: :erlang.nif_error(:nif_not_loaded)
+  def session_log_sweep(_store, _cutoff_ms, _budget), do: :erlang.nif_error(:nif_not_loaded)
 
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
 

@@ -3,9 +3,13 @@ defmodule Observatory.Gateway.SessionLog do
   The most recent accepted DecisionLogs of each session, for inspection.
 
   Each session keeps its last `:session_log_size` envelopes (default 20) in a ring
-  of ETS slots: a writer takes the next sequence number with an atomic
-  `:ets.update_counter/4` and overwrites the oldest slot, so concurrent writers never
-  lose each other's messages and no process is in the write path.
+  held by a Rust store (`observatory_core::session_log`, a NIF resource this process
+  owns): a write is one NIF call in the caller's process that finds the session,
+  takes its next message number, copies the envelope into the store and overwrites
+  the oldest slot under one lock, so concurrent writers never lose each other's
+  messages and no process is in the write path. The `n`-th message of a session goes
+  to slot `n` modulo the ring's size; a ring made smaller frees its slots past the
+  end on the session's next message.
 
   Each envelope is kept with its **step number** — the number the loop verdict gave
   the step (its `evidence` names steps by it), or the log's own count when there was
@@ -14,8 +18,8 @@ defmodule Observatory.Gateway.SessionLog do
   entropy window use (`steps/1`).
 
   The ingest stores each step as the JSON text it arrived as, with the gateway's
-  entropy score beside it (`put_json/4`): no term is copied into the table, and a
-  reader gets the envelope decoded, the score in `cognition.entropy_score` — what
+  entropy score beside it (`put_json/4`): the text is copied into the store (no term
+  is built), and a reader gets the envelope decoded, the score in `cognition.entropy_score` — what
   `put/3` of the ingest's envelope would have kept, except that the size cap below
   is measured on the text.
 
@@ -29,10 +33,16 @@ defmodule Observatory.Gateway.SessionLog do
   | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` (`n` that size) plus its `meta` when small |
   | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
 
-  A writer that takes the log over a cap asks this process to trim, and it drops
-  the least recently seen sessions down to 90 % of the cap, so memory stays within
-  about the caps however fast new sessions come. Sessions idle for
-  `:entropy_session_ttl_ms` are swept as before.
+  The settings are read on every message (a changed one applies to the next), the
+  sessions cap when a session arrives. A writer that takes the log over a cap asks
+  this process to trim, and it drops the least recently seen sessions down to 90 %
+  of the cap, so memory stays within about the caps however fast new sessions come.
+  Sessions idle for `:entropy_session_ttl_ms` are swept. Both take sessions off the
+  front of the store's least-recently-seen order, a bounded number per NIF call, so
+  no call holds the store long however many sessions go; what goes is freed.
+
+  The log is for inspection, not safety state: a crash of this process restarts it
+  with an empty log.
   """
 
   use GenServer
@@ -42,9 +52,11 @@ defmodule Observatory.Gateway.SessionLog do
   alias Observatory.Gateway.{DecisionLog, IdleSweep}
 
   @small_meta_bytes 1_024
-  # Sessions one trim or sweep call drops at most: each call holds the store's lock
-  # and frees what it drops (a session's ring, ~20 frees) well under a millisecond.
-  @chunk 256
+  # What one trim or sweep call may drop: each session costs 1 plus the envelopes it
+  # held, so a call frees at most ~2,000 allocations and holds the store's lock a
+  # fraction of a millisecond (~0.3 ms measured for 16 KB envelopes;
+  # bench/session_log_cost.exs) whatever the sessions and the ring's size.
+  @budget 2_048
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
 
@@ -194,13 +206,17 @@ defmodule Observatory.Gateway.SessionLog do
     {stub, :erlang.external_size(stub)}
   end
 
-  defp size, do: Application.get_env(:observatory, :session_log_size, 20)
-  defp max_sessions, do: Application.get_env(:observatory, :session_log_max_sessions, 100_000)
+  # `:application.get_env/3`: the ETS read `Application.get_env/3` makes, one call
+  # closer (these are read on every message).
+  defp size, do: :application.get_env(:observatory, :session_log_size, 20)
+
+  defp max_sessions,
+    do: :application.get_env(:observatory, :session_log_max_sessions, 100_000)
 
   defp max_envelope_bytes,
-    do: Application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
+    do: :application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
 
-  defp max_bytes, do: Application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
+  defp max_bytes, do: :application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
 
   defp store, do: NativeStores.get(__MODULE__)
 
@@ -217,7 +233,7 @@ defmodule Observatory.Gateway.SessionLog do
   @impl true
   def handle_info(:sweep, state) do
     cutoff = System.system_time(:millisecond) - IdleSweep.ttl_ms()
-    in_chunks(fn -> Native.session_log_sweep(store(), cutoff, @chunk) end)
+    in_chunks(fn -> Native.session_log_sweep(store(), cutoff, @budget) end)
     IdleSweep.schedule()
     {:noreply, state}
   end
@@ -239,7 +255,7 @@ defmodule Observatory.Gateway.SessionLog do
     keep_bytes = div(max_bytes() * 9, 10)
 
     dropped =
-      in_chunks(fn -> Native.session_log_trim(store(), keep_sessions, keep_bytes, @chunk) end)
+      in_chunks(fn -> Native.session_log_trim(store(), keep_sessions, keep_bytes, @budget) end)
 
     Logger.warning(
       "session log over its caps (#{sessions} sessions, #{bytes} bytes): " <>
@@ -247,7 +263,7 @@ defmodule Observatory.Gateway.SessionLog do
     )
   end
 
-  # Calls `drop` (a trim or a sweep of at most @chunk sessions) until it is done;
+  # Calls `drop` (a trim or a sweep within @budget) until it is done;
   # the sessions dropped in all.
   defp in_chunks(drop, dropped \\ 0) do
     case drop.() do

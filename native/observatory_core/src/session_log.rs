@@ -29,6 +29,8 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use crate::keyed_store::Key;
+
 /// How an envelope is kept: its JSON text (read with [`Score`] as its entropy score),
 /// or an encoded term (an envelope given as a map, or the stub of one too large).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,21 +102,27 @@ struct Slot {
 }
 
 struct Session {
-    key: Box<str>,
+    /// In the slab entry when short: the lookup compares it without another miss.
+    key: Key,
     hash: u64,
     seq: u64,
     at_ms: i64,
     /// Slot `i` holds the message whose `seq mod ring` is `i`; grown as needed.
     slots: Vec<Option<Slot>>,
-    prev: u32,
-    next: u32,
 }
+
+/// A session's neighbours in the order, `[prev, next]`, kept apart from the slab in
+/// a dense array: moving a session to the end touches its neighbours' links, and
+/// those are more often in the caches here than in their sessions' entries.
+type Links = [u32; 2];
 
 #[derive(Default)]
 struct Inner {
     /// Slab indices, found by the session's hash.
     index: HashTable<u32>,
     slab: Vec<Option<Session>>,
+    /// Indexed as the slab.
+    links: Vec<Links>,
     free: Vec<u32>,
     /// Least recently seen first.
     head: u32,
@@ -161,9 +169,10 @@ impl SessionLog {
     ) -> Put {
         let ring = ring.max(1);
         let hash = self.hasher.hash_one(session);
-        // Freed after the lock is released.
-        let mut freed: Vec<Slot> = Vec::new();
-        let put = {
+        // Freed after the lock is released: the slot this put replaces, and the slots
+        // past the ring's end when it was made smaller (rare: only then a Vec).
+        let mut cut: Vec<Slot> = Vec::new();
+        let (put, replaced) = {
             let mut inner = self.inner.lock();
             let inner = &mut *inner;
             let (at, new_session) = inner.find_or_insert(session, hash);
@@ -175,10 +184,8 @@ impl SessionLog {
             let seq = session.seq;
             let mut released = 0u64;
             if session.slots.len() > ring {
-                for slot in session.slots.drain(ring..).flatten() {
-                    released += slot.envelope.bytes as u64;
-                    freed.push(slot);
-                }
+                cut.extend(session.slots.drain(ring..).flatten());
+                released += cut.iter().map(|s| s.envelope.bytes as u64).sum::<u64>();
             }
             let i = (seq % ring as u64) as usize;
             if i >= session.slots.len() {
@@ -191,20 +198,19 @@ impl SessionLog {
                 at_ms: now,
                 envelope,
             };
-            if let Some(old) = session.slots[i].replace(slot) {
-                released += old.envelope.bytes as u64;
-                freed.push(old);
-            }
+            let replaced = session.slots[i].replace(slot);
+            released += replaced.as_ref().map_or(0, |old| old.envelope.bytes as u64);
             inner.bytes = inner.bytes + added - released;
-            Put {
+            let put = Put {
                 seq,
                 new_session,
                 sessions: inner.sessions,
                 bytes: inner.bytes,
                 over_bytes: inner.bytes > max_bytes,
-            }
+            };
+            (put, replaced)
         };
-        drop(freed);
+        drop((replaced, cut));
         put
     }
 
@@ -271,17 +277,19 @@ impl SessionLog {
     }
 
     /// Drops the least recently seen sessions until at most `keep_sessions` are held
-    /// and at most `keep_bytes` kept, at most `limit` of them in this call.
-    pub fn trim(&self, keep_sessions: usize, keep_bytes: u64, limit: usize) -> Dropped {
-        self.drop_front(limit, |inner, _| {
+    /// and at most `keep_bytes` kept, within `budget` (see [`Self::sweep`]).
+    pub fn trim(&self, keep_sessions: usize, keep_bytes: u64, budget: usize) -> Dropped {
+        self.drop_front(budget, |inner, _| {
             inner.sessions > keep_sessions || inner.bytes > keep_bytes
         })
     }
 
-    /// Drops the sessions last seen before `cutoff_ms`, at most `limit` of them in
-    /// this call.
-    pub fn sweep(&self, cutoff_ms: i64, limit: usize) -> Dropped {
-        self.drop_front(limit, |_, oldest| oldest.at_ms < cutoff_ms)
+    /// Drops the sessions last seen before `cutoff_ms`, oldest first, within
+    /// `budget`: each session dropped costs 1 plus the envelopes it held (what
+    /// freeing it costs), and the call stops once the budget is spent — so its time
+    /// is bounded whatever the sessions and the ring's size.
+    pub fn sweep(&self, cutoff_ms: i64, budget: usize) -> Dropped {
+        self.drop_front(budget, |_, oldest| oldest.at_ms < cutoff_ms)
     }
 
     /// Drops the session, if held; true if it was.
@@ -296,10 +304,11 @@ impl SessionLog {
 
     fn drop_front(
         &self,
-        limit: usize,
+        budget: usize,
         mut doomed: impl FnMut(&Inner, &Session) -> bool,
     ) -> Dropped {
         let mut dropped: Vec<Session> = Vec::new();
+        let mut spent = 0;
         let done = {
             let mut inner = self.inner.lock();
             loop {
@@ -310,10 +319,12 @@ impl SessionLog {
                 if !doomed(&inner, inner.slab[at as usize].as_ref().expect("linked")) {
                     break true;
                 }
-                if dropped.len() == limit {
+                if spent >= budget {
                     break false;
                 }
-                dropped.push(inner.remove(at));
+                let session = inner.remove(at);
+                spent += 1 + session.slots.iter().flatten().count();
+                dropped.push(session);
             }
         };
         let sessions = dropped.len();
@@ -343,8 +354,8 @@ impl Inner {
                     .as_ref()
                     .expect("indexed")
                     .key
-                    .as_ref()
-                    == key
+                    .as_bytes()
+                    == key.as_bytes()
             })
             .copied()
     }
@@ -355,13 +366,11 @@ impl Inner {
             return (at, false);
         }
         let session = Session {
-            key: key.into(),
+            key: Key::new(key),
             hash,
             seq: 0,
             at_ms: 0,
             slots: Vec::new(),
-            prev: NIL,
-            next: NIL,
         };
         let at = match self.free.pop() {
             Some(at) => {
@@ -370,6 +379,7 @@ impl Inner {
             }
             None => {
                 self.slab.push(Some(session));
+                self.links.push([NIL, NIL]);
                 (self.slab.len() - 1) as u32
             }
         };
@@ -408,25 +418,15 @@ impl Inner {
         session
     }
 
-    fn session(&mut self, at: u32) -> &mut Session {
-        self.slab[at as usize].as_mut().expect("linked")
-    }
-
     fn unlink(&mut self, at: u32) {
-        let (prev, next) = {
-            let session = self.session(at);
-            let links = (session.prev, session.next);
-            session.prev = NIL;
-            session.next = NIL;
-            links
-        };
+        let [prev, next] = std::mem::replace(&mut self.links[at as usize], [NIL, NIL]);
         match prev {
             NIL => {
                 if self.head == at {
                     self.head = next;
                 }
             }
-            prev => self.session(prev).next = next,
+            prev => self.links[prev as usize][1] = next,
         }
         match next {
             NIL => {
@@ -434,20 +434,16 @@ impl Inner {
                     self.tail = prev;
                 }
             }
-            next => self.session(next).prev = prev,
+            next => self.links[next as usize][0] = prev,
         }
     }
 
     fn link_last(&mut self, at: u32) {
         let tail = self.tail;
-        {
-            let session = self.session(at);
-            session.prev = tail;
-            session.next = NIL;
-        }
+        self.links[at as usize] = [tail, NIL];
         match tail {
             NIL => self.head = at,
-            tail => self.session(tail).next = at,
+            tail => self.links[tail as usize][1] = at,
         }
         self.tail = at;
     }
@@ -611,20 +607,20 @@ mod tests {
         Trim {
             keep_sessions: u8,
             keep_bytes: u16,
-            limit: u8,
+            budget: u8,
         },
         Sweep {
             cutoff: u8,
-            limit: u8,
+            budget: u8,
         },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             6 => (0u8..6, 0u8..40, 1u8..5).prop_map(|(session, len, ring)| Op::Put { session, len, ring }),
-            1 => (0u8..6, 0u16..300, 0u8..4)
-                .prop_map(|(keep_sessions, keep_bytes, limit)| Op::Trim { keep_sessions, keep_bytes, limit }),
-            1 => (0u8..60, 0u8..4).prop_map(|(cutoff, limit)| Op::Sweep { cutoff, limit }),
+            1 => (0u8..6, 0u16..300, 0u8..12)
+                .prop_map(|(keep_sessions, keep_bytes, budget)| Op::Trim { keep_sessions, keep_bytes, budget }),
+            1 => (0u8..60, 0u8..12).prop_map(|(cutoff, budget)| Op::Sweep { cutoff, budget }),
         ]
     }
 
@@ -686,23 +682,23 @@ mod tests {
                         prop_assert_eq!(put.over_bytes, model.bytes() > max_bytes);
                         prop_assert_eq!(put.sessions, model.sessions.len());
                     }
-                    Op::Trim { keep_sessions, keep_bytes, limit } => {
-                        let got = log.trim(keep_sessions as usize, keep_bytes as u64, limit as usize);
-                        let mut n = 0;
+                    Op::Trim { keep_sessions, keep_bytes, budget } => {
+                        let got = log.trim(keep_sessions as usize, keep_bytes as u64, budget as usize);
+                        let (mut n, mut spent) = (0, 0);
                         while (model.sessions.len() > keep_sessions as usize || model.bytes() > keep_bytes as u64)
-                            && n < limit as usize
+                            && spent < budget as usize
                         {
-                            model.sessions.remove(0);
+                            spent += 1 + model.sessions.remove(0).3.len();
                             n += 1;
                         }
                         let done = !(model.sessions.len() > keep_sessions as usize || model.bytes() > keep_bytes as u64);
                         prop_assert_eq!(got, Dropped { sessions: n, done });
                     }
-                    Op::Sweep { cutoff, limit } => {
-                        let got = log.sweep(cutoff as i64, limit as usize);
-                        let mut n = 0;
-                        while model.sessions.first().is_some_and(|s| s.2 < cutoff as i64) && n < limit as usize {
-                            model.sessions.remove(0);
+                    Op::Sweep { cutoff, budget } => {
+                        let got = log.sweep(cutoff as i64, budget as usize);
+                        let (mut n, mut spent) = (0, 0);
+                        while model.sessions.first().is_some_and(|s| s.2 < cutoff as i64) && spent < budget as usize {
+                            spent += 1 + model.sessions.remove(0).3.len();
                             n += 1;
                         }
                         let done = model.sessions.first().is_none_or(|s| s.2 >= cutoff as i64);
