@@ -48,12 +48,14 @@ pub enum Score {
 }
 
 /// An envelope to keep: its bytes, and the size the byte caps count for it (the
-/// text's size; for a term, the size the caller measured).
+/// text's size; for a term, the size the caller measured). `D` holds the bytes: a
+/// copy (`Box<[u8]>`), or whatever keeps the caller's own bytes alive (the NIF keeps
+/// a large text's Erlang binary rather than copy it).
 #[derive(Debug)]
-pub struct Envelope {
+pub struct Envelope<D = Box<[u8]>> {
     pub kind: Kind,
     pub score: Score,
-    pub data: Box<[u8]>,
+    pub data: D,
     pub bytes: usize,
 }
 
@@ -94,21 +96,21 @@ pub struct Dropped {
 
 const NIL: u32 = u32::MAX;
 
-struct Slot {
+struct Slot<D> {
     seq: u64,
     number: u64,
     at_ms: i64,
-    envelope: Envelope,
+    envelope: Envelope<D>,
 }
 
-struct Session {
+struct Session<D> {
     /// In the slab entry when short: the lookup compares it without another miss.
     key: Key,
     hash: u64,
     seq: u64,
     at_ms: i64,
     /// Slot `i` holds the message whose `seq mod ring` is `i`; grown as needed.
-    slots: Vec<Option<Slot>>,
+    slots: Vec<Option<Slot<D>>>,
 }
 
 /// A session's neighbours in the order, `[prev, next]`, kept apart from the slab in
@@ -116,11 +118,10 @@ struct Session {
 /// those are more often in the caches here than in their sessions' entries.
 type Links = [u32; 2];
 
-#[derive(Default)]
-struct Inner {
+struct Inner<D> {
     /// Slab indices, found by the session's hash.
     index: HashTable<u32>,
-    slab: Vec<Option<Session>>,
+    slab: Vec<Option<Session<D>>>,
     /// Indexed as the slab.
     links: Vec<Links>,
     free: Vec<u32>,
@@ -131,25 +132,30 @@ struct Inner {
     bytes: u64,
 }
 
-/// The log. `Sync`: one lock guards it.
-pub struct SessionLog {
-    inner: Mutex<Inner>,
+/// The log. `Sync` when `D: Send`: one lock guards it.
+pub struct SessionLog<D = Box<[u8]>> {
+    inner: Mutex<Inner<D>>,
     hasher: RandomState,
 }
 
-impl Default for SessionLog {
+impl<D: AsRef<[u8]>> Default for SessionLog<D> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl SessionLog {
+impl<D: AsRef<[u8]>> SessionLog<D> {
     pub fn new() -> Self {
         Self {
             inner: Mutex::new(Inner {
+                index: HashTable::new(),
+                slab: Vec::new(),
+                links: Vec::new(),
+                free: Vec::new(),
                 head: NIL,
                 tail: NIL,
-                ..Inner::default()
+                sessions: 0,
+                bytes: 0,
             }),
             hasher: RandomState::new(),
         }
@@ -161,7 +167,7 @@ impl SessionLog {
     pub fn put(
         &self,
         session: &str,
-        envelope: Envelope,
+        envelope: Envelope<D>,
         number: Option<u64>,
         ring: usize,
         max_bytes: u64,
@@ -171,7 +177,7 @@ impl SessionLog {
         let hash = self.hasher.hash_one(session);
         // Freed after the lock is released: the slot this put replaces, and the slots
         // past the ring's end when it was made smaller (rare: only then a Vec).
-        let mut cut: Vec<Slot> = Vec::new();
+        let mut cut: Vec<Slot<D>> = Vec::new();
         let (put, replaced) = {
             let mut inner = self.inner.lock();
             let inner = &mut *inner;
@@ -305,9 +311,9 @@ impl SessionLog {
     fn drop_front(
         &self,
         budget: usize,
-        mut doomed: impl FnMut(&Inner, &Session) -> bool,
+        mut doomed: impl FnMut(&Inner<D>, &Session<D>) -> bool,
     ) -> Dropped {
-        let mut dropped: Vec<Session> = Vec::new();
+        let mut dropped: Vec<Session<D>> = Vec::new();
         let mut spent = 0;
         let done = {
             let mut inner = self.inner.lock();
@@ -333,7 +339,7 @@ impl SessionLog {
     }
 }
 
-impl Slot {
+impl<D: AsRef<[u8]>> Slot<D> {
     fn view(&self) -> Step<'_> {
         Step {
             seq: self.seq,
@@ -341,12 +347,12 @@ impl Slot {
             at_ms: self.at_ms,
             kind: self.envelope.kind,
             score: self.envelope.score,
-            data: &self.envelope.data,
+            data: self.envelope.data.as_ref(),
         }
     }
 }
 
-impl Inner {
+impl<D> Inner<D> {
     fn find(&self, key: &str, hash: u64) -> Option<u32> {
         self.index
             .find(hash, |&at| {
@@ -400,7 +406,7 @@ impl Inner {
         }
     }
 
-    fn remove(&mut self, at: u32) -> Session {
+    fn remove(&mut self, at: u32) -> Session<D> {
         self.unlink(at);
         let session = self.slab[at as usize].take().expect("held");
         if let Ok(entry) = self.index.find_entry(session.hash, |&i| i == at) {

@@ -256,4 +256,31 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert_raise ArgumentError, fn -> SessionLog.put_json(sid, json, :high, 4) end
     end
   end
+
+  describe "texts of 1 KiB or more are held as the binary they are" do
+    test "a long text reads back after the process that wrote it has gone, and a part of a larger one too" do
+      sid = unique_session("held")
+
+      long = fn n ->
+        ~s({"meta":{"session_id":"#{sid}"},"n":#{n},"pad":"#{String.duplicate("p", 2_000)}"})
+      end
+
+      before = SessionLog.stats().bytes
+
+      # Written by a process that ends: the log holds the binary, not the writer.
+      task = Task.async(fn -> SessionLog.put_json(sid, long.(1), nil, 1) end)
+      :ok = Task.await(task)
+      :erlang.garbage_collect()
+
+      # A line of a larger body, as an NDJSON batch gives it.
+      body = long.(2) <> "\n" <> String.duplicate("x", 100_000)
+      SessionLog.put_json(sid, binary_part(body, 0, byte_size(long.(2))), 0.5, 2)
+
+      assert [%{"n" => 1, "pad" => pad}, %{"n" => 2, "cognition" => %{"entropy_score" => 0.5}}] =
+               SessionLog.recent(sid)
+
+      assert byte_size(pad) == 2_000
+      assert SessionLog.stats().bytes - before == byte_size(long.(1)) + byte_size(long.(2))
+    end
+  end
 end
