@@ -262,7 +262,7 @@ defmodule Observatory.Gateway.SessionLogTest do
       sid = unique_session("held")
 
       long = fn n ->
-        ~s({"meta":{"session_id":"#{sid}"},"n":#{n},"pad":"#{String.duplicate("p", 2_000)}"})
+        ~s({"meta":{"session_id":"#{sid}"},"cognition":{},"n":#{n},"pad":"#{String.duplicate("p", 2_000)}"})
       end
 
       before = SessionLog.stats().bytes
