@@ -53,9 +53,9 @@ defmodule Observatory.Gateway.SessionLog do
 
   @small_meta_bytes 1_024
   # What one trim or sweep call may drop: each session costs 1 plus the envelopes it
-  # held, so a call frees at most ~2,000 allocations and holds the store's lock a
-  # fraction of a millisecond (~0.3 ms measured for 16 KB envelopes;
-  # bench/session_log_cost.exs) whatever the sessions and the ring's size.
+  # held, so a call frees at most ~2,000 envelopes whatever the sessions and the
+  # ring's size. The calls run on a dirty scheduler (freeing megabytes may return
+  # memory to the OS) and hold the store's lock only while unlinking what they drop.
   @budget 2_048
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)
