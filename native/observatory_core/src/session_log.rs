@@ -3,9 +3,10 @@
 //!
 //! Each session keeps a ring of its last `ring` envelopes: the `n`-th message goes to
 //! slot `n mod ring`, replacing what was there, so a step's write is one lookup of the
-//! session and one slot overwritten, under one lock. The envelopes are copied in (a
-//! 600-byte text is a short memcpy, done before the lock is taken) and kept with the
-//! step's number, the time it was received and the score to read it with.
+//! session and one slot overwritten, under one lock. An envelope's bytes come in
+//! ready (a copy made before the lock is taken, or whatever holds the caller's own
+//! bytes: the store is generic over it) and are kept with the step's number, the
+//! time it was received and the score to read it with.
 //!
 //! Sessions are threaded, least recently seen first, by a doubly linked list through
 //! the slab that holds them: a step moves its session to the end, and the trim and
