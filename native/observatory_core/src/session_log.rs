@@ -3,15 +3,16 @@
 //!
 //! Each session keeps a ring of its last `ring` envelopes: the `n`-th message goes to
 //! slot `n mod ring`, replacing what was there, so a step's write is one lookup of the
-//! session and one slot overwritten, under one lock. An envelope's bytes come in
+//! session and one slot overwritten, under its shard's lock. An envelope's bytes come in
 //! ready (a copy made before the lock is taken, or whatever holds the caller's own
 //! bytes: the store is generic over it) and are kept with the step's number, the
 //! time it was received and the score to read it with.
 //!
-//! Sessions are threaded, least recently seen first, by a doubly linked list through
+//! Sessions are sharded (64 locks: writers of different sessions rarely meet) and,
+//! in each shard, threaded least recently seen first by a doubly linked list through
 //! the slab that holds them: a step moves its session to the end, and the trim and
-//! the idle sweep take sessions off the front, a bounded number per call, so no call
-//! holds the lock long whatever the number of sessions. The store counts the
+//! the idle sweep take sessions off the front, within a budget per call, so no call
+//! holds a lock long whatever the number of sessions. The store counts the
 //! envelope bytes it keeps and each put says whether a cap is now exceeded; the owner
 //! then trims. Everything a put, a trim or a sweep replaces or drops is freed after
 //! the lock is released.
@@ -26,6 +27,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -79,7 +81,8 @@ pub struct Step<'a> {
 pub struct Put {
     /// The session's message count, this one included.
     pub seq: u64,
-    /// The session was not held before this put: `sessions` is how many are now.
+    /// The session was not held before this put: `sessions` is how many are now
+    /// (0 when it was held: not read).
     pub new_session: bool,
     pub sessions: usize,
     /// Envelope bytes kept in all, and whether that is over the `max_bytes` given.
@@ -110,6 +113,8 @@ struct Session<D> {
     hash: u64,
     seq: u64,
     at_ms: i64,
+    /// The log-wide number of its latest put: the order of the sessions.
+    order: u64,
     /// Slot `i` holds the message whose `seq mod ring` is `i`; grown as needed.
     slots: Vec<Option<Slot<D>>>,
 }
@@ -119,6 +124,8 @@ struct Session<D> {
 /// those are more often in the caches here than in their sessions' entries.
 type Links = [u32; 2];
 
+/// One shard: the sessions whose hash falls in it, in a slab found by an index, and
+/// threaded least recently seen first.
 struct Inner<D> {
     /// Slab indices, found by the session's hash.
     index: HashTable<u32>,
@@ -129,14 +136,24 @@ struct Inner<D> {
     /// Least recently seen first.
     head: u32,
     tail: u32,
-    sessions: usize,
-    bytes: u64,
 }
 
-/// The log. `Sync` when `D: Send`: one lock guards it.
+/// Shards, each its own lock: concurrent writers of different sessions rarely meet.
+const SHARDS: usize = 64;
+
+/// The log. `Sync` when `D: Send`.
+///
+/// Sessions are sharded by a keyed hash of their id; the totals the caps are checked
+/// against (sessions, bytes) are atomics. Each put stamps its session with a number
+/// from one counter, taken under the shard's lock, so each shard's list is in that
+/// order and the trim, which holds every shard's lock, drops the least recently seen
+/// sessions of the whole log first.
 pub struct SessionLog<D = Box<[u8]>> {
-    inner: Mutex<Inner<D>>,
+    shards: Box<[Mutex<Inner<D>>]>,
     hasher: RandomState,
+    order: AtomicU64,
+    sessions: AtomicUsize,
+    bytes: AtomicU64,
 }
 
 impl<D: AsRef<[u8]>> Default for SessionLog<D> {
@@ -148,23 +165,33 @@ impl<D: AsRef<[u8]>> Default for SessionLog<D> {
 impl<D: AsRef<[u8]>> SessionLog<D> {
     pub fn new() -> Self {
         Self {
-            inner: Mutex::new(Inner {
-                index: HashTable::new(),
-                slab: Vec::new(),
-                links: Vec::new(),
-                free: Vec::new(),
-                head: NIL,
-                tail: NIL,
-                sessions: 0,
-                bytes: 0,
-            }),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Inner {
+                        index: HashTable::new(),
+                        slab: Vec::new(),
+                        links: Vec::new(),
+                        free: Vec::new(),
+                        head: NIL,
+                        tail: NIL,
+                    })
+                })
+                .collect(),
             hasher: RandomState::new(),
+            order: AtomicU64::new(0),
+            sessions: AtomicUsize::new(0),
+            bytes: AtomicU64::new(0),
         }
+    }
+
+    /// The shard of a hash: bits the index's buckets and tags do not use first.
+    fn shard(&self, hash: u64) -> &Mutex<Inner<D>> {
+        &self.shards[(hash >> 40) as usize % SHARDS]
     }
 
     /// Keeps `envelope` as the session's next message, numbered `number` (its
     /// `seq` when None), in a ring of `ring` slots (at least 1). `now_ms` is called
-    /// under the lock, so the sessions' order and their times agree.
+    /// under the shard's lock, so the sessions' order and their times agree.
     pub fn put(
         &self,
         session: &str,
@@ -180,14 +207,16 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         // past the ring's end when it was made smaller (rare: only then a Vec).
         let mut cut: Vec<Slot<D>> = Vec::new();
         let (put, replaced) = {
-            let mut inner = self.inner.lock();
+            let mut inner = self.shard(hash).lock();
             let inner = &mut *inner;
             let (at, new_session) = inner.find_or_insert(session, hash);
             inner.touch(at);
+            let order = self.order.fetch_add(1, Ordering::Relaxed);
             let now = now_ms();
             let session = inner.slab[at as usize].as_mut().expect("indexed");
             session.seq += 1;
             session.at_ms = now;
+            session.order = order;
             let seq = session.seq;
             let mut released = 0u64;
             if session.slots.len() > ring {
@@ -207,13 +236,23 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
             };
             let replaced = session.slots[i].replace(slot);
             released += replaced.as_ref().map_or(0, |old| old.envelope.bytes as u64);
-            inner.bytes = inner.bytes + added - released;
+            // Wrapping: a put that frees more than it adds lowers the total.
+            let delta = added.wrapping_sub(released);
+            let bytes = self
+                .bytes
+                .fetch_add(delta, Ordering::Relaxed)
+                .wrapping_add(delta);
+            let sessions = if new_session {
+                self.sessions.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                0
+            };
             let put = Put {
                 seq,
                 new_session,
-                sessions: inner.sessions,
-                bytes: inner.bytes,
-                over_bytes: inner.bytes > max_bytes,
+                sessions,
+                bytes,
+                over_bytes: bytes > max_bytes,
             };
             (put, replaced)
         };
@@ -222,10 +261,10 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
     }
 
     /// The session's kept steps in a ring of `ring` slots, oldest first, given to
-    /// `f` under the lock (so the caller copies out only what it needs).
+    /// `f` under its shard's lock (so the caller copies out only what it needs).
     pub fn steps<R>(&self, session: &str, ring: usize, f: impl FnOnce(&[Step<'_>]) -> R) -> R {
         let hash = self.hasher.hash_one(session);
-        let inner = self.inner.lock();
+        let inner = self.shard(hash).lock();
         let mut steps: Vec<Step<'_>> = match inner.find(session, hash) {
             Some(at) => inner.slab[at as usize]
                 .as_ref()
@@ -242,7 +281,7 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         f(&steps)
     }
 
-    /// The oldest kept step numbered `number`, given to `f` under the lock.
+    /// The oldest kept step numbered `number`, given to `f` under its shard's lock.
     pub fn step<R>(
         &self,
         session: &str,
@@ -251,7 +290,7 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         f: impl FnOnce(Option<Step<'_>>) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(session);
-        let inner = self.inner.lock();
+        let inner = self.shard(hash).lock();
         let step = inner.find(session, hash).and_then(|at| {
             inner.slab[at as usize]
                 .as_ref()
@@ -270,7 +309,7 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
     /// The session's message count and when it last sent one (Unix ms).
     pub fn head(&self, session: &str) -> Option<(u64, i64)> {
         let hash = self.hasher.hash_one(session);
-        let inner = self.inner.lock();
+        let inner = self.shard(hash).lock();
         inner.find(session, hash).map(|at| {
             let session = inner.slab[at as usize].as_ref().expect("indexed");
             (session.seq, session.at_ms)
@@ -279,57 +318,38 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
 
     /// Sessions held and envelope bytes kept.
     pub fn stats(&self) -> (usize, u64) {
-        let inner = self.inner.lock();
-        (inner.sessions, inner.bytes)
+        (
+            self.sessions.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Drops the least recently seen sessions until at most `keep_sessions` are held
-    /// and at most `keep_bytes` kept, within `budget` (see [`Self::sweep`]).
+    /// and at most `keep_bytes` kept, within `budget` (see [`Self::sweep`]). Holds
+    /// every shard's lock while it unlinks them (the budget bounds how long).
     pub fn trim(&self, keep_sessions: usize, keep_bytes: u64, budget: usize) -> Dropped {
-        self.drop_front(budget, |inner, _| {
-            inner.sessions > keep_sessions || inner.bytes > keep_bytes
-        })
-    }
-
-    /// Drops the sessions last seen before `cutoff_ms`, oldest first, within
-    /// `budget`: each session dropped costs 1 plus the envelopes it held (what
-    /// freeing it costs), and the call stops once the budget is spent — so its time
-    /// is bounded whatever the sessions and the ring's size.
-    pub fn sweep(&self, cutoff_ms: i64, budget: usize) -> Dropped {
-        self.drop_front(budget, |_, oldest| oldest.at_ms < cutoff_ms)
-    }
-
-    /// Drops the session, if held; true if it was.
-    pub fn remove(&self, session: &str) -> bool {
-        let hash = self.hasher.hash_one(session);
-        let removed = {
-            let mut inner = self.inner.lock();
-            inner.find(session, hash).map(|at| inner.remove(at))
-        };
-        removed.is_some()
-    }
-
-    fn drop_front(
-        &self,
-        budget: usize,
-        mut doomed: impl FnMut(&Inner<D>, &Session<D>) -> bool,
-    ) -> Dropped {
         let mut dropped: Vec<Session<D>> = Vec::new();
         let mut spent = 0;
         let done = {
-            let mut inner = self.inner.lock();
+            let mut shards: Vec<_> = self.shards.iter().map(|shard| shard.lock()).collect();
             loop {
-                let at = inner.head;
-                if at == NIL {
+                let (sessions, bytes) = self.stats();
+                if sessions <= keep_sessions && bytes <= keep_bytes {
                     break true;
                 }
-                if !doomed(&inner, inner.slab[at as usize].as_ref().expect("linked")) {
-                    break true;
-                }
+                // The shard whose least recently seen session is the oldest.
+                let oldest = shards
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, inner)| inner.head != NIL)
+                    .min_by_key(|(_, inner)| inner.session_at(inner.head).order)
+                    .map(|(i, _)| i);
+                let Some(i) = oldest else { break true };
                 if spent >= budget {
                     break false;
                 }
-                let session = inner.remove(at);
+                let head = shards[i].head;
+                let session = self.remove_at(&mut shards[i], head);
                 spent += 1 + session.slots.iter().flatten().count();
                 dropped.push(session);
             }
@@ -337,6 +357,62 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         let sessions = dropped.len();
         drop(dropped);
         Dropped { sessions, done }
+    }
+
+    /// Drops the sessions last seen before `cutoff_ms`, oldest first in each shard,
+    /// within `budget`: each session dropped costs 1 plus the envelopes it held
+    /// (what freeing it costs), and the call stops once the budget is spent — so its
+    /// time is bounded whatever the sessions and the ring's size.
+    pub fn sweep(&self, cutoff_ms: i64, budget: usize) -> Dropped {
+        let mut dropped: Vec<Session<D>> = Vec::new();
+        let mut spent = 0;
+        let mut done = true;
+        for shard in self.shards.iter() {
+            let mut inner = shard.lock();
+            while inner.head != NIL && inner.session_at(inner.head).at_ms < cutoff_ms {
+                if spent >= budget {
+                    done = false;
+                    break;
+                }
+                let head = inner.head;
+                let session = self.remove_at(&mut inner, head);
+                spent += 1 + session.slots.iter().flatten().count();
+                dropped.push(session);
+            }
+            drop(inner);
+            if !done {
+                break;
+            }
+        }
+        let sessions = dropped.len();
+        drop(dropped);
+        Dropped { sessions, done }
+    }
+
+    /// Drops the session, if held; true if it was.
+    pub fn remove(&self, session: &str) -> bool {
+        let hash = self.hasher.hash_one(session);
+        let removed = {
+            let mut inner = self.shard(hash).lock();
+            inner
+                .find(session, hash)
+                .map(|at| self.remove_at(&mut inner, at))
+        };
+        removed.is_some()
+    }
+
+    /// Unlinks the session from its shard and takes it off the totals.
+    fn remove_at(&self, inner: &mut Inner<D>, at: u32) -> Session<D> {
+        let session = inner.remove(at);
+        let bytes: u64 = session
+            .slots
+            .iter()
+            .flatten()
+            .map(|slot| slot.envelope.bytes as u64)
+            .sum();
+        self.sessions.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        session
     }
 }
 
@@ -377,6 +453,7 @@ impl<D> Inner<D> {
             hash,
             seq: 0,
             at_ms: 0,
+            order: 0,
             slots: Vec::new(),
         };
         let at = match self.free.pop() {
@@ -395,7 +472,6 @@ impl<D> Inner<D> {
             slab[i as usize].as_ref().expect("indexed").hash
         });
         self.link_last(at);
-        self.sessions += 1;
         (at, true)
     }
 
@@ -414,15 +490,11 @@ impl<D> Inner<D> {
             entry.remove();
         }
         self.free.push(at);
-        self.sessions -= 1;
-        let bytes: u64 = session
-            .slots
-            .iter()
-            .flatten()
-            .map(|slot| slot.envelope.bytes as u64)
-            .sum();
-        self.bytes -= bytes;
         session
+    }
+
+    fn session_at(&self, at: u32) -> &Session<D> {
+        self.slab[at as usize].as_ref().expect("linked")
     }
 
     fn unlink(&mut self, at: u32) {
@@ -687,7 +759,9 @@ mod tests {
                         model.sessions.push(entry);
                         prop_assert_eq!(put.bytes, model.bytes());
                         prop_assert_eq!(put.over_bytes, model.bytes() > max_bytes);
-                        prop_assert_eq!(put.sessions, model.sessions.len());
+                        if put.new_session {
+                            prop_assert_eq!(put.sessions, model.sessions.len());
+                        }
                     }
                     Op::Trim { keep_sessions, keep_bytes, budget } => {
                         let got = log.trim(keep_sessions as usize, keep_bytes as u64, budget as usize);
@@ -703,13 +777,20 @@ mod tests {
                     }
                     Op::Sweep { cutoff, budget } => {
                         let got = log.sweep(cutoff as i64, budget as usize);
-                        let (mut n, mut spent) = (0, 0);
-                        while model.sessions.first().is_some_and(|s| s.2 < cutoff as i64) && spent < budget as usize {
-                            spent += 1 + model.sessions.remove(0).3.len();
-                            n += 1;
+                        // Shard by shard: which idle sessions a call within its budget
+                        // drops depends on the shards; each dropped one was idle, the
+                        // budget was spent if any idle one is left, and none is once done.
+                        let (gone, kept): (Vec<_>, Vec<_>) =
+                            model.sessions.drain(..).partition(|s| log.head(&s.0).is_none());
+                        model.sessions = kept;
+                        prop_assert!(gone.iter().all(|s| s.2 < cutoff as i64));
+                        prop_assert_eq!(got.sessions, gone.len());
+                        let spent: usize = gone.iter().map(|s| 1 + s.3.len()).sum();
+                        let idle_left = model.sessions.iter().any(|s| s.2 < cutoff as i64);
+                        prop_assert_eq!(got.done, !idle_left);
+                        if idle_left {
+                            prop_assert!(spent >= budget as usize);
                         }
-                        let done = model.sessions.first().is_none_or(|s| s.2 >= cutoff as i64);
-                        prop_assert_eq!(got, Dropped { sessions: n, done });
                     }
                 }
                 prop_assert_eq!(log.stats(), (model.sessions.len(), model.bytes()));
