@@ -6,7 +6,8 @@ defmodule Observatory.Gateway.SessionLog do
   held by a Rust store (`observatory_core::session_log`, a NIF resource this process
   owns): a write is one NIF call in the caller's process that finds the session,
   takes its next message number, copies the envelope into the store and overwrites
-  the oldest slot under one lock, so concurrent writers never lose each other's
+  the oldest slot under the lock of the session's shard (64 shards), so concurrent
+  writers never lose each other's
   messages and no process is in the write path. The `n`-th message of a session goes
   to slot `n` modulo the ring's size; a ring made smaller frees its slots past the
   end on the session's next message.
@@ -55,7 +56,7 @@ defmodule Observatory.Gateway.SessionLog do
   # What one trim or sweep call may drop: each session costs 1 plus the envelopes it
   # held, so a call frees at most ~2,000 envelopes whatever the sessions and the
   # ring's size. The calls run on a dirty scheduler (freeing megabytes may return
-  # memory to the OS) and hold the store's lock only while unlinking what they drop.
+  # memory to the OS) and hold the store's locks only while unlinking what they drop.
   @budget 2_048
 
   def start_link(opts \\ []), do: GenServer.start_link(__MODULE__, opts, name: __MODULE__)

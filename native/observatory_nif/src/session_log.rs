@@ -247,7 +247,7 @@ fn session_log_stats(store: ResourceArc<SessionLogRef>) -> (usize, u64) {
 /// remain, within `budget` (a session costs 1 plus its envelopes: the call's time is
 /// bounded): `{dropped, done}`. On a dirty scheduler: freeing many megabytes can
 /// make the allocator hand memory back to the OS, which took 5–25 ms measured
-/// (bench/session_log_cost.exs); the lock is held only while the sessions are
+/// (bench/session_log_cost.exs); the shards' locks are held only while the sessions are
 /// unlinked, within the budget, so writers wait a fraction of a millisecond.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn session_log_trim(
