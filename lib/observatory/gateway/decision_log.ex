@@ -8,9 +8,9 @@ defmodule Observatory.Gateway.DecisionLog do
   `approach` is SHA-256 of `action.tool_call` + canonical `action.tool_input`,
   `outcome` of `action.status` + canonical `action.result` (nil without a result);
   and for the loop verdict, from the same canonical text with per-call ids normalized
-  away (`Observatory.Gateway.LoopVerdict`): `verdict_keys` is
-  `{call_key, outcome_key, has_result, failure}`, two 64-bit integers and two booleans;
-  and for idempotent ingest (`Observatory.Gateway.Idempotency`): `fingerprint`, 16
+  away (`Observatory.Gateway.LoopVerdict`): `verdict_keys`, the call's and the
+  outcome's 64-bit hashes and sketches packed in one binary (`t:LoopVerdict.keys/0`,
+  opaque: read by the verdict's NIF); and for idempotent ingest (`Observatory.Gateway.Idempotency`): `fingerprint`, 16
   bytes that are the same for two deliveries of one step — the envelope's canonical
   JSON without `meta.timestamp` and `cognition.entropy_score`, SHA-256.
 

@@ -151,6 +151,9 @@ defmodule Observatory.Gateway.LoopVerdict do
     normalize_result_numbers: false
   ]
   @defaults @thresholds ++ @normalization ++ [max_sessions: 100_000]
+  # Where the rules' generation is kept (see rules/0).
+  @rules_generation {__MODULE__, :rules_generation}
+
   @rules_text "each suspect threshold must be >= 2 and <= its loop threshold (or :never " <>
                 "for failure_loop, failure_run_loop, revisit_loop), blank_repeat_loop and " <>
                 "blank_near_repeat_loop >= 2, history 2..64, max_period 1..8, near_share 50..100, " <>
@@ -167,17 +170,14 @@ defmodule Observatory.Gateway.LoopVerdict do
           | :same_failure
           | :entropy
   @typedoc """
-  What the DecisionLog parse computes for the verdict: `{call, outcome, gist, skeleton,
-  sketches, flags, {tool, shape, exact, wording}}` (64-bit hashes; the result's line and
-  number sketches and the hash of its opening line; flag bits: has a result, failed,
-  blank; the tool's hash, the input's word-pair set, the result's hash before
-  normalization and the input's words without their digits).
+  What the DecisionLog parse computes for the verdict, packed in one binary: the
+  call's and the outcome's 64-bit hashes and their other views (the tool's, the
+  input's word-pair set and its words without digits, the result's before
+  normalization, its gist, skeleton and opening line), the result's line and number
+  sketches, and whether it has a result, failed, is blank.
   Opaque: pass it from `DecisionLog.parse/1` to `observe/4`.
   """
-  @type keys ::
-          {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer(), binary(),
-           non_neg_integer(),
-           {non_neg_integer(), non_neg_integer(), non_neg_integer(), non_neg_integer()}}
+  @type keys :: binary()
   @type verdict :: %{
           verdict: level(),
           previous: level() | nil,
@@ -323,7 +323,31 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   @doc false
   # The normalization rules the DecisionLog parse hashes with (nil: the defaults).
-  def rules, do: NativeStores.get({__MODULE__, :rules}, nil)
+  # Each process keeps the rules it read last, with the generation they were put
+  # under: a step pays a `:persistent_term` read of an integer and a process
+  # dictionary read (~0.05 µs) where the table's lookup, copying the rules' reference
+  # out and counting it in and out, cost ~0.2 µs. Only the integer is a persistent
+  # term: the rules themselves are not (see NativeStores for why). The rules are put
+  # in the table before their generation, so a process that reads a new generation
+  # finds the new rules.
+  def rules do
+    generation = :persistent_term.get(@rules_generation, 0)
+
+    case Process.get(@rules_generation) do
+      {^generation, rules} ->
+        rules
+
+      _ ->
+        rules = NativeStores.get({__MODULE__, :rules}, nil)
+        Process.put(@rules_generation, {generation, rules})
+        rules
+    end
+  end
+
+  defp put_rules do
+    NativeStores.put({__MODULE__, :rules}, build_rules())
+    :persistent_term.put(@rules_generation, :erlang.unique_integer([:positive, :monotonic]))
+  end
 
   @doc """
   Rebuilds the normalization rules from the current configuration. Steps hashed
@@ -462,7 +486,7 @@ defmodule Observatory.Gateway.LoopVerdict do
     end
 
     shards = max |> div(1024) |> max(1) |> min(64)
-    NativeStores.put({__MODULE__, :rules}, build_rules())
+    put_rules()
     store = Native.verdict_store_new(shards, max)
     NativeStores.put({__MODULE__, :store}, store)
     Observatory.Gateway.StepScore.publish(:verdict, store)
@@ -472,7 +496,7 @@ defmodule Observatory.Gateway.LoopVerdict do
 
   @impl true
   def handle_call(:reload_rules, _from, state) do
-    NativeStores.put({__MODULE__, :rules}, build_rules())
+    put_rules()
     {:reply, :ok, state}
   end
 

@@ -415,7 +415,83 @@ impl StepKeys {
             opening: if has_result { outcome } else { 0 },
         }
     }
+
+    /// The keys as one binary, as the DecisionLog parse hands them to Elixir and the
+    /// scoring NIF reads them back ([`from_bytes`](Self::from_bytes)): one term where a
+    /// tuple of eight 64-bit integers (most of them bignums on the heap), a nested tuple
+    /// and a sketch binary cost ~0.2 µs a step to build. Little-endian: `call`,
+    /// `outcome`, `gist`, `skeleton`, `tool`, `shape`, `exact`, `wording`, `opening`,
+    /// the number sketch's four words and its count, the flags (has a result 1, failed
+    /// 2, blank 4), then the line sketch. Never stored nor compared as bytes: it lives
+    /// from a step's parse to its scoring.
+    pub fn to_bytes(&self) -> [u8; KEYS_BYTES] {
+        let mut out = [0u8; KEYS_BYTES];
+        let words = [
+            self.call,
+            self.outcome,
+            self.gist,
+            self.skeleton,
+            self.tool,
+            self.shape,
+            self.exact,
+            self.wording,
+            self.opening,
+            self.numbers.bits[0],
+            self.numbers.bits[1],
+            self.numbers.bits[2],
+            self.numbers.bits[3],
+        ];
+        for (i, word) in words.iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        out[KEY_WORDS * 8..KEY_WORDS * 8 + 4].copy_from_slice(&self.numbers.count.to_le_bytes());
+        out[KEY_WORDS * 8 + 4] =
+            u8::from(self.has_result) | u8::from(self.failure) << 1 | u8::from(self.blank) << 2;
+        out[KEY_WORDS * 8 + 5..].copy_from_slice(&self.lines.to_bytes());
+        out
+    }
+
+    /// The keys from [`to_bytes`](Self::to_bytes)' form; `None` for another length or
+    /// an unknown flag.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != KEYS_BYTES || bytes[KEY_WORDS * 8 + 4] > 7 {
+            return None;
+        }
+        let word =
+            |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let flags = bytes[KEY_WORDS * 8 + 4];
+        Some(Self {
+            call: word(0),
+            outcome: word(1),
+            gist: word(2),
+            skeleton: word(3),
+            tool: word(4),
+            shape: word(5),
+            exact: word(6),
+            wording: word(7),
+            opening: word(8),
+            numbers: NumberSketch {
+                bits: [word(9), word(10), word(11), word(12)],
+                count: u32::from_le_bytes(
+                    bytes[KEY_WORDS * 8..KEY_WORDS * 8 + 4]
+                        .try_into()
+                        .unwrap_or_default(),
+                ),
+            },
+            has_result: flags & 1 != 0,
+            failure: flags & 2 != 0,
+            blank: flags & 4 != 0,
+            lines: LineSketch::from_bytes(&bytes[KEY_WORDS * 8 + 5..])?,
+        })
+    }
 }
+
+/// The 64-bit words of [`StepKeys::to_bytes`]: eight hashes, the opening's, the number
+/// sketch's four.
+const KEY_WORDS: usize = 13;
+/// Bytes of [`StepKeys::to_bytes`]: the words, the number count (4), the flags (1) and
+/// the line sketch.
+pub const KEYS_BYTES: usize = KEY_WORDS * 8 + 4 + 1 + shape::SKETCH_BITS / 8;
 
 /// The entropy tracker's view of the same step, for rule (d).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1374,5 +1450,63 @@ mod packing_tests {
         let mut bad = packed;
         bad[36..40].copy_from_slice(&2u32.to_le_bytes());
         assert_eq!(Config::unpack(&bad), None);
+    }
+
+    /// Keys whose every field differs from every other's, and each flag on its own.
+    fn distinct_keys(seed: u64, flags: u8) -> StepKeys {
+        let h = |i: u64| keys::hash64(&i.to_le_bytes(), seed);
+        let mut lines = LineSketch::default();
+        for (i, word) in lines.0.iter_mut().enumerate() {
+            *word = h(100 + i as u64);
+        }
+        StepKeys {
+            call: h(1),
+            tool: h(2),
+            shape: h(3),
+            wording: h(4),
+            outcome: h(5),
+            exact: h(6),
+            gist: h(7),
+            skeleton: h(8),
+            lines,
+            has_result: flags & 1 != 0,
+            failure: flags & 2 != 0,
+            blank: flags & 4 != 0,
+            numbers: NumberSketch {
+                bits: [h(9), h(10), h(11), h(12)],
+                count: h(13) as u32,
+            },
+            opening: h(14),
+        }
+    }
+
+    #[test]
+    fn packed_keys_read_back_the_same() {
+        for seed in 0..64 {
+            for flags in 0..8 {
+                let keys = distinct_keys(seed, flags);
+                assert_eq!(StepKeys::from_bytes(&keys.to_bytes()), Some(keys));
+            }
+        }
+        for keys in [
+            StepKeys::exact(u64::MAX, 0, true, true),
+            StepKeys::exact(0, u64::MAX, false, false),
+        ] {
+            assert_eq!(StepKeys::from_bytes(&keys.to_bytes()), Some(keys));
+        }
+    }
+
+    #[test]
+    fn packed_keys_that_are_not_keys_are_refused() {
+        let packed = distinct_keys(1, 3).to_bytes();
+        assert_eq!(StepKeys::from_bytes(&packed[..KEYS_BYTES - 1]), None);
+        assert_eq!(
+            StepKeys::from_bytes(&[packed.as_slice(), &[0]].concat()),
+            None
+        );
+        assert_eq!(StepKeys::from_bytes(&[]), None);
+        let mut bad = packed;
+        bad[KEY_WORDS * 8 + 4] = 8;
+        assert_eq!(StepKeys::from_bytes(&bad), None);
     }
 }

@@ -2,23 +2,26 @@
 
 use observatory_core::decision_log::{self, Fields, Parts, StepHashes, Violation, ACTION_STATUSES};
 use observatory_core::loop_verdict::keys::Normalization;
-use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+use rustler::{Binary, Encoder, Env, Term};
 
 use crate::atoms;
 use crate::json::{binary, tree_to_term};
 use crate::loop_verdict::VerdictRules;
 
 /// `{:ok, envelope, {step_id, session_id, agent_id, intent, tool_call, status_code},
-/// {approach_digest, outcome_digest | nil, body_fingerprint}, {call_key, outcome_key,
-/// has_result, failure}}` or `{:error, [{path, reason}]}`. The verdict keys are normalized with
-/// `rules` (nil: the defaults). `envelope` is the decoded envelope's term when
-/// `with_envelope`, else nil: building it is about a third of the call at 600 bytes,
-/// and a caller that keeps the JSON text decodes it only when something reads it.
+/// {approach_digest, outcome_digest | nil, body_fingerprint}, verdict_keys}` or
+/// `{:error, [{path, reason}]}`, `verdict_keys` one binary
+/// ([`StepKeys::to_bytes`](observatory_core::loop_verdict::StepKeys::to_bytes)). The
+/// verdict keys are normalized with `rules` (nil: the defaults). `envelope` is the
+/// decoded envelope's term when `with_envelope`, else nil: building it is about a third
+/// of the call at 600 bytes, and a caller that keeps the JSON text decodes it only when
+/// something reads it. The rules are borrowed for the call (the argument holds them
+/// alive), not counted in and out.
 #[rustler::nif]
 fn decision_log_parse<'a>(
     env: Env<'a>,
     body: Binary<'a>,
-    rules: Option<ResourceArc<VerdictRules>>,
+    rules: Option<&'a VerdictRules>,
     with_envelope: bool,
 ) -> Term<'a> {
     parse(env, body, rules, with_envelope)
@@ -29,7 +32,7 @@ fn decision_log_parse<'a>(
 fn decision_log_parse_dirty<'a>(
     env: Env<'a>,
     body: Binary<'a>,
-    rules: Option<ResourceArc<VerdictRules>>,
+    rules: Option<&'a VerdictRules>,
     with_envelope: bool,
 ) -> Term<'a> {
     parse(env, body, rules, with_envelope)
@@ -44,7 +47,7 @@ fn action_statuses() -> Vec<&'static str> {
 fn parse<'a>(
     env: Env<'a>,
     body: Binary<'a>,
-    rules: Option<ResourceArc<VerdictRules>>,
+    rules: Option<&'a VerdictRules>,
     with_envelope: bool,
 ) -> Term<'a> {
     // Without the envelope's term, the input and result are only hashed: their trees
@@ -67,9 +70,7 @@ fn parse<'a>(
             tool_call,
             status,
         }) => {
-            let rules = rules
-                .as_ref()
-                .map_or(Normalization::shared_default(), |r| &r.0);
+            let rules = rules.map_or(Normalization::shared_default(), |r| &r.0);
             let hashes = decision_log::hashes_with(&value, canonical, rules);
             let fingerprint = decision_log::fingerprint_of(&value, &hashes);
             let StepHashes {

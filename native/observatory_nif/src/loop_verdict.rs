@@ -3,7 +3,6 @@
 
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::loop_verdict::keys::Normalization;
-use observatory_core::loop_verdict::shape::{LineSketch, NumberSketch, SKETCH_BITS};
 use observatory_core::loop_verdict::{
     Config, EntropySignal, Level, Reason, Rule, StepKeys, Verdict, VerdictState,
 };
@@ -41,85 +40,15 @@ pub(crate) type ConfigTuple = (
     ((u32, u32, u32, u32), (u32, u32), (usize, u32, u32)),
 );
 
-/// A step's keys as Elixir carries them: `{call, outcome, gist, skeleton, sketches,
-/// flags, {tool, shape, exact, wording}}`, `sketches` the line and number sketches (see
-/// [`sketches_to_bytes`]), `flags` has_result (1), failure (2), blank (4).
-pub(crate) type KeysTuple<'a> = (u64, u64, u64, u64, Binary<'a>, u8, (u64, u64, u64, u64));
-
-const HAS_RESULT: u8 = 1;
-const FAILURE: u8 = 2;
-const BLANK: u8 = 4;
-
-/// The keys of a step as the DecisionLog parse returns them (see [`KeysTuple`]).
+/// The keys of a step as the DecisionLog parse returns them: one binary
+/// ([`StepKeys::to_bytes`]), opaque to Elixir.
 pub fn keys_term<'a>(env: Env<'a>, keys: &StepKeys) -> Term<'a> {
-    let flags = [
-        (keys.has_result, HAS_RESULT),
-        (keys.failure, FAILURE),
-        (keys.blank, BLANK),
-    ]
-    .iter()
-    .filter(|(on, _)| *on)
-    .fold(0u8, |acc, (_, bit)| acc | bit);
-    (
-        keys.call,
-        keys.outcome,
-        keys.gist,
-        keys.skeleton,
-        crate::json::binary(env, &sketches_to_bytes(keys)),
-        flags,
-        (keys.tool, keys.shape, keys.exact, keys.wording),
-    )
-        .encode(env)
+    crate::json::binary(env, &keys.to_bytes())
 }
 
-pub(crate) fn keys_from_term(t: KeysTuple<'_>) -> NifResult<StepKeys> {
-    let (call, outcome, gist, skeleton, lines, flags, (tool, shape, exact, wording)) = t;
-    let (lines, numbers, opening) =
-        sketches_from_bytes(lines.as_slice()).ok_or(rustler::Error::BadArg)?;
-    Ok(StepKeys {
-        call,
-        tool,
-        shape,
-        wording,
-        outcome,
-        exact,
-        gist,
-        skeleton,
-        lines,
-        has_result: flags & HAS_RESULT != 0,
-        failure: flags & FAILURE != 0,
-        blank: flags & BLANK != 0,
-        numbers,
-        opening,
-    })
-}
-
-const LINE_BYTES: usize = SKETCH_BITS / 8;
-
-/// The line sketch, the number sketch's 4 words and its count, and the opening line's
-/// hash, little-endian.
-fn sketches_to_bytes(keys: &StepKeys) -> Vec<u8> {
-    let mut out = keys.lines.to_bytes().to_vec();
-    for word in keys.numbers.bits {
-        out.extend_from_slice(&word.to_le_bytes());
-    }
-    out.extend_from_slice(&keys.numbers.count.to_le_bytes());
-    out.extend_from_slice(&keys.opening.to_le_bytes());
-    out
-}
-
-fn sketches_from_bytes(bytes: &[u8]) -> Option<(LineSketch, NumberSketch, u64)> {
-    if bytes.len() != LINE_BYTES + 44 {
-        return None;
-    }
-    let (lines, rest) = bytes.split_at(LINE_BYTES);
-    let word = |i: usize| u64::from_le_bytes(rest[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let numbers = NumberSketch {
-        bits: [word(0), word(1), word(2), word(3)],
-        count: u32::from_le_bytes(rest[32..36].try_into().expect("4 bytes")),
-    };
-    let opening = u64::from_le_bytes(rest[36..44].try_into().expect("8 bytes"));
-    Some((LineSketch::from_bytes(lines)?, numbers, opening))
+/// The keys from the parse's binary; `badarg` for anything else.
+pub(crate) fn keys_from_term(keys: Binary<'_>) -> NifResult<StepKeys> {
+    StepKeys::from_bytes(keys.as_slice()).ok_or(rustler::Error::BadArg)
 }
 
 #[rustler::nif]
@@ -172,7 +101,7 @@ fn verdict_observe<'a>(
     env: Env<'a>,
     store: ResourceArc<VerdictStore>,
     session_id: &str,
-    keys: KeysTuple<'a>,
+    keys: Binary<'a>,
     entropy: Option<(Atom, usize)>,
     config: ConfigTuple,
 ) -> NifResult<Term<'a>> {

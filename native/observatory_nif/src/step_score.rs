@@ -22,7 +22,7 @@ use rustler::{Binary, Encoder, Env, Term};
 use crate::atoms;
 use crate::entropy_tracker::{self, StoreResource};
 use crate::error::reason;
-use crate::loop_verdict::{self, KeysTuple, VerdictStore};
+use crate::loop_verdict::{self, VerdictStore};
 use crate::step_detector::{self, StepStore};
 
 /// The stores, borrowed for the call: the argument term holds them alive until it
@@ -141,7 +141,7 @@ fn verdict_inputs(
     config: Term<'_>,
 ) -> Result<(StepKeys, observatory_core::loop_verdict::Config), rustler::Atom> {
     let keys = keys
-        .decode::<KeysTuple<'_>>()
+        .decode::<Binary<'_>>()
         .ok()
         .and_then(|k| loop_verdict::keys_from_term(k).ok())
         .ok_or_else(atoms::invalid_verdict_keys)?;

@@ -24,7 +24,23 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     })
   end
 
-  defp keys(action), do: elem(DecisionLog.from_map(envelope("sess-keys", action)), 2).verdict_keys
+  defp keys(action), do: unpack(packed_keys(action))
+
+  defp packed_keys(action),
+    do: elem(DecisionLog.from_map(envelope("sess-keys", action)), 2).verdict_keys
+
+  # The keys the parse packs in one binary (opaque to callers: little-endian words as
+  # `StepKeys::to_bytes` writes them), as a tuple the tests read by position:
+  # `{call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact, wording}}`,
+  # `sketches` the line sketch, the number sketch's words and count, the opening's hash.
+  defp unpack(
+         <<call::little-64, outcome::little-64, gist::little-64, skeleton::little-64,
+           tool::little-64, shape::little-64, exact::little-64, wording::little-64,
+           opening::binary-size(8), numbers::binary-size(36), flags, lines::binary-size(128)>>
+       ),
+       do:
+         {call, outcome, gist, skeleton, lines <> numbers <> opening, flags,
+          {tool, shape, exact, wording}}
 
   # The keys but the result word for word (before normalization, so ids stay in it).
   defp normalized_keys(action) do
@@ -469,7 +485,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert elem(file.(1), 0) != elem(file.(2), 0)
     end
 
-    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and wording and the exact result" do
+    test "the keys are four 64-bit hashes, the sketches, flags, the tool, the input's shape and wording and the exact result, packed in one binary" do
+      assert byte_size(packed_keys(@fail)) == 13 * 8 + 4 + 1 + 128
+
       assert {call, outcome, gist, skeleton, sketches, flags, {tool, shape, exact, wording}} =
                keys(@fail)
 
@@ -545,6 +563,43 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       :ok = LoopVerdict.reload_rules()
       assert token.(1) == token.(2)
       assert poll.(10) == poll.(80)
+    end
+
+    test "keys that are not the parse's binary are refused: cut short, an unknown flag, a tuple",
+         %{sid: sid} do
+      keys = packed_keys(@fail)
+      # The flags byte follows the thirteen words and the number count.
+      <<head::binary-size(13 * 8 + 4), _flags, lines::binary>> = keys
+      assert {:ok, %{step_number: 1}} = LoopVerdict.observe(sid, keys, :normal)
+
+      for bad <- [binary_part(keys, 0, byte_size(keys) - 1), head <> <<8>> <> lines, {1, 2}] do
+        log =
+          capture_log(fn ->
+            assert {:error, :internal_error} = LoopVerdict.observe(sid, bad, :normal)
+          end)
+
+        assert log =~ "verdict_observe failed"
+      end
+
+      # Nothing refused was counted as a step.
+      assert {:ok, %{step_number: 2}} = LoopVerdict.observe(sid, keys, :normal)
+    end
+
+    test "a restarted verdict's rules apply to the next parse of a process that parsed before" do
+      token = fn t -> keys(%{"tool_input" => %{"job_token" => "tok-#{t}"}}) end
+      # This process has read (and keeps) the rules in force.
+      assert token.(1) != token.(2)
+
+      put_config(extra_volatile_keys: ["job_token"])
+      pid = Process.whereis(LoopVerdict)
+      ref = Process.monitor(pid)
+      Process.exit(pid, :kill)
+      assert_receive {:DOWN, ^ref, :process, ^pid, :killed}
+      # Its supervisor starts it again; once its init has run, the new rules are in.
+      new = Observatory.Test.Remote.await_new(LoopVerdict, [pid], 2_000)
+      :sys.get_state(new)
+
+      assert token.(1) == token.(2)
     end
 
     test "the default volatile words come from the core" do
