@@ -203,6 +203,16 @@ stages = [
         Idempotency.complete(ticket, kept_answer)
       end}
    end},
+  # The pair's second call alone: the answer stored for a retry (its claim made
+  # before the clock starts). The row above less this one is the claim.
+  {"  of which: complete alone",
+   fn size ->
+     {fn n ->
+        {_e, f, _json} = parsed.(size, n)
+        {:new, ticket} = Idempotency.claim(f)
+        ticket
+      end, &Idempotency.complete(&1, kept_answer)}
+   end},
   # Who owns the session: the cluster's owner node (one :persistent_term read with
   # clustering off) and the agent that owns it (SessionOwners, one ETS lookup).
   {"session ownership (cluster owner, session's agent)",

@@ -6,8 +6,16 @@
 #   MIX_ENV=prod mix run bench/session_log_cost.exs             # ~30 s
 #   MIX_ENV=prod mix run bench/session_log_cost.exs -- --quick
 #
+# Then, where the log is a Rust store (Observatory.Native.session_log_trim/4), how
+# long its trim's and sweep's calls take: 100,000 sessions of two 600-byte steps
+# each, and 768 sessions of twenty 16 KB steps, dropped chunk by chunk (a budget of
+# 2,048 a call, as the SessionLog process calls it), each call timed (wall time:
+# a call preempted by another program counts whole); the longest must stay well
+# under 1 ms.
+#
 # 1,000 sessions. VM CPU time per call (:erlang.statistics(:runtime)), the median of
 # the rounds, as bench/scoring_cost.exs measures.
+import Bitwise
 alias Observatory.Gateway.{DecisionLog, SessionLog}
 
 Logger.configure(level: :error)
@@ -90,3 +98,53 @@ load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
 IO.puts("1-min load average at the start: #{load}; #{n} puts a round, #{rounds} rounds\n")
 IO.puts("| what | CPU ns per step |\n|---|---:|")
 for {label, fun} <- rows, do: IO.puts("| #{label} | #{cpu_ns.(fun)} |")
+
+if function_exported?(Observatory.Native, :session_log_trim, 4) do
+  alias Observatory.Native
+  store = Native.session_log_new()
+  {_, _, json} = elem(envelopes, 0)
+
+  chunk_calls = fn drop ->
+    Stream.repeatedly(fn -> :timer.tc(drop) end)
+    |> Enum.reduce_while([], fn {us, {_, done}}, acc ->
+      if done, do: {:halt, [us | acc]}, else: {:cont, [us | acc]}
+    end)
+    |> Enum.sort()
+  end
+
+  fill = fn sessions, steps, json ->
+    for i <- 1..sessions,
+        _ <- 1..steps,
+        do: Native.session_log_put_json(store, "fill-#{i}", json, 0.5, nil, {20, 1 <<< 40})
+  end
+
+  report = fn label, times ->
+    IO.puts(
+      "| #{label} | #{length(times)} | #{Enum.at(times, div(length(times), 2))} | #{List.last(times)} |"
+    )
+  end
+
+  big = String.duplicate("x", 16_000)
+  IO.puts("\n| dropped, a budget of 2,048 a call | calls | median µs a call | longest µs |")
+  IO.puts("|---|---:|---:|---:|")
+  fill.(100_000, 2, json)
+
+  report.(
+    "trim of 100,000 sessions of 2 steps",
+    chunk_calls.(fn -> Native.session_log_trim(store, 0, 0, 2048) end)
+  )
+
+  fill.(100_000, 2, json)
+
+  report.(
+    "idle sweep of the same",
+    chunk_calls.(fn -> Native.session_log_sweep(store, 1 <<< 60, 2048) end)
+  )
+
+  fill.(768, 20, big)
+
+  report.(
+    "trim of 768 sessions of 20 × 16 KB",
+    chunk_calls.(fn -> Native.session_log_trim(store, 0, 0, 2048) end)
+  )
+end

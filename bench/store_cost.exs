@@ -109,14 +109,6 @@ fill = fn ->
   end
 end
 
-lookup_miss = fn key ->
-  try do
-    :ets.lookup_element(SessionLog.Slots, key, 4)
-  rescue
-    ArgumentError -> 0
-  end
-end
-
 rows = [
   {"idempotency claim + complete, the store not full (no eviction)", forget_all,
    fn r -> steps.("idem-a#{r}") end, claim_complete},
@@ -160,10 +152,8 @@ rows = [
      System.system_time(:millisecond)
      System.unique_integer([:monotonic, :positive])
    end},
-  {"  a slot's size read, the slot unwritten (ArgumentError rescued)", nil,
-   fn r -> for i <- 1..n, do: {"nope-#{r}", i} end, lookup_miss},
-  {"  :ets.info(heads, :size)", nil, fn _ -> List.duplicate(0, n) end,
-   fn _ -> :ets.info(SessionLog.Heads, :size) end}
+  {"  the store's lookup (NativeStores.get/2)", nil, fn _ -> List.duplicate(0, n) end,
+   fn _ -> Observatory.NativeStores.get(SessionLog, nil) end}
 ]
 
 load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()

@@ -70,6 +70,27 @@ defmodule Observatory.Native do
   def answered_agent_len(_store, _agent_id), do: :erlang.nif_error(:nif_not_loaded)
   def answered_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
 
+  def session_log_new, do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_put_json(_store, _session_id, _json, _score, _number, _caps),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_put_term(_store, _session_id, _etf, _bytes, _number, _caps),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_steps(_store, _session_id, _ring), do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_step(_store, _session_id, _number, _ring),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_head(_store, _session_id), do: :erlang.nif_error(:nif_not_loaded)
+  def session_log_stats(_store), do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_trim(_store, _keep_sessions, _keep_bytes, _budget),
+    do: :erlang.nif_error(:nif_not_loaded)
+
+  def session_log_sweep(_store, _cutoff_ms, _budget), do: :erlang.nif_error(:nif_not_loaded)
+
   def step_store_new(_shards, _max_sessions), do: :erlang.nif_error(:nif_not_loaded)
 
   def step_settings_pack(_settings), do: :erlang.nif_error(:nif_not_loaded)

@@ -29,13 +29,13 @@ const INLINE_KEY: usize = 30;
 
 /// A key, in the slot when short (session ids usually are): the lookup that finds the
 /// slot then compares the key without a second cache miss on a separate allocation.
-enum Key {
+pub(crate) enum Key {
     Inline { len: u8, bytes: [u8; INLINE_KEY] },
     Heap(Box<str>),
 }
 
 impl Key {
-    fn new(key: &str) -> Self {
+    pub(crate) fn new(key: &str) -> Self {
         if key.len() <= INLINE_KEY {
             let mut bytes = [0u8; INLINE_KEY];
             bytes[..key.len()].copy_from_slice(key.as_bytes());
@@ -48,7 +48,7 @@ impl Key {
         }
     }
 
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
             Key::Heap(key) => key.as_bytes(),

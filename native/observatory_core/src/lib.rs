@@ -41,6 +41,7 @@ pub mod messages;
 pub mod normalize;
 pub mod replay;
 pub mod responses;
+pub mod session_log;
 pub mod session_store;
 pub mod severity;
 pub mod simhash;

@@ -12,6 +12,7 @@ mod kill_switch;
 mod loop_verdict;
 mod replay;
 mod responses;
+mod session_log;
 mod step_detector;
 mod step_score;
 mod test_support;
@@ -78,6 +79,12 @@ mod atoms {
         // proxied APIs (body edits)
         messages,
         responses,
+        // session log: how a step is kept, what a put found
+        nil,
+        json,
+        term,
+        over_bytes,
+        new_session,
     }
 }
 

@@ -12,6 +12,7 @@ use crate::entropy_tracker::StoreResource;
 use crate::idempotency::StepsRef;
 use crate::kill_switch::WindowStore;
 use crate::loop_verdict::{VerdictRules, VerdictStore};
+use crate::session_log::SessionLogRef;
 use crate::step_detector::{Breaker, StepStore};
 
 /// The ids of the entropy stores alive right now. A leak shows as a count that never
@@ -76,6 +77,7 @@ fn native_resource(term: Term) -> bool {
         || is::<VerdictStore>(term)
         || is::<VerdictRules>(term)
         || is::<StepsRef>(term)
+        || is::<SessionLogRef>(term)
         || is::<WindowStore>(term)
         || is::<DirLock>(term)
 }

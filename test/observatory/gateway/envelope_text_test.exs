@@ -125,15 +125,15 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       body = line <> "\n" <> String.duplicate("x", 100_000)
       part = binary_part(body, 0, byte_size(line))
       assert :binary.referenced_byte_size(part) > 100_000
+      before = SessionLog.stats().bytes
 
       SessionLog.put_json(sid, part, 0.1, 1)
 
-      [{_, _, {:json, stored, 0.1}, bytes, 1, _}] =
-        :ets.lookup(Observatory.Gateway.SessionLog.Slots, {sid, 1})
-
-      assert stored == line
-      assert bytes == byte_size(line)
-      assert :binary.referenced_byte_size(stored) == byte_size(line)
+      # The log copies the text into its own memory: only the line is kept and counted.
+      assert SessionLog.stats().bytes - before == byte_size(line)
+      {:ok, eager, _} = DecisionLog.parse(line)
+      assert [%{number: 1, envelope: read}] = SessionLog.steps(sid)
+      assert read == DecisionLog.with_score(eager, 0.1)
     end
 
     test "a text over :session_log_max_envelope_bytes is kept as a stub that gives the text's size" do

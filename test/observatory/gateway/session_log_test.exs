@@ -146,4 +146,141 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert SessionLog.stats().bytes - before == size * byte_size(json)
     end
   end
+
+  describe "the ring's size cap: a smaller ring frees what falls off it" do
+    test "after :session_log_size shrinks, a session's next step frees its slots past the ring" do
+      sid = unique_session("shrink")
+      text = fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
+      settle()
+      before = SessionLog.stats().bytes
+      held = fn -> SessionLog.stats().bytes - before end
+
+      Application.put_env(:observatory, :session_log_size, 5)
+      for n <- 1..5, do: SessionLog.put_json(sid, text.(n), nil)
+      assert length(SessionLog.steps(sid)) == 5
+
+      # Step 6 of a ring of 2 goes to slot 0 (step 5's); slot 1 keeps step 1; slots
+      # 2..4 (steps 2..4) are outside the ring: no reader sees them, and they are freed.
+      Application.put_env(:observatory, :session_log_size, 2)
+      SessionLog.put_json(sid, text.(6), nil)
+      assert [%{"n" => one}, %{"n" => six}] = SessionLog.recent(sid)
+      assert {byte_size(one), byte_size(six)} == {1, 6}
+      assert held.() == byte_size(text.(1)) + byte_size(text.(6))
+
+      # Grown again, the freed slots stay empty until steps reach them.
+      Application.put_env(:observatory, :session_log_size, 5)
+      assert length(SessionLog.steps(sid)) == 2
+      assert SessionLog.count(sid) == 6
+    end
+  end
+
+  describe "trim and idle sweep run in bounded chunks" do
+    test "a trim of many sessions past :session_log_max_sessions drops them all, chunk by chunk" do
+      settle()
+      Application.put_env(:observatory, :session_log_max_sessions, 100)
+      prefix = unique_session("many")
+
+      capture_log(fn ->
+        for i <- 1..1_000, do: SessionLog.put_json("#{prefix}-#{i}", ~s({"n":#{i}}), nil)
+        settle()
+      end)
+
+      # Each trim goes down to 90 % of the cap: several hundred sessions each time,
+      # more than one call of the store drops.
+      assert SessionLog.stats().sessions <= 100
+      assert SessionLog.count("#{prefix}-1000") == 1
+      assert SessionLog.count("#{prefix}-1") == 0
+    end
+
+    test "the idle sweep drops every session idle past :entropy_session_ttl_ms and frees its bytes" do
+      restore_env_on_exit([:entropy_session_ttl_ms])
+      prefix = unique_session("idle")
+      for i <- 1..600, do: SessionLog.put_json("#{prefix}-#{i}", ~s({"n":#{i}}), nil)
+      assert SessionLog.stats().sessions >= 600
+
+      # A negative idle time puts the cutoff in the future: every session is idle.
+      Application.put_env(:observatory, :entropy_session_ttl_ms, -60_000)
+      send(SessionLog, :sweep)
+      settle()
+
+      assert SessionLog.stats() == %{sessions: 0, bytes: 0}
+      assert SessionLog.count("#{prefix}-600") == 0
+      assert SessionLog.steps("#{prefix}-1") == []
+    end
+
+    test "a session seen within :entropy_session_ttl_ms stays through a sweep" do
+      sid = unique_session("busy")
+      SessionLog.put_json(sid, ~s({"n":1}), nil)
+      send(SessionLog, :sweep)
+      settle()
+      assert SessionLog.count(sid) == 1
+    end
+  end
+
+  describe "a crash of the log's process" do
+    test "restarts it with an empty log that takes steps again" do
+      sid = unique_session("restart")
+      SessionLog.put_json(sid, ~s({"n":1}), nil)
+      assert SessionLog.count(sid) == 1
+
+      old = Process.whereis(SessionLog)
+      {:dictionary, dict} = Process.info(old, :dictionary)
+      [supervisor | _] = dict[:"$ancestors"]
+      ref = Process.monitor(old)
+      Process.exit(old, :kill)
+      assert_receive {:DOWN, ^ref, :process, ^old, :killed}
+      # The supervisor has handled the exit (and restarted the log) once it answers.
+      :sys.get_state(supervisor)
+      assert is_pid(Process.whereis(SessionLog)) and Process.whereis(SessionLog) != old
+
+      assert SessionLog.count(sid) == 0
+      assert SessionLog.steps(sid) == []
+      assert SessionLog.stats() == %{sessions: 0, bytes: 0}
+
+      SessionLog.put_json(sid, ~s({"n":2}), nil)
+      assert [%{number: 1, envelope: %{"n" => 2}}] = SessionLog.steps(sid)
+    end
+  end
+
+  describe "the gateway's score kept beside the text" do
+    test "an integer or a float score reads back as given; nil keeps the agent's" do
+      sid = unique_session("score")
+      json = ~s({"meta":{"session_id":"#{sid}"},"cognition":{"entropy_score":0.25}})
+      SessionLog.put_json(sid, json, 1, 1)
+      SessionLog.put_json(sid, json, 0.5, 2)
+      SessionLog.put_json(sid, json, nil, 3)
+
+      assert [1, 0.5, 0.25] ==
+               for(%{envelope: e} <- SessionLog.steps(sid), do: e["cognition"]["entropy_score"])
+
+      assert_raise ArgumentError, fn -> SessionLog.put_json(sid, json, :high, 4) end
+    end
+  end
+
+  describe "texts of 1 KiB or more are held as the binary they are" do
+    test "a long text reads back after the process that wrote it has gone, and a part of a larger one too" do
+      sid = unique_session("held")
+
+      long = fn n ->
+        ~s({"meta":{"session_id":"#{sid}"},"cognition":{},"n":#{n},"pad":"#{String.duplicate("p", 2_000)}"})
+      end
+
+      before = SessionLog.stats().bytes
+
+      # Written by a process that ends: the log holds the binary, not the writer.
+      task = Task.async(fn -> SessionLog.put_json(sid, long.(1), nil, 1) end)
+      :ok = Task.await(task)
+      :erlang.garbage_collect()
+
+      # A line of a larger body, as an NDJSON batch gives it.
+      body = long.(2) <> "\n" <> String.duplicate("x", 100_000)
+      SessionLog.put_json(sid, binary_part(body, 0, byte_size(long.(2))), 0.5, 2)
+
+      assert [%{"n" => 1, "pad" => pad}, %{"n" => 2, "cognition" => %{"entropy_score" => 0.5}}] =
+               SessionLog.recent(sid)
+
+      assert byte_size(pad) == 2_000
+      assert SessionLog.stats().bytes - before == byte_size(long.(1)) + byte_size(long.(2))
+    end
+  end
 end

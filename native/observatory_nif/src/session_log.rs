@@ -1,0 +1,275 @@
+//! NIFs behind `Observatory.Gateway.SessionLog`: each session's last envelopes.
+//!
+//! Thin wrappers over `observatory_core::session_log::SessionLog`: a put is one call
+//! (find the session, keep the text, overwrite its oldest slot, count the bytes), so
+//! that a later caller — the scoring NIF — can call the store's `put` itself.
+
+use std::mem::MaybeUninit;
+
+use observatory_core::session_log::{Dropped, Envelope, Kind, Score, SessionLog, Step};
+use rustler::sys::{
+    enif_alloc_env, enif_free_env, enif_inspect_binary, enif_make_copy, ErlNifBinary, ErlNifEnv,
+};
+use rustler::{Binary, Encoder, Env, NifResult, ResourceArc, Term, TermType};
+
+use crate::{atoms, json};
+
+/// The store, owned by the SessionLog process (which creates it again on a restart).
+pub struct SessionLogRef(SessionLog<Text>);
+
+/// Texts from this size on are kept as the caller's Erlang binary (held, not copied):
+/// writing a few KiB into memory the caches do not hold cost more than holding the
+/// binary (bench/ingest_breakdown.exs, 4 KiB steps); smaller ones are copied, which
+/// is cheaper than an environment to hold them in.
+const HOLD_FROM: usize = 1_024;
+
+/// A kept text's bytes: copied into the store, or the caller's binary, held.
+pub enum Text {
+    Copied(Box<[u8]>),
+    Held(HeldBinary),
+}
+
+impl AsRef<[u8]> for Text {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Text::Copied(bytes) => bytes,
+            Text::Held(held) => held.as_slice(),
+        }
+    }
+}
+
+/// A binary kept alive by a process-independent environment holding a copy of its
+/// term: for a reference-counted binary that copy is a reference (its bytes are not
+/// copied), and the bytes stay where they are until the environment is freed.
+pub struct HeldBinary {
+    env: *mut ErlNifEnv,
+    data: *const u8,
+    len: usize,
+}
+
+// SAFETY: the environment is process-independent (freed from any thread), and the
+// bytes it keeps alive are immutable.
+unsafe impl Send for HeldBinary {}
+
+impl HeldBinary {
+    fn new(binary: Term<'_>) -> Option<Self> {
+        // SAFETY: a fresh environment; the copy lives in it until it is freed (Drop),
+        // and the inspected bytes with it.
+        unsafe {
+            let env = enif_alloc_env();
+            let copy = enif_make_copy(env, binary.as_c_arg());
+            let mut inspected = MaybeUninit::<ErlNifBinary>::uninit();
+            if enif_inspect_binary(env, copy, inspected.as_mut_ptr()) == 0 {
+                enif_free_env(env);
+                return None;
+            }
+            let inspected = inspected.assume_init();
+            Some(Self {
+                env,
+                data: inspected.data,
+                len: inspected.size,
+            })
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `data` and `len` describe the held binary's bytes, alive with `env`.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+impl Drop for HeldBinary {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        unsafe { enif_free_env(self.env) }
+    }
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for SessionLogRef {}
+
+#[rustler::nif]
+fn session_log_new(env: Env<'_>) -> Term<'_> {
+    ResourceArc::new(SessionLogRef(SessionLog::new())).encode(env)
+}
+
+/// Keeps `json` (copied) as the session's next step, to be read with `score` as its
+/// entropy score (nil: the agent's own), in a ring of `caps`' `ring` slots.
+/// `:ok`, `:over_bytes` (the bytes kept are now over `caps`' `max_bytes`) or `{:new_session, sessions}` (the session was new: the caller
+/// checks the sessions cap).
+#[rustler::nif]
+fn session_log_put_json<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    json: Term<'a>,
+    score: Term<'a>,
+    number: Option<u64>,
+    caps: (usize, u64),
+) -> NifResult<Term<'a>> {
+    let score = match score.get_type() {
+        TermType::Float => Score::Float(score.decode()?),
+        TermType::Integer => Score::Int(score.decode()?),
+        _ if score == atoms::nil().to_term(env) => Score::Agent,
+        _ => return Err(rustler::Error::BadArg),
+    };
+    let bytes = json.decode::<Binary>()?.as_slice();
+    let data = if bytes.len() < HOLD_FROM {
+        Text::Copied(bytes.into())
+    } else {
+        Text::Held(HeldBinary::new(json).ok_or(rustler::Error::BadArg)?)
+    };
+    let envelope = Envelope {
+        kind: Kind::Json,
+        score,
+        data,
+        bytes: bytes.len(),
+    };
+    Ok(put(env, &store.0, session, envelope, number, caps))
+}
+
+/// As `session_log_put_json`, for an envelope kept as a term: `etf` its external
+/// format, `bytes` the size the caps count for it.
+#[rustler::nif]
+fn session_log_put_term<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    etf: Binary<'a>,
+    bytes: usize,
+    number: Option<u64>,
+    caps: (usize, u64),
+) -> Term<'a> {
+    let envelope = Envelope {
+        kind: Kind::Term,
+        score: Score::Agent,
+        data: Text::Copied(etf.as_slice().into()),
+        bytes,
+    };
+    put(env, &store.0, session, envelope, number, caps)
+}
+
+fn put<'a>(
+    env: Env<'a>,
+    store: &SessionLog<Text>,
+    session: &str,
+    envelope: Envelope<Text>,
+    number: Option<u64>,
+    (ring, max_bytes): (usize, u64),
+) -> Term<'a> {
+    let put = store.put(session, envelope, number, ring, max_bytes, system_time_ms);
+    if put.over_bytes {
+        atoms::over_bytes().encode(env)
+    } else if put.new_session {
+        (atoms::new_session(), put.sessions).encode(env)
+    } else {
+        atoms::ok().encode(env)
+    }
+}
+
+/// The VM's system time (`System.system_time(:millisecond)`), read in nanoseconds
+/// (the native unit here) so the sum is the VM's own.
+fn system_time_ms() -> i64 {
+    use rustler::sys::{enif_monotonic_time, enif_time_offset, ErlNifTimeUnit};
+    // SAFETY: plain reads of the VM's clocks, callable from any scheduler thread.
+    let ns = unsafe {
+        enif_monotonic_time(ErlNifTimeUnit::ERL_NIF_NSEC)
+            + enif_time_offset(ErlNifTimeUnit::ERL_NIF_NSEC)
+    };
+    ns.div_euclid(1_000_000)
+}
+
+/// `[{number, at, kind, data, score}]`, oldest first, in a ring of `ring` slots.
+#[rustler::nif]
+fn session_log_steps<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    ring: usize,
+) -> Term<'a> {
+    store.0.steps(session, ring, |steps| {
+        steps
+            .iter()
+            .map(|step| step_term(env, step))
+            .collect::<Vec<_>>()
+            .encode(env)
+    })
+}
+
+/// The oldest kept step numbered `number` (as `session_log_steps` gives it), or nil.
+#[rustler::nif]
+fn session_log_step<'a>(
+    env: Env<'a>,
+    store: ResourceArc<SessionLogRef>,
+    session: &str,
+    number: u64,
+    ring: usize,
+) -> Term<'a> {
+    store.0.step(session, number, ring, |step| match step {
+        Some(step) => step_term(env, &step),
+        None => atoms::nil().encode(env),
+    })
+}
+
+fn step_term<'a>(env: Env<'a>, step: &Step<'_>) -> Term<'a> {
+    let kind = match step.kind {
+        Kind::Json => atoms::json(),
+        Kind::Term => atoms::term(),
+    };
+    let score = match step.score {
+        Score::Agent => atoms::nil().encode(env),
+        Score::Float(f) => f.encode(env),
+        Score::Int(i) => i.encode(env),
+    };
+    (
+        step.number,
+        step.at_ms,
+        kind,
+        json::binary(env, step.data),
+        score,
+    )
+        .encode(env)
+}
+
+/// `{count, last_at}` of the session, or nil.
+#[rustler::nif]
+fn session_log_head(store: ResourceArc<SessionLogRef>, session: &str) -> Option<(u64, i64)> {
+    store.0.head(session)
+}
+
+/// `{sessions, bytes}`.
+#[rustler::nif]
+fn session_log_stats(store: ResourceArc<SessionLogRef>) -> (usize, u64) {
+    store.0.stats()
+}
+
+/// Drops least recently seen sessions until at most `keep_sessions` and `keep_bytes`
+/// remain, within `budget` (a session costs 1 plus its envelopes: the call's time is
+/// bounded): `{dropped, done}`. On a dirty scheduler: freeing many megabytes can
+/// make the allocator hand memory back to the OS, which took 5–25 ms measured
+/// (bench/session_log_cost.exs); the shards' locks are held only while the sessions are
+/// unlinked, within the budget, so writers wait a fraction of a millisecond.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn session_log_trim(
+    store: ResourceArc<SessionLogRef>,
+    keep_sessions: usize,
+    keep_bytes: u64,
+    budget: usize,
+) -> (usize, bool) {
+    dropped(store.0.trim(keep_sessions, keep_bytes, budget))
+}
+
+/// Drops sessions last seen before `cutoff_ms`, within `budget` (as the trim):
+/// `{dropped, done}`. On a dirty scheduler, as the trim.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn session_log_sweep(
+    store: ResourceArc<SessionLogRef>,
+    cutoff_ms: i64,
+    budget: usize,
+) -> (usize, bool) {
+    dropped(store.0.sweep(cutoff_ms, budget))
+}
+
+fn dropped(dropped: Dropped) -> (usize, bool) {
+    (dropped.sessions, dropped.done)
+}
