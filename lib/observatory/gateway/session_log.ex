@@ -19,8 +19,9 @@ defmodule Observatory.Gateway.SessionLog do
   entropy window use (`steps/1`).
 
   The ingest stores each step as the JSON text it arrived as, with the gateway's
-  entropy score beside it (`put_json/4`): no term is built; the store copies a short
-  text in and holds a longer one (1 KiB or more) as the binary it is, and a reader gets the envelope decoded, the score in `cognition.entropy_score` — what
+  entropy score beside it (`put_json/4`): no term is built; the store copies the
+  text in (into the buffer of the slot it replaces, so a full ring allocates
+  nothing), and a reader gets the envelope decoded, the score in `cognition.entropy_score` — what
   `put/3` of the ingest's envelope would have kept, except that the size cap below
   is measured on the text.
 
@@ -84,21 +85,13 @@ defmodule Observatory.Gateway.SessionLog do
     bytes = byte_size(json)
 
     if bytes <= max_envelope_bytes() do
-      Native.session_log_put_json(store(), session_id, own(json), score, number, caps())
+      Native.session_log_put_json(store(), session_id, json, score, number, caps())
       |> handle_put()
     else
       # Over the cap by its text: the stub, whatever size its term would be.
       {stub, stub_bytes} = stub(DecisionLog.decode(json, nil), bytes)
       put_term(session_id, stub, stub_bytes, number)
     end
-  end
-
-  # The store keeps a text of 1 KiB or more as the binary itself (copying a few KiB
-  # into memory the caches do not hold costs more): a part of a larger binary (a line
-  # of an NDJSON body, a body read with its head) would keep the whole of it alive,
-  # so that part is copied first.
-  defp own(json) do
-    if :binary.referenced_byte_size(json) > byte_size(json), do: :binary.copy(json), else: json
   end
 
   # An envelope kept as a term, in the external format (decoded by readers).

@@ -4,9 +4,9 @@
 //! Each session keeps a ring of its last `ring` envelopes: the `n`-th message goes to
 //! slot `n mod ring`, replacing what was there, so a step's write is one lookup of the
 //! session and one slot overwritten, under its shard's lock. An envelope's bytes come in
-//! ready (a copy made before the lock is taken, or whatever holds the caller's own
-//! bytes: the store is generic over it) and are kept with the step's number, the
-//! time it was received and the score to read it with.
+//! ready (`put`), or are written under the lock into the buffer of the slot they
+//! replace (`put_with`: a full ring allocates nothing), and are kept with the step's
+//! number, the time it was received and the score to read it with.
 //!
 //! Sessions are sharded (64 locks: writers of different sessions rarely meet) and,
 //! in each shard, threaded least recently seen first by a doubly linked list through
@@ -51,9 +51,8 @@ pub enum Score {
 }
 
 /// An envelope to keep: its bytes, and the size the byte caps count for it (the
-/// text's size; for a term, the size the caller measured). `D` holds the bytes: a
-/// copy (`Box<[u8]>`), or whatever keeps the caller's own bytes alive (the NIF keeps
-/// a large text's Erlang binary rather than copy it).
+/// text's size; for a term, the size the caller measured). `D` holds the bytes (the
+/// NIF's store: a `Vec<u8>` it reuses slot by slot).
 #[derive(Debug)]
 pub struct Envelope<D = Box<[u8]>> {
     pub kind: Kind,
@@ -201,6 +200,21 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         max_bytes: u64,
         now_ms: impl FnOnce() -> i64,
     ) -> Put {
+        self.put_with(session, |_| envelope, number, ring, max_bytes, now_ms)
+    }
+
+    /// As `put`, with the envelope made under the shard's lock by `make`, from the
+    /// data of the slot it replaces (None: no slot replaced), so that a copy can
+    /// reuse that slot's buffer. What `make` leaves in it is freed after the lock.
+    pub fn put_with(
+        &self,
+        session: &str,
+        make: impl FnOnce(&mut Option<D>) -> Envelope<D>,
+        number: Option<u64>,
+        ring: usize,
+        max_bytes: u64,
+        now_ms: impl FnOnce() -> i64,
+    ) -> Put {
         let ring = ring.max(1);
         let hash = self.hasher.hash_one(session);
         // Freed after the lock is released: the slot this put replaces, and the slots
@@ -227,15 +241,17 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
             if i >= session.slots.len() {
                 session.slots.resize_with(i + 1, || None);
             }
+            let replaced = session.slots[i].take();
+            released += replaced.as_ref().map_or(0, |old| old.envelope.bytes as u64);
+            let mut replaced = replaced.map(|old| old.envelope.data);
+            let envelope = make(&mut replaced);
             let added = envelope.bytes as u64;
-            let slot = Slot {
+            session.slots[i] = Some(Slot {
                 seq,
                 number: number.unwrap_or(seq),
                 at_ms: now,
                 envelope,
-            };
-            let replaced = session.slots[i].replace(slot);
-            released += replaced.as_ref().map_or(0, |old| old.envelope.bytes as u64);
+            });
             // Wrapping: a put that frees more than it adds lowers the total.
             let delta = added.wrapping_sub(released);
             let bytes = self
@@ -528,6 +544,25 @@ impl<D> Inner<D> {
     }
 }
 
+/// A kept text's bytes for `put_with`: copied into the buffer of the slot it
+/// replaces when that one is not much larger, so a session's full ring allocates
+/// nothing. (Holding the caller's Erlang binary instead took a process-independent
+/// environment per text: ~2.5 KiB of memory the byte caps do not count.)
+pub fn copy_into(replaced: &mut Option<Vec<u8>>, text: &[u8]) -> Vec<u8> {
+    let mut buf = match replaced.take() {
+        Some(buf) if buf.capacity() <= 2 * text.len() => buf,
+        // Much larger (or none): freed after the lock, a buffer of the text's size made.
+        other => {
+            *replaced = other;
+            Vec::new()
+        }
+    };
+    buf.clear();
+    buf.reserve_exact(text.len());
+    buf.extend_from_slice(text);
+    buf
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,6 +612,67 @@ mod tests {
         // No number: the session's count.
         log.put("s", text("e"), None, 3, u64::MAX, || 200);
         assert_eq!(log.step("s", 5, 3, |s| s.map(|s| s.seq)), Some(5));
+    }
+
+    #[test]
+    fn put_with_is_given_the_data_of_the_slot_it_replaces_and_frees_what_it_leaves() {
+        let log: SessionLog<Vec<u8>> = SessionLog::new();
+        let mut given = Vec::new();
+        for t in ["a", "bb", "ccc"] {
+            log.put_with(
+                "s",
+                |replaced| {
+                    given.push(replaced.clone());
+                    let mut buf = replaced.take().unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(t.as_bytes());
+                    Envelope {
+                        kind: Kind::Json,
+                        score: Score::Agent,
+                        data: buf,
+                        bytes: t.len(),
+                    }
+                },
+                None,
+                2,
+                u64::MAX,
+                || 0,
+            );
+        }
+        // Slots 1, 0, then 1 again: the third put gets the first's bytes to write over.
+        assert_eq!(given, [None, None, Some(b"a".to_vec())]);
+        let kept = log.steps("s", 2, |steps| {
+            steps.iter().map(|s| s.data.to_vec()).collect::<Vec<_>>()
+        });
+        assert_eq!(kept, [b"bb".to_vec(), b"ccc".to_vec()]);
+        assert_eq!(log.stats(), (1, 5));
+    }
+
+    #[test]
+    fn a_copy_reuses_the_replaced_buffer_unless_it_is_over_twice_the_text() {
+        let mut replaced = Some(Vec::with_capacity(64));
+        let at = replaced.as_ref().map(|b| b.as_ptr());
+        let kept = copy_into(&mut replaced, &[7; 40]);
+        assert_eq!(kept, vec![7; 40]);
+        assert_eq!(
+            Some(kept.as_ptr()),
+            at,
+            "the replaced buffer is written over"
+        );
+        assert!(replaced.is_none());
+
+        let mut replaced = Some(Vec::with_capacity(4096));
+        let kept = copy_into(&mut replaced, b"short");
+        assert_eq!(kept, b"short");
+        assert_eq!(kept.capacity(), 5, "a buffer of the text's size");
+        assert_eq!(
+            replaced.map(|b| b.capacity()),
+            Some(4096),
+            "left to be freed"
+        );
+
+        let kept = copy_into(&mut None, b"first");
+        assert_eq!((kept.as_slice(), kept.capacity()), (&b"first"[..], 5));
     }
 
     #[test]

@@ -4,86 +4,13 @@
 //! (find the session, keep the text, overwrite its oldest slot, count the bytes), so
 //! that a later caller — the scoring NIF — can call the store's `put` itself.
 
-use std::mem::MaybeUninit;
-
-use observatory_core::session_log::{Dropped, Envelope, Kind, Score, SessionLog, Step};
-use rustler::sys::{
-    enif_alloc_env, enif_free_env, enif_inspect_binary, enif_make_copy, ErlNifBinary, ErlNifEnv,
-};
+use observatory_core::session_log::{copy_into, Dropped, Envelope, Kind, Score, SessionLog, Step};
 use rustler::{Binary, Encoder, Env, NifResult, ResourceArc, Term, TermType};
 
 use crate::{atoms, json};
 
 /// The store, owned by the SessionLog process (which creates it again on a restart).
-pub struct SessionLogRef(SessionLog<Text>);
-
-/// Texts from this size on are kept as the caller's Erlang binary (held, not copied):
-/// writing a few KiB into memory the caches do not hold cost more than holding the
-/// binary (bench/ingest_breakdown.exs, 4 KiB steps); smaller ones are copied, which
-/// is cheaper than an environment to hold them in.
-const HOLD_FROM: usize = 1_024;
-
-/// A kept text's bytes: copied into the store, or the caller's binary, held.
-pub enum Text {
-    Copied(Box<[u8]>),
-    Held(HeldBinary),
-}
-
-impl AsRef<[u8]> for Text {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            Text::Copied(bytes) => bytes,
-            Text::Held(held) => held.as_slice(),
-        }
-    }
-}
-
-/// A binary kept alive by a process-independent environment holding a copy of its
-/// term: for a reference-counted binary that copy is a reference (its bytes are not
-/// copied), and the bytes stay where they are until the environment is freed.
-pub struct HeldBinary {
-    env: *mut ErlNifEnv,
-    data: *const u8,
-    len: usize,
-}
-
-// SAFETY: the environment is process-independent (freed from any thread), and the
-// bytes it keeps alive are immutable.
-unsafe impl Send for HeldBinary {}
-
-impl HeldBinary {
-    fn new(binary: Term<'_>) -> Option<Self> {
-        // SAFETY: a fresh environment; the copy lives in it until it is freed (Drop),
-        // and the inspected bytes with it.
-        unsafe {
-            let env = enif_alloc_env();
-            let copy = enif_make_copy(env, binary.as_c_arg());
-            let mut inspected = MaybeUninit::<ErlNifBinary>::uninit();
-            if enif_inspect_binary(env, copy, inspected.as_mut_ptr()) == 0 {
-                enif_free_env(env);
-                return None;
-            }
-            let inspected = inspected.assume_init();
-            Some(Self {
-                env,
-                data: inspected.data,
-                len: inspected.size,
-            })
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `data` and `len` describe the held binary's bytes, alive with `env`.
-        unsafe { std::slice::from_raw_parts(self.data, self.len) }
-    }
-}
-
-impl Drop for HeldBinary {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new`, freed once.
-        unsafe { enif_free_env(self.env) }
-    }
-}
+pub struct SessionLogRef(SessionLog<Vec<u8>>);
 
 #[rustler::resource_impl]
 impl rustler::Resource for SessionLogRef {}
@@ -113,17 +40,12 @@ fn session_log_put_json<'a>(
         _ if score == atoms::nil().to_term(env) => Score::Agent,
         _ => return Err(rustler::Error::BadArg),
     };
-    let bytes = json.decode::<Binary>()?.as_slice();
-    let data = if bytes.len() < HOLD_FROM {
-        Text::Copied(bytes.into())
-    } else {
-        Text::Held(HeldBinary::new(json).ok_or(rustler::Error::BadArg)?)
-    };
-    let envelope = Envelope {
+    let text = json.decode::<Binary>()?.as_slice();
+    let envelope = |replaced: &mut Option<Vec<u8>>| Envelope {
         kind: Kind::Json,
         score,
-        data,
-        bytes: bytes.len(),
+        data: copy_into(replaced, text),
+        bytes: text.len(),
     };
     Ok(put(env, &store.0, session, envelope, number, caps))
 }
@@ -140,10 +62,10 @@ fn session_log_put_term<'a>(
     number: Option<u64>,
     caps: (usize, u64),
 ) -> Term<'a> {
-    let envelope = Envelope {
+    let envelope = |replaced: &mut Option<Vec<u8>>| Envelope {
         kind: Kind::Term,
         score: Score::Agent,
-        data: Text::Copied(etf.as_slice().into()),
+        data: copy_into(replaced, etf.as_slice()),
         bytes,
     };
     put(env, &store.0, session, envelope, number, caps)
@@ -151,13 +73,13 @@ fn session_log_put_term<'a>(
 
 fn put<'a>(
     env: Env<'a>,
-    store: &SessionLog<Text>,
+    store: &SessionLog<Vec<u8>>,
     session: &str,
-    envelope: Envelope<Text>,
+    envelope: impl FnOnce(&mut Option<Vec<u8>>) -> Envelope<Vec<u8>>,
     number: Option<u64>,
     (ring, max_bytes): (usize, u64),
 ) -> Term<'a> {
-    let put = store.put(session, envelope, number, ring, max_bytes, system_time_ms);
+    let put = store.put_with(session, envelope, number, ring, max_bytes, system_time_ms);
     if put.over_bytes {
         atoms::over_bytes().encode(env)
     } else if put.new_session {
