@@ -282,15 +282,7 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         let hash = self.hasher.hash_one(session);
         let inner = self.shard(hash).lock();
         let mut steps: Vec<Step<'_>> = match inner.find(session, hash) {
-            Some(at) => inner.slab[at as usize]
-                .as_ref()
-                .expect("indexed")
-                .slots
-                .iter()
-                .take(ring.max(1))
-                .flatten()
-                .map(Slot::view)
-                .collect(),
+            Some(at) => inner.session(at).kept(ring).map(Slot::view).collect(),
             None => Vec::new(),
         };
         steps.sort_unstable_by_key(|step| step.seq);
@@ -308,13 +300,9 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         let hash = self.hasher.hash_one(session);
         let inner = self.shard(hash).lock();
         let step = inner.find(session, hash).and_then(|at| {
-            inner.slab[at as usize]
-                .as_ref()
-                .expect("indexed")
-                .slots
-                .iter()
-                .take(ring.max(1))
-                .flatten()
+            inner
+                .session(at)
+                .kept(ring)
                 .filter(|slot| slot.number == number)
                 .min_by_key(|slot| slot.seq)
                 .map(Slot::view)
@@ -445,7 +433,19 @@ impl<D: AsRef<[u8]>> Slot<D> {
     }
 }
 
+impl<D> Session<D> {
+    /// The slots a ring of `ring` shows, in slot order.
+    fn kept(&self, ring: usize) -> impl Iterator<Item = &Slot<D>> {
+        self.slots.iter().take(ring.max(1)).flatten()
+    }
+}
+
 impl<D> Inner<D> {
+    /// The session at slab index `at` (found by `find`).
+    fn session(&self, at: u32) -> &Session<D> {
+        self.slab[at as usize].as_ref().expect("indexed")
+    }
+
     fn find(&self, key: &str, hash: u64) -> Option<u32> {
         self.index
             .find(hash, |&at| {

@@ -20,6 +20,17 @@ defmodule Observatory.Gateway.SessionLogTest do
   # The trim runs in the session log's process: wait until it has handled it.
   defp settle, do: :sys.get_state(SessionLog)
 
+  # A session's text of `n` bytes of content, and the bytes the log holds beyond
+  # what it held when asked (its pending trims settled first).
+  defp sized_text(sid),
+    do: fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
+
+  defp bytes_held_from_now do
+    settle()
+    before = SessionLog.stats().bytes
+    fn -> SessionLog.stats().bytes - before end
+  end
+
   describe "finding 5: the session log keeps a bounded number of sessions and bytes" do
     test "past :session_log_max_sessions the least recently seen sessions go" do
       Application.put_env(:observatory, :session_log_max_sessions, 100)
@@ -100,10 +111,8 @@ defmodule Observatory.Gateway.SessionLogTest do
     # an early step to a slot already written, whose size must still come off.
     test "the bytes kept are the sizes of the envelopes the slots hold, exactly" do
       sid = unique_session("ring")
-      text = fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
-      settle()
-      before = SessionLog.stats().bytes
-      held = fn -> SessionLog.stats().bytes - before end
+      text = sized_text(sid)
+      held = bytes_held_from_now()
 
       Application.put_env(:observatory, :session_log_size, 2)
       SessionLog.put_json(sid, text.(10), nil)
@@ -150,10 +159,8 @@ defmodule Observatory.Gateway.SessionLogTest do
   describe "the ring's size cap: a smaller ring frees what falls off it" do
     test "after :session_log_size shrinks, a session's next step frees its slots past the ring" do
       sid = unique_session("shrink")
-      text = fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
-      settle()
-      before = SessionLog.stats().bytes
-      held = fn -> SessionLog.stats().bytes - before end
+      text = sized_text(sid)
+      held = bytes_held_from_now()
 
       Application.put_env(:observatory, :session_log_size, 5)
       for n <- 1..5, do: SessionLog.put_json(sid, text.(n), nil)
