@@ -737,6 +737,22 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_budget_counts_each_session_and_each_of_its_envelopes() {
+        let log = SessionLog::new();
+        for s in ["a", "b", "c"] {
+            for _ in 0..3 {
+                log.put(s, text("x"), None, 5, u64::MAX, || 0);
+            }
+        }
+        // A session of three envelopes spends 4 of the budget: 4 stops after one.
+        let first = log.sweep(100, 4);
+        assert_eq!((first.sessions, first.done), (1, false));
+        let rest = log.sweep(100, 8);
+        assert_eq!((rest.sessions, rest.done), (2, true));
+        assert_eq!(log.stats(), (0, 0));
+    }
+
+    #[test]
     fn the_sweep_drops_sessions_idle_since_the_cutoff_in_chunks() {
         let log = SessionLog::new();
         for (i, s) in ["a", "b", "c"].iter().enumerate() {
