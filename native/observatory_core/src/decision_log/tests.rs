@@ -719,3 +719,63 @@ mod borrowed_tree_answers_as_the_value_path {
         }
     }
 }
+
+/// What the reader reads itself rather than leave to serde_json. Giving up is always
+/// answered right (serde_json then decides), so only these tests see a reader that
+/// gives up on what an SDK writes, or reads past what it must leave.
+mod the_reader_reads_itself {
+    use super::*;
+
+    const COMPACT: &str = r#"{"action":{"result":{"lines":["a","b"],"ok":true},"tool_input":{"path":"x"}},"meta":{"step_id":"s1"}}"#;
+
+    #[test]
+    fn a_pretty_printed_envelope_with_its_whitespace() {
+        let value: serde_json::Value = serde_json::from_str(COMPACT).unwrap();
+        let pretty = serde_json::to_string_pretty(&value)
+            .unwrap()
+            .replace("  ", "\t ")
+            + "\r\n";
+        let (tree, canonical) = reader::read(pretty.as_bytes(), Parts::Built)
+            .expect("read by the reader, not left to serde_json");
+        assert_eq!(tree, Json::read_with_serde(pretty.as_bytes()).unwrap());
+        // Spaced inside: neither part's text is its canonical text.
+        assert_eq!((canonical.tool_input, canonical.result), (None, None));
+        assert!(reader::read(pretty.as_bytes(), Parts::CanonicalText).is_some());
+    }
+
+    #[test]
+    fn a_hundred_levels_of_nesting_and_not_one_more() {
+        for (open, close) in [(r#"{"a":"#, "}"), ("[", "]")] {
+            let nested = |n: usize| format!("{}1{}", open.repeat(n), close.repeat(n));
+            assert!(
+                reader::read(nested(100).as_bytes(), Parts::Built).is_some(),
+                "{open} ×100"
+            );
+            assert!(
+                reader::read(nested(101).as_bytes(), Parts::Built).is_none(),
+                "{open} ×101"
+            );
+        }
+    }
+
+    #[test]
+    fn built_parts_are_trees_and_skimmed_parts_their_canonical_text() {
+        let (tree, canonical) = reader::read(COMPACT.as_bytes(), Parts::Built).unwrap();
+        let action = tree.get("action").unwrap();
+        assert!(matches!(action.get("tool_input"), Some(Json::Object(_))));
+        assert!(matches!(action.get("result"), Some(Json::Object(_))));
+        assert_eq!(canonical.tool_input, Some(r#"{"path":"x"}"#));
+        assert_eq!(canonical.result, Some(r#"{"lines":["a","b"],"ok":true}"#));
+        let (unread, again) = reader::read(COMPACT.as_bytes(), Parts::CanonicalText).unwrap();
+        assert_eq!(again, canonical);
+        let action = unread.get("action").unwrap();
+        assert_eq!(
+            action.get("tool_input"),
+            Some(&Json::Canonical(r#"{"path":"x"}"#))
+        );
+        assert_eq!(
+            action.get("result"),
+            Some(&Json::Canonical(r#"{"lines":["a","b"],"ok":true}"#))
+        );
+    }
+}
