@@ -759,6 +759,36 @@ mod the_reader_reads_itself {
     }
 
     #[test]
+    fn numbers_escapes_and_keys_it_reads_or_refuses() {
+        // Read here, as serde_json reads them.
+        for text in [
+            r#"{"a":"x\/y"}"#,
+            r#"{"a":1.5}"#,
+            r#"{"a":-2e3}"#,
+            r#"{"a":0}"#,
+        ] {
+            let (tree, _) = reader::read(text.as_bytes(), Parts::Built)
+                .unwrap_or_else(|| panic!("{text} left to serde_json"));
+            assert_eq!(
+                tree,
+                Json::read_with_serde(text.as_bytes()).unwrap(),
+                "{text}"
+            );
+        }
+        // Not JSON: never read.
+        for text in [r#"{"a":01}"#, r#"{"a":-01}"#, r#"{"a":-}"#, r#"{"a":1.}"#] {
+            assert!(
+                reader::read(text.as_bytes(), Parts::Built).is_none(),
+                "{text}"
+            );
+        }
+        // A part with a key twice is not its canonical text (the writer keeps one).
+        let text = r#"{"action":{"tool_input":{"a":1,"a":2}}}"#;
+        let (_, canonical) = reader::read(text.as_bytes(), Parts::Built).unwrap();
+        assert_eq!(canonical.tool_input, None);
+    }
+
+    #[test]
     fn built_parts_are_trees_and_skimmed_parts_their_canonical_text() {
         let (tree, canonical) = reader::read(COMPACT.as_bytes(), Parts::Built).unwrap();
         let action = tree.get("action").unwrap();
