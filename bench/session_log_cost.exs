@@ -21,33 +21,20 @@ alias Observatory.Gateway.{DecisionLog, SessionLog}
 Logger.configure(level: :error)
 {rounds, n} = if "--quick" in System.argv(), do: {3, 10_000}, else: {7, 40_000}
 
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+Code.require_file("glue_step.exs", __DIR__)
 
 envelopes =
   for i <- 0..(n - 1) do
     json =
-      %{
-        "meta" => %{
+      Observatory.Bench.GlueStep.file_read(
+        %{
           "step_id" => "step-#{i}",
           "session_id" => "sess-#{rem(i, 1000)}",
           "agent_id" => "agent-#{rem(i, 50)}",
           "timestamp" => "2026-02-22T10:30:00.123Z"
         },
-        "cognition" => %{
-          "intent" => "search",
-          "reasoning_chain" => ["read the failing test", "open the module it names"],
-          "confidence" => 0.8,
-          "entropy_score" => 0.9
-        },
-        "action" => %{
-          "tool_call" => "read_file",
-          "tool_input" => %{"path" => "/srv/app/lib/app/file_#{i}.ex", "limit" => 200},
-          "status" => "success",
-          "result" => %{"content" => "# #{i}\n" <> String.duplicate(line, 3), "lines" => 4}
-        }
-      }
-      |> Observatory.JSON.encode!()
+        i
+      )
 
     {:ok, envelope, fields} = DecisionLog.parse(json)
     {fields.session_id, envelope, json}

@@ -21,31 +21,19 @@ alias Observatory.Gateway.{DecisionLog, Idempotency, SessionLog}
 Logger.configure(level: :error)
 {rounds, n} = if "--quick" in System.argv(), do: {5, 10_000}, else: {9, 20_000}
 
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+Code.require_file("glue_step.exs", __DIR__)
 
 json = fn i, session ->
-  Observatory.JSON.encode!(%{
-    "meta" => %{
+  Observatory.Bench.GlueStep.file_read(
+    %{
       "step_id" => "st-#{i}-#{System.unique_integer([:positive])}",
       "session_id" => session,
       "agent_id" => "agent-#{rem(i, 50)}",
       "parent_step_id" => "step-#{i - 1}",
       "timestamp" => "2026-02-22T10:30:00.123Z"
     },
-    "cognition" => %{
-      "intent" => "search",
-      "reasoning_chain" => ["read the failing test", "open the module it names"],
-      "confidence" => 0.8,
-      "entropy_score" => 0.9
-    },
-    "action" => %{
-      "tool_call" => "read_file",
-      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{i}.ex", "limit" => 200},
-      "status" => "success",
-      "result" => %{"content" => "# #{i}\n" <> String.duplicate(line, 3), "lines" => 4}
-    }
-  })
+    i
+  )
 end
 
 # n parsed steps over 1,000 sessions named by `prefix`: {fields, json}.
