@@ -7,6 +7,11 @@
 #
 #   MIX_ENV=prod mix run bench/ingest_glue_ab.exs -- --against ../other    # ~2 min
 #   MIX_ENV=prod mix run bench/ingest_glue_ab.exs -- --against ../other --quick
+#   MIX_ENV=prod mix run bench/ingest_glue_ab.exs -- --against ../other --settings
+#
+# `--settings` swaps the modules that read the ingest's settings too (StepScore,
+# Idempotency, AlertSource, Events, SessionLog): the two ways of reading them
+# compared in one VM.
 #
 # The other checkout must be built with MIX_ENV=prod. Only modules whose public
 # functions both builds have are swapped (`modules` below); the NIF is this build's.
@@ -15,7 +20,9 @@ alias Observatory.Gateway.{Events, HITL, SchemaInterceptor, SessionOwners}
 Logger.configure(level: :error)
 
 {opts, _, _} =
-  OptionParser.parse(System.argv() -- ["--"], strict: [against: :string, quick: :boolean])
+  OptionParser.parse(System.argv() -- ["--"],
+    strict: [against: :string, quick: :boolean, settings: :boolean]
+  )
 
 against = opts[:against] || raise "give --against DIR, another checkout built with MIX_ENV=prod"
 {rounds, loop_n, ingest_n} = if opts[:quick], do: {6, 100_000, 4_000}, else: {12, 200_000, 10_000}
@@ -29,6 +36,16 @@ modules = [
   Observatory.Cluster,
   Observatory.PubSub.Peer
 ]
+
+settings_readers = [
+  Observatory.Gateway.StepScore,
+  Observatory.Gateway.Idempotency,
+  Observatory.Gateway.AlertSource,
+  Observatory.Gateway.Events,
+  Observatory.Gateway.SessionLog
+]
+
+modules = if opts[:settings], do: modules ++ settings_readers, else: modules
 
 ebin = fn dir -> Path.join(Path.expand(dir), "_build/prod/lib/observatory/ebin") end
 builds = [this: ebin.(File.cwd!()), other: ebin.(against)]

@@ -28,6 +28,9 @@ defmodule Observatory.Application do
   end
 
   defp start_tree do
+    # Settings are read from the environment until the snapshot's keeper runs (a
+    # snapshot a stopped instance left would be stale).
+    Observatory.IngestSettings.forget()
     Observatory.Metrics.setup()
     # Where the Rust stores are published (not :persistent_term: see the module).
     Observatory.NativeStores.setup()
@@ -67,6 +70,13 @@ defmodule Observatory.Application do
     )
   end
 
+  @impl true
+  def stop(_state), do: Observatory.IngestSettings.forget()
+
+  # A release upgrade's new configuration: the settings snapshot follows it at once.
+  @impl true
+  def config_change(_changed, _new, _removed), do: Observatory.IngestSettings.refresh()
+
   # Supervisors are wrapped (Observatory.Supervision) so that one killed outright
   # restarts cleanly instead of colliding with its orphaned children.
   defp children do
@@ -83,8 +93,9 @@ defmodule Observatory.Application do
       ObservatoryWeb.AuthThrottle
     ]
 
-    # Clustering (issue 14) around them: see Observatory.Cluster.wrap/1.
-    Observatory.Cluster.wrap(children ++ web_children())
+    # The settings snapshot first: every step reads it. Clustering (issue 14) around
+    # the rest: see Observatory.Cluster.wrap/1.
+    [Observatory.IngestSettings | Observatory.Cluster.wrap(children ++ web_children())]
   end
 
   # Observatory's own PubSub, unless the host named its own (config :observatory,

@@ -177,6 +177,8 @@ defmodule Observatory.Replay do
       if LoopVerdict.running?(), do: LoopVerdict.reload_rules()
     end
 
+    # A running gateway's steps use the settings from now on.
+    Observatory.IngestSettings.refresh()
     settings()
   end
 

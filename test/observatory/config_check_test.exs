@@ -20,6 +20,9 @@ defmodule Observatory.ConfigCheckTest do
         {:ok, old} -> Application.put_env(:observatory, key, old)
         :error -> Application.delete_env(:observatory, key)
       end
+
+      # Had the settings snapshot's keeper read it meanwhile: back at once.
+      Observatory.IngestSettings.refresh()
     end
   end
 

@@ -196,7 +196,7 @@ defmodule Observatory.NotificationsTest do
   describe "notifications: with :alert_source :verdict, an agent stuck without an identical repeat" do
     setup do
       restore_env_on_exit([:alert_source])
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
       :ok
     end
 

@@ -161,13 +161,15 @@ defmodule ObservatoryWeb.ChatCompletionsTest do
     test "Disable kill switch", %{agent: agent} do
       # Thirty identical steps: the step detector's block is out of the way here.
       saved = Application.get_env(:observatory, :step_detection)
-      on_exit(fn -> Application.put_env(:observatory, :step_detection, saved || []) end)
+      on_exit(fn -> Observatory.configure(step_detection: saved || []) end)
 
-      Application.put_env(:observatory, :step_detection,
-        stagnation_warn: 1_000,
-        stagnation_block: 1_000,
-        stuck_warn: 1_000,
-        stuck_block: 1_000
+      Observatory.configure(
+        step_detection: [
+          stagnation_warn: 1_000,
+          stagnation_block: 1_000,
+          stuck_warn: 1_000,
+          stuck_block: 1_000
+        ]
       )
 
       use_upstream(Upstream.answering("Deployment failed: timeout."))

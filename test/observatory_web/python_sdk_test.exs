@@ -17,7 +17,10 @@ defmodule ObservatoryWeb.PythonSDKTest do
   setup do
     saved = for key <- @keys, do: {key, Application.get_env(:observatory, key)}
 
-    on_exit(fn -> for {key, value} <- saved, do: Application.put_env(:observatory, key, value) end)
+    on_exit(fn ->
+      for {key, value} <- saved, do: Application.put_env(:observatory, key, value)
+      Observatory.IngestSettings.refresh()
+    end)
 
     %{id: System.unique_integer([:positive])}
   end
@@ -310,7 +313,7 @@ defmodule ObservatoryWeb.PythonSDKTest do
              "alarmed; the same call and result: alarmed, deactivated with the switch on" do
         use_model()
         Events.subscribe(Events.entropy_alerts())
-        Application.put_env(:observatory, :alert_source, @source)
+        Observatory.configure(alert_source: @source)
 
         runs =
           for api <- ["openai", "anthropic"],

@@ -580,9 +580,8 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
     end
 
     test "with the verdict as the source, the panel is Verdict Alerts and lists loop verdicts" do
-      saved = Application.get_env(:observatory, :alert_source)
-      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
-      Application.put_env(:observatory, :alert_source, :verdict)
+      restore_env_on_exit([:alert_source])
+      Observatory.configure(alert_source: :verdict)
       sid = unique_session("sess-verdict-alert")
       for _ <- 1..3, do: {:ok, _} = SchemaInterceptor.ingest(pytest_step(sid))
 
@@ -600,15 +599,14 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
 
   describe "issue 18: the alert source is shown" do
     test "in the standalone header, the LiveView navigation and the panel's title" do
-      saved = Application.get_env(:observatory, :alert_source)
-      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+      restore_env_on_exit([:alert_source])
 
       assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
                ~s(<span class="scm-source" data-source="entropy">Alerts from <strong>entropy ratio</strong></span>)
 
       assert html(mount!(connected?: false)) =~ ~s(<h2 id="alerts-title">Entropy Alerts</h2>)
 
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
 
       assert ObservatoryWeb.LiveParts.nav("/ops", :cluster) |> IO.iodata_to_binary() =~
                "Alerts from <strong>loop verdict</strong>"
@@ -921,15 +919,14 @@ defmodule ObservatoryWeb.SessionClusterManagerTest do
     end
 
     test "the snapshot carries verdicts; with alert_source :verdict they set the state" do
-      saved = Application.get_env(:observatory, :alert_source)
-      on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+      restore_env_on_exit([:alert_source])
       sid = unique_session("sess-verdict-snap")
       for _ <- 1..2, do: {:ok, _} = SchemaInterceptor.ingest(failing_read(sid))
 
       socket = mount!()
       assert %{verdict: :suspect, base: "active"} = socket.assigns.fleet[sid]
 
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
       socket = mount!()
       assert %{verdict: :suspect, base: "blocked"} = socket.assigns.fleet[sid]
     end

@@ -32,6 +32,9 @@ defmodule Observatory.TrackerCase do
           :error -> Application.delete_env(:observatory, key)
         end
       end
+
+      # The settings snapshot follows at once, not at its next tick.
+      Observatory.IngestSettings.refresh()
     end)
   end
 

@@ -73,7 +73,7 @@ defmodule Observatory.Gateway.AlertSource do
   @doc "The alert source in force (see the module doc)."
   @spec current() :: t()
   def current do
-    case Application.get_env(:observatory, :alert_source, :entropy) do
+    case Observatory.IngestSettings.get(:alert_source) do
       :entropy ->
         :entropy
 

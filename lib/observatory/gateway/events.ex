@@ -40,7 +40,7 @@ defmodule Observatory.Gateway.Events do
   @doc "The configured `{module, server}`."
   @spec pubsub() :: {module(), atom()}
   def pubsub do
-    case Application.get_env(:observatory, :pubsub, @default) do
+    case Observatory.IngestSettings.get(:pubsub) do
       {module, server} when is_atom(module) and is_atom(server) ->
         {module, server}
 

@@ -85,7 +85,7 @@ defmodule Observatory.Gateway.Idempotency do
   end
 
   defp env do
-    case Application.get_env(:observatory, :idempotency, []) do
+    case Observatory.IngestSettings.get(:idempotency) do
       env when is_list(env) -> env
       _other -> []
     end
@@ -114,12 +114,12 @@ defmodule Observatory.Gateway.Idempotency do
   end
 
   # `{window_ms, max_steps_per_session, max_steps_per_agent, max_steps}`, or nil when
-  # the check is off.
-  # The setting is read on every step (a change applies to the next one); what it
-  # comes to is worked out again only when it differs from the last step's.
-  defp limits, do: Observatory.DerivedSetting.get({__MODULE__, :limits}, env(), &limits/1)
+  # the check is off: worked out once per change of the setting, kept with the
+  # settings snapshot (Observatory.IngestSettings).
+  defp limits, do: Observatory.IngestSettings.get(:idempotency_limits)
 
-  defp limits(env) do
+  @doc false
+  def limits(env) do
     if setting(env, :enabled),
       do:
         {setting(env, :window_ms), setting(env, :max_steps_per_session),

@@ -207,17 +207,14 @@ defmodule Observatory.Gateway.SessionLog do
     {stub, :erlang.external_size(stub)}
   end
 
-  # `:application.get_env/3`: the ETS read `Application.get_env/3` makes, one call
-  # closer (these are read on every message).
-  defp size, do: :application.get_env(:observatory, :session_log_size, 20)
+  # From the settings snapshot (Observatory.IngestSettings), read on every message.
+  defp size, do: Observatory.IngestSettings.get(:session_log_size)
 
-  defp max_sessions,
-    do: :application.get_env(:observatory, :session_log_max_sessions, 100_000)
+  defp max_sessions, do: Observatory.IngestSettings.get(:session_log_max_sessions)
 
-  defp max_envelope_bytes,
-    do: :application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
+  defp max_envelope_bytes, do: Observatory.IngestSettings.get(:session_log_max_envelope_bytes)
 
-  defp max_bytes, do: :application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
+  defp max_bytes, do: Observatory.IngestSettings.get(:session_log_max_bytes)
 
   defp store, do: NativeStores.get(__MODULE__)
 

@@ -16,15 +16,12 @@ defmodule Observatory.Gateway.StepScore do
   # each with its module's `settle` (alerts, broadcasts, the durable block), in the
   # order the ingest acts.
   #
-  # The five settings a step needs — FR-9.11's three entropy settings, the verdict's
-  # and the step detector's — are read on every step (`Application.put_env/3`
-  # applies to the next one) and what they come to (checked, the verdict's and the
-  # step detector's packed in binaries as the NIF reads them) is worked out again only
-  # when one of them changed: one `:persistent_term` read and one comparison for the
-  # five, where each module's own derivation paid one each.
+  # The five settings a step needs: FR-9.11's three entropy settings, read from the
+  # application environment on every step (`Application.put_env/3` applies to the
+  # next one), and the verdict's and the step detector's, packed in binaries as the
+  # NIF reads them, from the settings snapshot (Observatory.IngestSettings).
 
-  alias Observatory.Gateway.{ActionStatus, EntropyConfig, EntropyTracker, LoopVerdict}
-  alias Observatory.Gateway.StepDetector
+  alias Observatory.Gateway.{ActionStatus, EntropyConfig, EntropyTracker}
   require Logger
 
   @parts [entropy: 1, verdict: 2, step: 3]
@@ -100,24 +97,17 @@ defmodule Observatory.Gateway.StepScore do
 
   @doc false
   # `{entropy_config, packed_verdict_config, {step_thresholds, packed_step_settings}}`:
-  # the five settings read, what they come to derived only when one changed, from the
-  # values read (each module's own function derives its part, with its checks and
-  # warnings).
+  # FR-9.11's three settings read from the application environment on every call
+  # and checked, the verdict's and the step detector's taken from the settings
+  # snapshot, packed there once per change (Observatory.IngestSettings).
   def settings do
-    read = {
-      :application.get_env(:observatory, :entropy_window_size, 5),
-      :application.get_env(:observatory, :entropy_loop_threshold, 0.25),
-      :application.get_env(:observatory, :entropy_warning_threshold, 0.50),
-      :application.get_env(:observatory, :loop_verdict, []),
-      :application.get_env(:observatory, :step_detection, [])
-    }
+    {verdict, step} = Observatory.IngestSettings.get(:step_score)
 
-    Observatory.DerivedSetting.get({__MODULE__, :settings}, read, fn read ->
-      {size, loop, warning, verdict, step} = read
-
-      {EntropyConfig.validate(size, loop, warning), LoopVerdict.packed_config(verdict),
-       StepDetector.scoring_settings(step)}
-    end)
+    {EntropyConfig.validate(
+       :application.get_env(:observatory, :entropy_window_size, 5),
+       :application.get_env(:observatory, :entropy_loop_threshold, 0.25),
+       :application.get_env(:observatory, :entropy_warning_threshold, 0.50)
+     ), verdict, step}
   end
 
   @doc false

@@ -7,8 +7,7 @@ defmodule Observatory.Gateway.AlertSourceTest do
   alias Observatory.Test.HTTP
 
   setup do
-    saved = Application.get_env(:observatory, :alert_source)
-    on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+    restore_env_on_exit([:alert_source])
     subscribe_gateway_topics()
     %{sid: unique_session("sess-source")}
   end
@@ -52,12 +51,13 @@ defmodule Observatory.Gateway.AlertSourceTest do
   describe ":entropy (the FRD-009 default)" do
     test "is the default" do
       Application.delete_env(:observatory, :alert_source)
+      Observatory.IngestSettings.refresh()
       assert AlertSource.current() == :entropy
     end
 
     test "the ratio raises the alarm on eight different files; the verdict says progress",
          %{sid: sid} do
-      Application.put_env(:observatory, :alert_source, :entropy)
+      Observatory.configure(alert_source: :entropy)
       results = read_files(sid)
       assert List.last(results).severity == :loop
       assert List.last(results).verdict.verdict == :progress
@@ -67,7 +67,7 @@ defmodule Observatory.Gateway.AlertSourceTest do
     end
 
     test "the ratio misses an A → B → C cycle", %{sid: sid} do
-      Application.put_env(:observatory, :alert_source, :entropy)
+      Observatory.configure(alert_source: :entropy)
       assert List.last(abc_cycle(sid)).verdict.verdict == :loop
       refute_receive %{event_type: "entropy_alert", session_id: ^sid}, 50
     end
@@ -75,7 +75,7 @@ defmodule Observatory.Gateway.AlertSourceTest do
 
   describe ":verdict" do
     setup do
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
     end
 
     test "no alarm for eight different files", %{sid: sid} do
@@ -147,7 +147,7 @@ defmodule Observatory.Gateway.AlertSourceTest do
   end
 
   test "alert?/2 says which results alarm under each source, from one pass", %{sid: sid} do
-    Application.put_env(:observatory, :alert_source, :entropy)
+    Observatory.configure(alert_source: :entropy)
     files = read_files(sid)
     cycle = abc_cycle(unique_session("sess-source-abc"))
     assert Enum.any?(files, &AlertSource.alert?(&1, :entropy))
@@ -158,7 +158,9 @@ defmodule Observatory.Gateway.AlertSourceTest do
   end
 
   test "an unknown value is logged once and read as :entropy" do
+    # A value configure/1 refuses, put as a host's config would put it.
     Application.put_env(:observatory, :alert_source, :both)
+    Observatory.IngestSettings.refresh()
 
     log =
       capture_log(fn ->

@@ -125,7 +125,7 @@ defmodule Observatory.Gateway.AlertsTest do
 
   describe "issue 18: under :verdict the loop verdict alerts" do
     test "a loop verdict puts the session in the list with its rule and evidence; progress clears it" do
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
       sid = unique_session("al-verdict")
 
       log =
@@ -152,7 +152,7 @@ defmodule Observatory.Gateway.AlertsTest do
       sid = unique_session("al-other-source")
       loop!(sid)
       assert Alerts.get(sid)
-      Application.put_env(:observatory, :alert_source, :verdict)
+      Observatory.configure(alert_source: :verdict)
       assert Alerts.get(sid) == nil
       refute Enum.any?(Alerts.list(), &(&1.session_id == sid))
       assert Enum.any?(Alerts.list(source: :entropy), &(&1.session_id == sid))

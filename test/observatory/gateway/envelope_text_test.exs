@@ -137,7 +137,7 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
     end
 
     test "a text over :session_log_max_envelope_bytes is kept as a stub that gives the text's size" do
-      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      Observatory.configure(session_log_max_envelope_bytes: 4_096)
       sid = unique_session("big")
 
       json =
@@ -157,7 +157,7 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
     end
 
     test "a text over the cap is a stub even when its term would be under it (the cap is on the text)" do
-      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      Observatory.configure(session_log_max_envelope_bytes: 4_096)
       sid = unique_session("padded")
       json = Observatory.JSON.encode!(HTTP.envelope(%{"meta" => %{"session_id" => sid}}))
       # The same envelope with 8 KB of spaces before its closing brace.
@@ -201,7 +201,7 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
     end
 
     test "with a host's PubSub server the broadcast carries the envelope, envelope: false or not" do
-      Application.put_env(:observatory, :pubsub, {__MODULE__.HostBus, :host_bus})
+      Observatory.configure(pubsub: {__MODULE__.HostBus, :host_bus})
       sid = unique_session("host-bus")
 
       for lazy? <- [true, false] do
@@ -234,12 +234,13 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
           assert_receive %{event_type: "decision_log", step_id: ^step_id}
           refute_received {:host_bus, "gateway:decision_logs", _}
 
-          Application.put_env(:observatory, :pubsub, {__MODULE__.HostBus, :host_bus})
+          Observatory.configure(pubsub: {__MODULE__.HostBus, :host_bus})
           step_id = ingest.(opts)
           assert_receive {:host_bus, "gateway:decision_logs", %{step_id: ^step_id}}
           refute_received %{event_type: "decision_log", step_id: ^step_id}
 
           Application.delete_env(:observatory, :pubsub)
+          Observatory.IngestSettings.refresh()
           step_id = ingest.(opts)
           assert_receive %{event_type: "decision_log", step_id: ^step_id}
           refute_received {:host_bus, "gateway:decision_logs", _}
@@ -264,13 +265,14 @@ defmodule Observatory.Gateway.EnvelopeTextTest do
       :ok = Events.subscribe(topic)
 
       try do
-        Application.put_env(:observatory, :pubsub, host)
+        Observatory.configure(pubsub: host)
         own = {Observatory.PubSub, Observatory.PubSub}
         assert Events.broadcast_lazy(topic, fn -> %{n: 2} end, own) == :ok
         assert_received %{n: 2}
         refute_received {:host_bus, _, _}
       after
         Application.delete_env(:observatory, :pubsub)
+        Observatory.IngestSettings.refresh()
         Events.unsubscribe(topic)
       end
     end

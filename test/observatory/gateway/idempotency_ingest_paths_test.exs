@@ -107,16 +107,18 @@ defmodule Observatory.Gateway.IdempotencyIngestPathsTest do
     test "release on crash: a step whose ingest raised after its claim is not remembered; its retry is new",
          %{sid: sid, step: step} do
       bus = Application.fetch_env(:observatory, :pubsub)
-      Application.put_env(:observatory, :pubsub, {RaisingBus, :raising_bus})
+      Observatory.configure(pubsub: {RaisingBus, :raising_bus})
       assert_raise RuntimeError, "the bus is down", fn -> SchemaInterceptor.ingest(step) end
       # Scored, then released: nothing is remembered for it (not even in progress).
       assert length(EntropyTracker.window(sid)) == 1
       assert Idempotency.count({:session, sid}) == 0
 
       case bus do
-        {:ok, value} -> Application.put_env(:observatory, :pubsub, value)
+        {:ok, value} -> Observatory.configure(pubsub: value)
         :error -> Application.delete_env(:observatory, :pubsub)
       end
+
+      Observatory.IngestSettings.refresh()
 
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step)

@@ -121,7 +121,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "with enabled: false every delivery is a new step (nothing remembered)",
          %{sid: sid, step: step} do
-      Application.put_env(:observatory, :idempotency, enabled: false)
+      Observatory.configure(idempotency: [enabled: false])
       for _ <- 1..2, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step)
       assert length(EntropyTracker.window(sid)) == 2
     end
@@ -258,7 +258,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
     # forgotten past a cap frees its slot, which the next claim may take.
     test "a ticket whose step was forgotten answers nothing, not the step in its place",
          %{sid: sid} do
-      Application.put_env(:observatory, :idempotency, max_steps: 1)
+      Observatory.configure(idempotency: [max_steps: 1])
       # Other tests' steps forgotten first: a cap lowered at run time is reached over
       # the next claims (1,024 evictions each), not at once.
       Idempotency.sweep(-1)
@@ -280,10 +280,8 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
   describe "bounded memory" do
     test "1M distinct steps: the memory stays under its bounds, per session, per agent and in all" do
-      Application.put_env(:observatory, :idempotency,
-        max_steps: 10_000,
-        max_steps_per_session: 100,
-        max_steps_per_agent: 5_000
+      Observatory.configure(
+        idempotency: [max_steps: 10_000, max_steps_per_session: 100, max_steps_per_agent: 5_000]
       )
 
       hot = unique_session("sess-hot")
@@ -335,7 +333,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "issue 20 finding 7: one agent cannot flush another's remembered steps", %{sid: sid} do
-      Application.put_env(:observatory, :idempotency, max_steps: 1_000, max_steps_per_agent: 50)
+      Observatory.configure(idempotency: [max_steps: 1_000, max_steps_per_agent: 50])
       victim = for n <- 1..20, do: step(sid, "turn-#{n}")
       for s <- victim, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(s)
       attacker = "agent-flood-#{System.unique_integer([:positive])}"
@@ -363,7 +361,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "past :max_steps_per_session a session's oldest step is forgotten", %{sid: sid} do
-      Application.put_env(:observatory, :idempotency, max_steps_per_session: 3)
+      Observatory.configure(idempotency: [max_steps_per_session: 3])
       for n <- 1..4, do: {:ok, %{replayed: false}} = SchemaInterceptor.ingest(step(sid, "s#{n}"))
       assert Idempotency.count({:session, sid}) == 3
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step(sid, "s4"))
@@ -373,7 +371,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
 
     test "a step older than :window_ms is forgotten: delivered again, it is a new step",
          %{sid: sid, step: step} do
-      Application.put_env(:observatory, :idempotency, window_ms: 20)
+      Observatory.configure(idempotency: [window_ms: 20])
       {:ok, _} = SchemaInterceptor.ingest(step)
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(step)
       Process.sleep(30)
@@ -392,7 +390,10 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
 
     test "invalid settings fall back to their defaults" do
+      # Values configure/1 refuses, put as a host's config would put them.
       Application.put_env(:observatory, :idempotency, max_steps: -1, window_ms: "soon", enabled: 1)
+
+      Observatory.IngestSettings.refresh()
 
       defaults = [
         enabled: true,

@@ -45,7 +45,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
 
     test "a step-detector block holds from the step that set it; a reset lifts it on the next",
          %{sid: sid} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 3])
 
       actions =
         for n <- 1..5 do
@@ -133,12 +133,12 @@ defmodule Observatory.Gateway.IngestHotPathTest do
 
   describe "settings are read on every step" do
     test "a changed :step_detection threshold applies to the next step", %{sid: sid} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 8)
+      Observatory.configure(step_detection: [stagnation_warn: 5, stagnation_block: 8])
 
       for n <- 1..3,
           do: {:ok, %{step: %{action: :continue}}} = SchemaInterceptor.ingest(step(sid, n))
 
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 8)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 8])
       assert {:ok, %{step: %{action: :warn}}} = SchemaInterceptor.ingest(step(sid, 4))
     end
 
@@ -160,11 +160,11 @@ defmodule Observatory.Gateway.IngestHotPathTest do
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(json)
 
       # Off: the same delivery is scored again, nothing is remembered.
-      Application.put_env(:observatory, :idempotency, enabled: false)
+      Observatory.configure(idempotency: [enabled: false])
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json)
 
       # On again, one step per session: step 2 pushes step 1 out on the next claim.
-      Application.put_env(:observatory, :idempotency, max_steps_per_session: 1)
+      Observatory.configure(idempotency: [max_steps_per_session: 1])
       json2 = Observatory.JSON.encode!(step(sid, 2, "/b"))
       assert {:ok, %{replayed: false}} = SchemaInterceptor.ingest(json2)
       assert {:ok, %{replayed: true}} = SchemaInterceptor.ingest(json2)
@@ -175,7 +175,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
   describe "a retry gets the first answer, as it was" do
     test "the loop verdict and the step detector's verdict come back field for field",
          %{sid: sid} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 3])
       for n <- 1..4, do: {:ok, _} = SchemaInterceptor.ingest(step(sid, n))
       json = Observatory.JSON.encode!(step(sid, 5))
       {:ok, first} = SchemaInterceptor.ingest(json)
@@ -225,7 +225,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
 
   describe "the session log counts the bytes it holds" do
     test "replacing the oldest envelope takes its size off", %{sid: sid} do
-      Application.put_env(:observatory, :session_log_size, 2)
+      Observatory.configure(session_log_size: 2)
       envelopes = for n <- 1..3, do: %{"n" => n, "pad" => String.duplicate("x", n * 100)}
       before = SessionLog.stats().bytes
       for e <- envelopes, do: :ok = SessionLog.put(sid, e)

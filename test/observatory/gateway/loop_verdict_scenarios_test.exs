@@ -22,9 +22,8 @@ defmodule Observatory.Gateway.LoopVerdictScenariosTest do
     for key <- [:entropy_window_size, :entropy_loop_threshold, :entropy_warning_threshold],
         do: Application.delete_env(:observatory, key)
 
-    saved = Application.get_env(:observatory, :alert_source)
-    Application.put_env(:observatory, :alert_source, :entropy)
-    on_exit(fn -> Application.put_env(:observatory, :alert_source, saved) end)
+    restore_env_on_exit([:alert_source])
+    Observatory.configure(alert_source: :entropy)
     :ok
   end
 

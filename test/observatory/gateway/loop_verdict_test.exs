@@ -55,13 +55,16 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     result.verdict
   end
 
-  defp put_config(overrides) do
-    Application.put_env(
-      :observatory,
-      :loop_verdict,
-      Keyword.merge(LoopVerdict.defaults(), overrides)
-    )
-  end
+  defp put_config(overrides),
+    do: Observatory.configure(loop_verdict: Keyword.merge(LoopVerdict.defaults(), overrides))
+
+  defp put_env_config(overrides),
+    do:
+      Application.put_env(
+        :observatory,
+        :loop_verdict,
+        Keyword.merge(LoopVerdict.defaults(), overrides)
+      )
 
   @fail %{
     "tool_input" => %{"path" => "config/prod.secret.exs"},
@@ -454,7 +457,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
     test "an invalid set is logged once and replaced by the defaults", %{sid: sid} do
       log =
         capture_log(fn ->
-          put_config(repeat_suspect: 4, repeat_loop: 3)
+          # A set configure/1 refuses, put as a host's config would put it.
+          put_env_config(repeat_suspect: 4, repeat_loop: 3)
+          Observatory.IngestSettings.refresh()
           for _ <- 1..3, do: ingest(sid, @fail)
         end)
 
@@ -559,7 +564,9 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       assert token.(1) != token.(2)
       poll = fn p -> normalized_keys(%{"result" => %{"progress" => p}}) end
 
-      put_config(extra_volatile_keys: ["job_token"], normalize_result_numbers: true)
+      # Put without configure/1, which reloads the rules itself.
+      put_env_config(extra_volatile_keys: ["job_token"], normalize_result_numbers: true)
+      assert token.(1) != token.(2)
       :ok = LoopVerdict.reload_rules()
       assert token.(1) == token.(2)
       assert poll.(10) == poll.(80)
@@ -590,7 +597,8 @@ defmodule Observatory.Gateway.LoopVerdictTest do
       # This process has read (and keeps) the rules in force.
       assert token.(1) != token.(2)
 
-      put_config(extra_volatile_keys: ["job_token"])
+      # Put without configure/1, which reloads the rules itself.
+      put_env_config(extra_volatile_keys: ["job_token"])
       pid = Process.whereis(LoopVerdict)
       ref = Process.monitor(pid)
       Process.exit(pid, :kill)

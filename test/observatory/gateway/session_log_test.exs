@@ -33,7 +33,7 @@ defmodule Observatory.Gateway.SessionLogTest do
 
   describe "finding 5: the session log keeps a bounded number of sessions and bytes" do
     test "past :session_log_max_sessions the least recently seen sessions go" do
-      Application.put_env(:observatory, :session_log_max_sessions, 100)
+      Observatory.configure(session_log_max_sessions: 100)
       prefix = unique_session("cap")
 
       log =
@@ -50,7 +50,7 @@ defmodule Observatory.Gateway.SessionLogTest do
     end
 
     test "an envelope over :session_log_max_envelope_bytes is kept as a stub, not whole" do
-      Application.put_env(:observatory, :session_log_max_envelope_bytes, 4_096)
+      Observatory.configure(session_log_max_envelope_bytes: 4_096)
       sid = unique_session("big")
       before = SessionLog.stats().bytes
 
@@ -70,7 +70,7 @@ defmodule Observatory.Gateway.SessionLogTest do
     test "past :session_log_max_bytes the least recently seen sessions go" do
       settle()
       base = SessionLog.stats().bytes
-      Application.put_env(:observatory, :session_log_max_bytes, base + 200_000)
+      Observatory.configure(session_log_max_bytes: base + 200_000)
       prefix = unique_session("bytes")
       text = String.duplicate("b", 10_000)
 
@@ -114,14 +114,14 @@ defmodule Observatory.Gateway.SessionLogTest do
       text = sized_text(sid)
       held = bytes_held_from_now()
 
-      Application.put_env(:observatory, :session_log_size, 2)
+      Observatory.configure(session_log_size: 2)
       SessionLog.put_json(sid, text.(10), nil)
       assert held.() == byte_size(text.(10))
       SessionLog.put_json(sid, text.(200), nil)
       assert held.() == byte_size(text.(10)) + byte_size(text.(200))
 
       # Step 3 of a ring of 3 goes to slot 0, which step 2 wrote.
-      Application.put_env(:observatory, :session_log_size, 3)
+      Observatory.configure(session_log_size: 3)
       SessionLog.put_json(sid, text.(30), nil)
       assert held.() == byte_size(text.(10)) + byte_size(text.(30))
       assert [%{"n" => one}, %{"n" => three}] = SessionLog.recent(sid)
@@ -162,20 +162,20 @@ defmodule Observatory.Gateway.SessionLogTest do
       text = sized_text(sid)
       held = bytes_held_from_now()
 
-      Application.put_env(:observatory, :session_log_size, 5)
+      Observatory.configure(session_log_size: 5)
       for n <- 1..5, do: SessionLog.put_json(sid, text.(n), nil)
       assert length(SessionLog.steps(sid)) == 5
 
       # Step 6 of a ring of 2 goes to slot 0 (step 5's); slot 1 keeps step 1; slots
       # 2..4 (steps 2..4) are outside the ring: no reader sees them, and they are freed.
-      Application.put_env(:observatory, :session_log_size, 2)
+      Observatory.configure(session_log_size: 2)
       SessionLog.put_json(sid, text.(6), nil)
       assert [%{"n" => one}, %{"n" => six}] = SessionLog.recent(sid)
       assert {byte_size(one), byte_size(six)} == {1, 6}
       assert held.() == byte_size(text.(1)) + byte_size(text.(6))
 
       # Grown again, the freed slots stay empty until steps reach them.
-      Application.put_env(:observatory, :session_log_size, 5)
+      Observatory.configure(session_log_size: 5)
       assert length(SessionLog.steps(sid)) == 2
       assert SessionLog.count(sid) == 6
     end
@@ -184,7 +184,7 @@ defmodule Observatory.Gateway.SessionLogTest do
   describe "trim and idle sweep run in bounded chunks" do
     test "a trim of many sessions past :session_log_max_sessions drops them all, chunk by chunk" do
       settle()
-      Application.put_env(:observatory, :session_log_max_sessions, 100)
+      Observatory.configure(session_log_max_sessions: 100)
       prefix = unique_session("many")
 
       capture_log(fn ->

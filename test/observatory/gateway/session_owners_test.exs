@@ -108,7 +108,7 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       Application.put_env(:observatory, :max_sessions_per_agent, 5)
       # Without the per-agent quota the flood would fill the store (100) and flush the
       # victim's steps.
-      Application.put_env(:observatory, :idempotency, max_steps: 100, max_steps_per_agent: 20)
+      Observatory.configure(idempotency: [max_steps: 100, max_steps_per_agent: 20])
       sid = unique_session("sess-both")
       victim_steps = for _ <- 1..10, do: step(sid, victim)
 

@@ -5,14 +5,7 @@ defmodule Observatory.Gateway.StepDetectorTest do
   alias Observatory.Test.HTTP
 
   setup do
-    saved = Application.get_env(:observatory, :step_detection)
-
-    on_exit(fn ->
-      if saved,
-        do: Application.put_env(:observatory, :step_detection, saved),
-        else: Application.delete_env(:observatory, :step_detection)
-    end)
-
+    restore_env_on_exit([:step_detection])
     :ok = Events.subscribe(StepDetector.topic())
     %{sid: unique_session("sess-step")}
   end
@@ -80,14 +73,16 @@ defmodule Observatory.Gateway.StepDetectorTest do
     end
 
     test "thresholds are configurable at run time", %{sid: sid} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 1, stagnation_block: 2)
+      Observatory.configure(step_detection: [stagnation_warn: 1, stagnation_block: 2])
       step(sid, :a, :x)
       assert %{action: :warn} = step(sid, :a, :x)
       assert %{action: :block} = step(sid, :a, :x)
     end
 
     test "invalid thresholds are an error, not a crash", %{sid: sid} do
+      # Thresholds configure/1 refuses, put as a host's config would put them.
       Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 2)
+      Observatory.IngestSettings.refresh()
 
       ExUnit.CaptureLog.capture_log(fn ->
         assert {:error, :invalid_step_thresholds} = StepDetector.analyze(sid, d(:a), d(:x))

@@ -87,7 +87,7 @@ defmodule Observatory.Gateway.StepScoreTest do
 
   describe "one call answers as the three calls did" do
     test "a fixed sequence that warns, blocks and loops: every answer the same", %{tracker: t} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 4)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 4])
       # Varied work, then the same failing call again and again.
       steps =
         for(i <- 1..4, do: {i, i, i, "success"}) ++
@@ -162,7 +162,7 @@ defmodule Observatory.Gateway.StepScoreTest do
       for {fused, apart} <- default, do: assert(fused == apart)
       assert levels.(default) == [:progress, :suspect, :loop, :loop, :loop, :loop]
 
-      Application.put_env(:observatory, :loop_verdict, repeat_suspect: 3, repeat_loop: 5)
+      Observatory.configure(loop_verdict: [repeat_suspect: 3, repeat_loop: 5])
       changed = both_paths(steps, t)
       for {fused, apart} <- changed, do: assert(fused == apart)
       # Two in a row are no longer suspect, three are; the rest as the rules say.
@@ -171,26 +171,28 @@ defmodule Observatory.Gateway.StepScoreTest do
 
     test "every :loop_verdict threshold changed at once: the one call answers as apart",
          %{tracker: t} do
-      Application.put_env(:observatory, :loop_verdict,
-        history: 24,
-        max_period: 3,
-        repeat_suspect: 3,
-        repeat_loop: 4,
-        blank_repeat_loop: 5,
-        cycle_suspect: 3,
-        cycle_loop: 4,
-        failure_suspect: 2,
-        failure_loop: 3,
-        entropy_rule: false,
-        near_share: 90,
-        near_repeat_suspect: 4,
-        near_repeat_loop: 5,
-        blank_near_repeat_loop: 7,
-        failure_run_suspect: 2,
-        failure_run_loop: :never,
-        revisit_window: 8,
-        revisit_suspect: 3,
-        revisit_loop: 4
+      Observatory.configure(
+        loop_verdict: [
+          history: 24,
+          max_period: 3,
+          repeat_suspect: 3,
+          repeat_loop: 4,
+          blank_repeat_loop: 5,
+          cycle_suspect: 3,
+          cycle_loop: 4,
+          failure_suspect: 2,
+          failure_loop: 3,
+          entropy_rule: false,
+          near_share: 90,
+          near_repeat_suspect: 4,
+          near_repeat_loop: 5,
+          blank_near_repeat_loop: 7,
+          failure_run_suspect: 2,
+          failure_run_loop: :never,
+          revisit_window: 8,
+          revisit_suspect: 3,
+          revisit_loop: 4
+        ]
       )
 
       assert LoopVerdict.packed_config() == Native.verdict_config_pack(LoopVerdict.config())
@@ -211,7 +213,12 @@ defmodule Observatory.Gateway.StepScoreTest do
       Application.delete_env(:observatory, :loop_verdict)
       defaults = LoopVerdict.packed_config()
       Application.put_env(:observatory, :loop_verdict, repeat_suspect: 9, repeat_loop: 2)
-      ExUnit.CaptureLog.capture_log(fn -> assert LoopVerdict.packed_config() == defaults end)
+
+      ExUnit.CaptureLog.capture_log(fn ->
+        assert LoopVerdict.packed_config() == defaults
+        # The steps' snapshot too: put_env with a value configure/1 refuses.
+        Observatory.IngestSettings.refresh()
+      end)
 
       f = fields(unique_session("invalid-config"), 1, {1, 1, 1, "success"})
       ExUnit.CaptureLog.capture_log(fn -> assert {_, {:ok, _}, {:ok, _}} = fused(f, t, true) end)
@@ -224,13 +231,14 @@ defmodule Observatory.Gateway.StepScoreTest do
       assert actions == [:continue, :continue]
 
       # Stagnation streak 2 from the third step: warn now, at 2.
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 6)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 6])
       assert {_, _, {:ok, %{action: :warn, stagnation_streak: 2}}} = step.(3)
     end
 
     test "invalid :step_detection thresholds are packed as nil: the detector's error",
          %{tracker: t} do
       Application.put_env(:observatory, :step_detection, stuck_warn: "five")
+      Observatory.IngestSettings.refresh()
       assert {{3, 5, "five", 8}, nil} = scoring = StepDetector.scoring_settings()
       assert scoring == {elem(StepDetector.step_settings(), 0), nil}
 
@@ -310,7 +318,7 @@ defmodule Observatory.Gateway.StepScoreTest do
       }
 
       for n <- 1..14 do
-        with {key, value} <- changes[n], do: Application.put_env(:observatory, key, value)
+        with {key, value} <- changes[n], do: Observatory.configure([{key, value}])
         step = {rem(n, 2), 1, 1, "failure"}
         fa = fields(a, n, step)
         fb = %{fields(b, n, step) | session_id: b}
@@ -389,7 +397,7 @@ defmodule Observatory.Gateway.StepScoreTest do
     end
 
     test "a step detector reset clears the streaks the fused call built", %{tracker: t} do
-      Application.put_env(:observatory, :step_detection, stagnation_warn: 2, stagnation_block: 3)
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 3])
       sid = unique_session("reset")
 
       actions =
@@ -424,6 +432,7 @@ defmodule Observatory.Gateway.StepScoreTest do
 
     test "invalid step thresholds: the step detector's error, logged", %{f: f, t: t} do
       Application.put_env(:observatory, :step_detection, stagnation_warn: 5, stagnation_block: 2)
+      Observatory.IngestSettings.refresh()
 
       {_, {_, _, _, _, _, 1}, analysed, thresholds} =
         StepScore.score(f, t, EntropyConfig.read(), true)
