@@ -28,7 +28,9 @@ defmodule Observatory.Gateway.AlertSource do
   naming the variable. The application also refuses to start with an invalid
   `:alert_source` (`validate!/1`). The dashboard's header shows the source in force.
 
-  Read on every step. A value changed at run time to an unknown one is logged once and
+  Read on every step from the settings snapshot (`Observatory.configure/1` applies a
+  change to the next step, `Application.put_env/3` within `:settings_refresh_ms`). A
+  value put at run time with `Application.put_env/3` to an unknown one is logged once and
   read as `:entropy`, and so is `:verdict` while `LoopVerdict` is not running: an alert
   source that cannot alert would silence the gateway.
   """

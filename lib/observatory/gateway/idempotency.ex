@@ -29,7 +29,9 @@ defmodule Observatory.Gateway.Idempotency do
   ## Bounds
 
   Every step a client sends is remembered, so memory is capped
-  (`config :observatory, :idempotency`, read on every step):
+  (`config :observatory, :idempotency`, read on every step from the settings snapshot:
+  `Observatory.configure/1` applies a change to the next step, `Application.put_env/3`
+  within `:settings_refresh_ms`):
 
   | key | default | what |
   |---|---|---|

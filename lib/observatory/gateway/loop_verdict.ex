@@ -90,8 +90,9 @@ defmodule Observatory.Gateway.LoopVerdict do
         normalize_input_numbers: false, normalize_result_numbers: false,
         max_sessions: 100_000             # read at start
 
-  Thresholds are read on every step; an invalid set is logged once and replaced by the
-  defaults. The normalization is read when the verdict starts (or by `reload_rules/0`):
+  Thresholds are read on every step from the settings snapshot (`Observatory.configure/1`
+  applies a change to the next step, `Application.put_env/3` within
+  `:settings_refresh_ms`); an invalid set is logged once and replaced by the defaults. The normalization is read when the verdict starts (or by `reload_rules/0`):
   changing how steps hash in the middle of a session would make old and new steps
   incomparable. Sessions idle for `:entropy_session_ttl_ms` are forgotten.
 

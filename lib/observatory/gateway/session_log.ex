@@ -35,8 +35,9 @@ defmodule Observatory.Gateway.SessionLog do
   | `:session_log_max_envelope_bytes` | `16_384` | an envelope larger than this (its JSON text's size; a map's external term size) is kept as a stub: `%{"truncated" => true, "bytes" => n}` (`n` that size) plus its `meta` when small |
   | `:session_log_max_bytes` | `268_435_456` | envelope bytes kept in all; past it the least recently seen sessions go |
 
-  The settings are read on every message (a changed one applies to the next), the
-  sessions cap when a session arrives. A writer that takes the log over a cap asks
+  The settings are read on every message from the settings snapshot
+  (`Observatory.configure/1` applies a change to the next, `Application.put_env/3`
+  within `:settings_refresh_ms`), the sessions cap when a session arrives. A writer that takes the log over a cap asks
   this process to trim, and it drops the least recently seen sessions down to 90 %
   of the cap, so memory stays within about the caps however fast new sessions come.
   Sessions idle for `:entropy_session_ttl_ms` are swept. Both take sessions off the

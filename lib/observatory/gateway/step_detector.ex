@@ -23,8 +23,10 @@ defmodule Observatory.Gateway.StepDetector do
         history: 16,                               # steps remembered per session
         max_sessions: 100_000                      # read at start
 
-  Thresholds and history are read on every step; `max_sessions` when the detector
-  starts. Sessions idle for `:entropy_session_ttl_ms` are forgotten, unless blocked.
+  Thresholds and history are read on every step from the settings snapshot
+  (`Observatory.configure/1` applies a change to the next step,
+  `Application.put_env/3` within `:settings_refresh_ms`); `max_sessions` when the
+  detector starts. Sessions idle for `:entropy_session_ttl_ms` are forgotten, unless blocked.
 
   ## Durable blocks
 
