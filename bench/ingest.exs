@@ -117,7 +117,7 @@ end
 
 check = fn on? ->
   configured = Application.get_env(:observatory, :idempotency, [])
-  Application.put_env(:observatory, :idempotency, Keyword.put(configured, :enabled, on?))
+  Observatory.configure(idempotency: Keyword.put(configured, :enabled, on?))
 end
 
 r = fn x -> :erlang.float_to_binary(x / 1, decimals: 2) end

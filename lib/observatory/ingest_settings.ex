@@ -59,9 +59,16 @@ defmodule Observatory.IngestSettings do
   def get(key) do
     case :persistent_term.get(@key, nil) do
       {_read, snapshot} -> :erlang.map_get(key, snapshot)
-      nil -> :erlang.map_get(key, derive(read()))
+      nil -> unkept(key)
     end
   end
+
+  # No snapshot: the one setting read from the environment, as every call did.
+  defp unkept(:idempotency_limits), do: idempotency_limits(env(:idempotency))
+  defp unkept(:step_score), do: step_score(env(:loop_verdict), env(:step_detection))
+  defp unkept(key), do: env(key)
+
+  defp env(key), do: Application.get_env(@app, key, Keyword.fetch!(@settings, key))
 
   @doc """
   Brings the snapshot up to the application environment now (a no-op when nothing
@@ -74,10 +81,6 @@ defmodule Observatory.IngestSettings do
   catch
     :exit, {:noproc, _} -> :ok
   end
-
-  @doc "The settings `Observatory.configure/1` takes."
-  @spec configurable() :: [atom()]
-  def configurable, do: @configurable
 
   @doc "See `Observatory.configure/1`."
   @spec configure(keyword()) :: :ok
@@ -154,14 +157,27 @@ defmodule Observatory.IngestSettings do
 
     case :persistent_term.get(@key, nil) do
       {^read, _snapshot} -> :ok
-      _changed_or_none -> :persistent_term.put(@key, {read, derive(read)})
+      _changed_or_none -> put(read)
     end
 
     :ok
   end
 
-  defp read,
-    do: for({key, default} <- @settings, do: {key, Application.get_env(@app, key, default)})
+  # Each module's derivation takes any value it may be given; should one still raise,
+  # the snapshot stays as it was (said once): a setting put by hand must not restart
+  # this process until its supervisor gives up.
+  defp put(read) do
+    :persistent_term.put(@key, {read, derive(read)})
+  rescue
+    exception ->
+      warn_once(
+        {:derive, read},
+        "the settings put with Application.put_env/3 could not be applied " <>
+          "(#{Exception.message(exception)}); steps keep the settings they had"
+      )
+  end
+
+  defp read, do: for({key, _default} <- @settings, do: {key, env(key)})
 
   # What steps read: each setting as configured, and what the scoring and the
   # idempotency check make of theirs (their own derivations, with their warnings).
@@ -169,15 +185,16 @@ defmodule Observatory.IngestSettings do
     snapshot = Map.new(read)
 
     Map.merge(snapshot, %{
-      # Not a list: the defaults, as `Idempotency.settings/0` takes it.
-      idempotency_limits: Idempotency.limits(list_or_empty(snapshot.idempotency)),
-      step_score:
-        {LoopVerdict.packed_config(snapshot.loop_verdict), step(snapshot.step_detection)}
+      idempotency_limits: idempotency_limits(snapshot.idempotency),
+      step_score: step_score(snapshot.loop_verdict, snapshot.step_detection)
     })
   end
 
-  defp list_or_empty(value) when is_list(value), do: value
-  defp list_or_empty(_other), do: []
+  # Not a list: the defaults, as `Idempotency.settings/0` takes it.
+  defp idempotency_limits(setting) when is_list(setting), do: Idempotency.limits(setting)
+  defp idempotency_limits(_other), do: Idempotency.limits([])
+
+  defp step_score(verdict, step), do: {LoopVerdict.packed_config(verdict), step(step)}
 
   # Not a keyword list: packed as invalid thresholds are (nil), so the detector
   # answers `:invalid_step_thresholds` and warns naming it, and the other parts are

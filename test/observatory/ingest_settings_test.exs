@@ -256,6 +256,24 @@ defmodule Observatory.IngestSettingsTest do
     end
   end
 
+  describe "without a snapshot (the application not started, or storage off)" do
+    test "each setting is read from the environment on every call" do
+      quiet_keeper()
+      IngestSettings.forget()
+
+      try do
+        Application.put_env(:observatory, :session_log_size, 9)
+        assert IngestSettings.get(:session_log_size) == 9
+        Application.put_env(:observatory, :idempotency, enabled: false)
+        assert IngestSettings.get(:idempotency_limits) == nil
+      after
+        IngestSettings.refresh()
+      end
+
+      assert {_read, %{session_log_size: 9}} = :persistent_term.get(IngestSettings)
+    end
+  end
+
   describe "FR-9.11: the three entropy settings are read on every call" do
     test "put with Application.put_env alone, each applies to the next step", %{sid: sid} do
       quiet_keeper()
