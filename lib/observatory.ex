@@ -5,7 +5,7 @@ defmodule Observatory do
   who can pause them, and each agent has a kill switch. See the README and the guides
   (`docs/`) for how to send steps, read the dashboard and tune detection.
 
-  Settings are `config :observatory, …` keys ([Configuration](configuration.md));
+  Settings are `config :observatory, …` keys (`docs/configuration.md`);
   `configure/1` changes the ones the ingest reads while the gateway runs.
   """
 
