@@ -73,7 +73,7 @@ defmodule ObservatoryWeb.API.Sessions do
             404,
             "not_found",
             "no such step: the gateway keeps a session's last " <>
-              "#{Application.get_env(:observatory, :session_log_size, 20)} steps"
+              "#{Observatory.IngestSettings.get(:session_log_size)} steps"
           )
       end
     end

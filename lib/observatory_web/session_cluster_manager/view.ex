@@ -665,7 +665,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(<li class="muted">Steps ),
       escape(Enum.join(numbers, ", ")),
       " are no longer stored (the gateway keeps the last ",
-      escape(Application.get_env(:observatory, :session_log_size, 20)),
+      escape(Observatory.IngestSettings.get(:session_log_size)),
       ").</li>"
     ]
   end
