@@ -20,7 +20,8 @@ Logger.configure(level: :error)
 quick? = "--quick" in System.argv()
 {rounds, calls} = if quick?, do: {5, 20_000}, else: {7, 50_000}
 
-line = "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+line =
+  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
 
 # The 600 B step's result swapped for another size's (the rest byte for byte the same).
 resize = fn json, size ->
@@ -52,6 +53,7 @@ for size <- [:small, :"600 B", :"4 KiB"] do
       :erlang.garbage_collect()
       {_, _} = :erlang.statistics(:runtime)
       t0 = System.monotonic_time(:nanosecond)
+
       for _ <- 1..div(calls, 200),
           do: Enum.each(bodies, &DecisionLog.parse(&1, envelope: false))
 
