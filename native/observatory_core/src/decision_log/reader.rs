@@ -71,6 +71,21 @@ impl<'a> RestText<'a> {
         starts.zip(ends).map(move |(start, end)| &body[start..end])
     }
 
+    /// Whether the cuts are apart, in order and inside the body, on character
+    /// boundaries (as a canonical body's are): then [`pieces`](Self::pieces) cannot
+    /// slice out of bounds.
+    fn in_order(&self) -> bool {
+        let mut end = 0;
+        self.cuts[..self.count].iter().all(|&(start, stop)| {
+            let fits = end <= start
+                && start <= stop
+                && self.body.is_char_boundary(start)
+                && self.body.is_char_boundary(stop);
+            end = stop;
+            fits
+        })
+    }
+
     /// Bytes in all the pieces.
     pub fn len(&self) -> usize {
         let cut: usize = self.cuts[..self.count].iter().map(|(s, e)| e - s).sum();
@@ -141,11 +156,12 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
     }
     let mut canonical = reader.canonical;
     if reader.plain && reader.cut_count <= MAX_CUTS && matches!(json, Json::Object(_)) {
-        canonical.rest = Some(RestText {
+        let rest = RestText {
             body: text,
             cuts: reader.cuts,
             count: reader.cut_count,
-        });
+        };
+        canonical.rest = rest.in_order().then_some(rest);
     }
     Some((json, canonical))
 }
