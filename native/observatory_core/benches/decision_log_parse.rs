@@ -17,7 +17,7 @@ use std::hint::black_box;
 
 use observatory_core::decision_log::value_path::{body_fingerprint, step_hashes, validate};
 use observatory_core::decision_log::{
-    check, fingerprint_of, hashes_of, hashes_with, parse, read_step, Json, Parts,
+    check, fingerprint_of, fingerprint_with, hashes_of, hashes_with, parse, read_step, Json, Parts,
 };
 use observatory_core::loop_verdict::keys::Normalization;
 
@@ -131,6 +131,15 @@ fn main() {
         ),
         (
             "reader: whole (+ fingerprint)",
+            Box::new(|b| {
+                let (v, text) = read_step(b, Parts::CanonicalText).unwrap();
+                black_box(check(&v).unwrap());
+                let h = hashes_with(&v, text, rules);
+                black_box(fingerprint_with(&v, &text, &h));
+            }),
+        ),
+        (
+            "  its fingerprint written",
             Box::new(|b| {
                 let (v, text) = read_step(b, Parts::CanonicalText).unwrap();
                 black_box(check(&v).unwrap());

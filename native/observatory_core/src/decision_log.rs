@@ -12,12 +12,12 @@
 use serde_json::Value;
 
 pub use borrowed::{Json, Object};
-pub use reader::{CanonicalText, Parts};
+pub use reader::{CanonicalText, Parts, RestText, LEFT_OUT};
 
 use crate::loop_verdict::keys::{self, Normalization};
 use crate::loop_verdict::StepKeys;
 use crate::session_store::{MAX_FIELD_BYTES, MAX_ID_BYTES};
-use crate::stable_json::{hash_parts, stable_stringify, Digest};
+use crate::stable_json::{hash_parts, hash_parts_in_pieces, stable_stringify, Digest};
 
 pub mod borrowed;
 pub mod reader;
@@ -347,6 +347,27 @@ pub fn body_fingerprint(envelope: &Value, hashes: &StepHashes) -> [u8; 16] {
     fingerprint_of(&Json::from(envelope), hashes)
 }
 
+/// [`fingerprint_of`], the rest of the envelope's canonical text taken from the body
+/// where [`read_step`] found it written so (the same text: not written again).
+pub fn fingerprint_with(
+    envelope: &Json<'_>,
+    canonical: &CanonicalText<'_>,
+    hashes: &StepHashes,
+) -> [u8; 16] {
+    let Some(rest) = &canonical.rest else {
+        return fingerprint_of(envelope, hashes);
+    };
+    let outcome = hashes
+        .outcome
+        .as_ref()
+        .map_or(&[][..], |digest| &digest[..]);
+    let pieces = rest.pieces().map(str::as_bytes);
+    let digest = hash_parts_in_pieces(rest.len(), pieces, &[&hashes.approach, outcome]);
+    let mut fingerprint = [0; 16];
+    fingerprint.copy_from_slice(&digest[..16]);
+    fingerprint
+}
+
 /// [`body_fingerprint`] of a tree.
 pub fn fingerprint_of(envelope: &Json<'_>, hashes: &StepHashes) -> [u8; 16] {
     TEXTS.with(|texts| {
@@ -369,12 +390,6 @@ pub fn fingerprint_of(envelope: &Json<'_>, hashes: &StepHashes) -> [u8; 16] {
 
 /// The canonical text of the envelope without the members the fingerprint leaves out.
 fn write_rest(envelope: &Json<'_>, out: &mut String) {
-    const LEFT_OUT: [(&str, &str); 4] = [
-        ("meta", "timestamp"),
-        ("cognition", "entropy_score"),
-        ("action", "tool_input"),
-        ("action", "result"),
-    ];
     let Json::Object(root) = envelope else {
         return envelope.write_canonical(out);
     };

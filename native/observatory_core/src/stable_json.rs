@@ -30,8 +30,6 @@
 //! Recursion goes as deep as the value nests: `serde_json`'s parser caps that at 128,
 //! and code that builds values another way (from BEAM terms) should cap it too.
 
-use std::fmt::Write as _;
-
 use serde_json::{Number, Value};
 use sha2::{Digest as _, Sha256};
 
@@ -99,6 +97,25 @@ pub fn hash_parts(parts: &[&[u8]]) -> Digest {
     hasher.finalize().into()
 }
 
+/// [`hash_parts`] with its first part given as `pieces` of `first_len` bytes in all:
+/// the digest of their concatenation, without writing it out.
+pub fn hash_parts_in_pieces<'p>(
+    first_len: usize,
+    pieces: impl Iterator<Item = &'p [u8]>,
+    parts: &[&[u8]],
+) -> Digest {
+    let mut hasher = Sha256::new();
+    hasher.update((first_len as u64).to_le_bytes());
+    for piece in pieces {
+        hasher.update(piece);
+    }
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
 /// Lowercase hexadecimal, two characters per byte: how digests appear in logs and events.
 pub fn to_hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -159,7 +176,9 @@ fn write_members<'a>(out: &mut String, members: impl Iterator<Item = (&'a String
     }
 }
 
-pub(crate) fn write_number(out: &mut String, n: &Number) {
+/// Writes `n` canonically into any text sink (a `String`, or the reader's small buffer
+/// when it checks a number's text).
+pub(crate) fn write_number<W: std::fmt::Write>(out: &mut W, n: &Number) {
     const MIN_I64: f64 = -9_223_372_036_854_775_808.0; // -2^63
     const END_U64: f64 = 18_446_744_073_709_551_616.0; // 2^64
     match (n.as_u64(), n.as_i64(), n.as_f64()) {
@@ -174,14 +193,14 @@ pub(crate) fn write_number(out: &mut String, n: &Number) {
             }
         }
         _ => {
-            // Into a `String`, `write!` cannot fail.
+            // Into a `String`, `write!` cannot fail (a sink that can, says so itself).
             let _ = write!(out, "{n}");
         }
     }
 }
 
 /// Decimal digits without going through `fmt`, which costs more than the digits.
-fn write_integer(out: &mut String, negative: bool, mut magnitude: u64) {
+fn write_integer<W: std::fmt::Write>(out: &mut W, negative: bool, mut magnitude: u64) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     loop {
@@ -193,9 +212,11 @@ fn write_integer(out: &mut String, negative: bool, mut magnitude: u64) {
         }
     }
     if negative {
-        out.push('-');
+        let _ = out.write_char('-');
     }
-    out.extend(digits[start..].iter().map(|&d| char::from(d)));
+    for &d in &digits[start..] {
+        let _ = out.write_char(char::from(d));
+    }
 }
 
 /// The escapes of `serde_json`: every byte that needs one is ASCII, so the runs between

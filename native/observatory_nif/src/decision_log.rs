@@ -72,7 +72,7 @@ fn parse<'a>(
         }) => {
             let rules = rules.map_or(Normalization::shared_default(), |r| &r.0);
             let hashes = decision_log::hashes_with(&value, canonical, rules);
-            let fingerprint = decision_log::fingerprint_of(&value, &hashes);
+            let fingerprint = decision_log::fingerprint_with(&value, &canonical, &hashes);
             let StepHashes {
                 approach,
                 outcome,

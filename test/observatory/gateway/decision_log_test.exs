@@ -101,4 +101,121 @@ defmodule Observatory.Gateway.DecisionLogTest do
       end
     end
   end
+
+  describe "the body fingerprint and hashes: what the text says, not how it is written" do
+    # A canonically written body has its fingerprint hashed from the body's own pieces,
+    # one written otherwise from the text written out again: both must give the same
+    # answer, bit for bit, as they must for idempotent ingest. Every committed scripted
+    # real-run step, as an envelope, three ways.
+    @steps Path.expand("../../../bench/real_runs/scripted/steps.jsonl", __DIR__)
+
+    defp envelope_of(step, i) do
+      %{
+        "meta" => %{
+          "step_id" => "s#{i}",
+          "session_id" => step["session_id"],
+          "agent_id" => step["agent_id"],
+          "parent_step_id" => if(rem(i, 3) == 0, do: nil, else: "s#{i - 1}"),
+          "timestamp" => "2026-02-22T10:30:00.#{rem(i, 1000)}Z"
+        },
+        "cognition" => %{
+          "intent" => step["intent"],
+          "confidence" => Enum.at([0.8, 0.25, rem(i, 97) / 97, 1, 0.0], rem(i, 5)),
+          "entropy_score" => rem(i, 13) / 13,
+          "reasoning_chain" => ["step #{i}"]
+        },
+        "action" =>
+          Map.merge(
+            %{
+              "tool_call" => step["tool_call"],
+              "status" => step["action_status"],
+              "tool_input" => step["tool_input"]
+            },
+            Map.take(step, ["result"])
+          )
+      }
+    end
+
+    # Canonically; with spaces between the sections; the sections out of order and
+    # each one's members in reverse order.
+    defp written_three_ways(envelope) do
+      json = &Observatory.JSON.encode!/1
+      section = &json.(envelope[&1])
+
+      reversed = fn name ->
+        members = envelope[name] |> Map.keys() |> Enum.sort(:desc)
+
+        "{" <>
+          Enum.map_join(members, ",", &(json.(&1) <> ":" <> json.(envelope[name][&1]))) <> "}"
+      end
+
+      [
+        json.(envelope),
+        ~s({ "action": #{section.("action")}, "cognition": #{section.("cognition")}, "meta": #{section.("meta")} }),
+        ~s({"meta":#{reversed.("meta")},"action":#{reversed.("action")},"cognition":#{reversed.("cognition")}})
+      ]
+    end
+
+    test "a real step's answer is the same whether its body is canonical, spaced or reordered" do
+      steps =
+        @steps
+        |> File.stream!()
+        |> Enum.map(fn line -> elem(Observatory.JSON.decode(line), 1) end)
+
+      assert length(steps) > 2_000
+
+      for {step, i} <- Enum.with_index(steps) do
+        [canonical | others] = written_three_ways(envelope_of(step, i))
+        assert {:ok, nil, fields} = DecisionLog.parse(canonical, envelope: false)
+
+        for other <- others do
+          assert {:ok, nil, ^fields} = DecisionLog.parse(other, envelope: false), other
+        end
+      end
+    end
+
+    test "the fingerprint leaves out the timestamp and the entropy score, and nothing else" do
+      envelope =
+        envelope_of(
+          %{
+            "intent" => "i",
+            "tool_call" => "t",
+            "action_status" => "success",
+            "tool_input" => %{"a" => 1},
+            "result" => "r",
+            "session_id" => "s",
+            "agent_id" => "a"
+          },
+          1
+        )
+
+      fingerprint = fn envelope ->
+        for text <- written_three_ways(envelope), uniq: true do
+          {:ok, nil, fields} = DecisionLog.parse(text, envelope: false)
+          fields.fingerprint
+        end
+      end
+
+      [same] = fingerprint.(envelope)
+
+      for {section, key, value} <- [
+            {"meta", "timestamp", "2026-02-23T00:00:00Z"},
+            {"cognition", "entropy_score", 0.5}
+          ] do
+        assert fingerprint.(put_in(envelope, [section, key], value)) == [same]
+      end
+
+      for {section, key, value} <- [
+            {"meta", "parent_step_id", "other"},
+            {"cognition", "confidence", 0.75},
+            {"cognition", "reasoning_chain", ["another"]},
+            {"action", "tool_input", %{"a" => 2}},
+            {"action", "result", "R"},
+            {"action", "status", "failure"}
+          ] do
+        assert [other] = fingerprint.(put_in(envelope, [section, key], value))
+        assert other != same, "#{section}.#{key}"
+      end
+    end
+  end
 end

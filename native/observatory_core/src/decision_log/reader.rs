@@ -17,17 +17,84 @@
 use std::borrow::Cow;
 
 use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
-use crate::stable_json::next_escape;
+use serde_json::Number;
+
+use crate::stable_json::{next_escape, write_number};
 
 /// Containers nested deeper than this are left to serde_json (which refuses past 127).
 const MAX_DEPTH: u32 = 100;
 
 /// The canonical text of `action.tool_input` and of `action.result` where the body
-/// holds it as it is (`None`: written some other way, or absent).
+/// holds it as it is (`None`: written some other way, or absent), and of the rest of
+/// the envelope that the body fingerprint hashes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CanonicalText<'a> {
     pub tool_input: Option<&'a str>,
     pub result: Option<&'a str>,
+    /// Where the whole body, but for the members the fingerprint leaves out, is written
+    /// canonically: the body and the spans of those members (with a comma each).
+    pub rest: Option<RestText<'a>>,
+}
+
+/// Members of the envelope's sections that its body fingerprint leaves out
+/// ([`fingerprint_of`](super::fingerprint_of)), as (section, key).
+pub const LEFT_OUT: [(&str, &str); 4] = [
+    ("meta", "timestamp"),
+    ("cognition", "entropy_score"),
+    ("action", "tool_input"),
+    ("action", "result"),
+];
+
+/// Spans of a body cut out at most (one per [`LEFT_OUT`] member: a repeated one makes
+/// the body not canonical anyway).
+const MAX_CUTS: usize = LEFT_OUT.len();
+
+/// The canonical text of an envelope without its [`LEFT_OUT`] members, as spans of the
+/// body: the body with `cuts` (in order, apart) taken out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestText<'a> {
+    body: &'a str,
+    cuts: [(usize, usize); MAX_CUTS],
+    count: usize,
+}
+
+impl<'a> RestText<'a> {
+    /// The pieces of the body that are left, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = &'a str> + '_ {
+        let body = self.body;
+        let cuts = &self.cuts[..self.count];
+        let starts = std::iter::once(0).chain(cuts.iter().map(|&(_, end)| end));
+        let ends = cuts
+            .iter()
+            .map(|&(start, _)| start)
+            .chain(std::iter::once(body.len()));
+        starts.zip(ends).map(move |(start, end)| &body[start..end])
+    }
+
+    /// Whether the cuts are apart, in order and inside the body, on character
+    /// boundaries (as a canonical body's are): then [`pieces`](Self::pieces) cannot
+    /// slice out of bounds.
+    fn in_order(&self) -> bool {
+        let mut end = 0;
+        self.cuts[..self.count].iter().all(|&(start, stop)| {
+            let fits = end <= start
+                && start <= stop
+                && self.body.is_char_boundary(start)
+                && self.body.is_char_boundary(stop);
+            end = stop;
+            fits
+        })
+    }
+
+    /// Bytes in all the pieces.
+    pub fn len(&self) -> usize {
+        let cut: usize = self.cuts[..self.count].iter().map(|(s, e)| e - s).sum();
+        self.body.len() - cut
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// What [`read`] builds of `action.tool_input` and `action.result`.
@@ -41,14 +108,29 @@ pub enum Parts {
     CanonicalText,
 }
 
-/// Where a value sits: the envelope, its `action` section, below it, or inside a part
+/// Where a value sits: the envelope, one of its sections, below them, or inside a part
 /// read for its canonical text only (nothing built).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Place {
     Root,
+    Meta,
+    Cognition,
     Action,
     Other,
     Skimmed,
+}
+
+impl Place {
+    /// Whether the member `key` of an object here is one the fingerprint leaves out.
+    fn left_out(self, key: &str) -> bool {
+        let section = match self {
+            Place::Meta => "meta",
+            Place::Cognition => "cognition",
+            Place::Action => "action",
+            _ => return false,
+        };
+        LEFT_OUT.iter().any(|&(s, k)| s == section && k == key)
+    }
 }
 
 /// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
@@ -62,11 +144,26 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
         canonical: CanonicalText::default(),
         parts,
         plain: true,
+        cuts: [(0, 0); MAX_CUTS],
+        cut_count: 0,
+        unkept: false,
     };
     reader.whitespace();
     let json = reader.value(0, Place::Root)?;
     reader.whitespace();
-    (reader.at == bytes.len()).then_some((json, reader.canonical))
+    if reader.at != bytes.len() {
+        return None;
+    }
+    let mut canonical = reader.canonical;
+    if reader.plain && reader.cut_count <= MAX_CUTS && matches!(json, Json::Object(_)) {
+        let rest = RestText {
+            body: text,
+            cuts: reader.cuts,
+            count: reader.cut_count,
+        };
+        canonical.rest = rest.in_order().then_some(rest);
+    }
+    Some((json, canonical))
 }
 
 /// `bytes` as a `str`, or `None` if they are not UTF-8. Most bodies are ASCII, which
@@ -87,8 +184,16 @@ struct Reader<'a> {
     parts: Parts,
     /// Cleared by anything read that is not written canonically: whitespace between
     /// tokens, keys out of order, other escapes, other numbers. (A flag, not a second
-    /// value returned with each: that costs more than the reading.)
+    /// value returned with each: that costs more than the reading.) The values of the
+    /// [`LEFT_OUT`] members do not count for the envelope's.
     plain: bool,
+    /// The [`LEFT_OUT`] members' spans, each with the comma that joins it to another
+    /// member; `cut_count` past [`MAX_CUTS`] means too many to say.
+    cuts: [(usize, usize); MAX_CUTS],
+    cut_count: usize,
+    /// Inside a left-out member that is not a part (`timestamp`, `entropy_score`): its
+    /// text is neither kept nor hashed, so a float's is not checked.
+    unkept: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -145,10 +250,13 @@ impl<'a> Reader<'a> {
         }
         // The previous key, when members are not kept.
         let mut last_key: Option<Cow<'a, str>> = None;
+        // Whether a member the fingerprint keeps came before (in a section).
+        let mut kept_before = false;
         loop {
             if self.peek()? != b'"' {
                 return None;
             }
+            let key_start = self.at;
             let key = self.string(true)?;
             // Sorted, each key once: the canonical order.
             let last = if build {
@@ -174,10 +282,15 @@ impl<'a> Reader<'a> {
                     self.canonical = CanonicalText::default();
                     Place::Action
                 }
+                Place::Root if key == "meta" => Place::Meta,
+                Place::Root if key == "cognition" => Place::Cognition,
                 Place::Skimmed => Place::Skimmed,
                 _ => Place::Other,
             };
+            let left_out = place.left_out(&key);
+            let plain_before = self.plain;
             let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
+            self.unkept = left_out && !part;
             let value = if part {
                 let (value, text) = self.part(depth)?;
                 if key == "tool_input" {
@@ -189,22 +302,51 @@ impl<'a> Reader<'a> {
             } else {
                 self.value(depth, child)?
             };
+            // A left-out member's value is cut from the rest's text: how it is written
+            // does not count. The comma before it goes with it, or if no kept member
+            // came before, the comma after it.
+            let cut_start = if left_out {
+                self.plain = plain_before;
+                self.unkept = false;
+                if kept_before {
+                    key_start - 1
+                } else {
+                    key_start
+                }
+            } else {
+                kept_before = true;
+                0
+            };
+            let mut cut_end = self.at;
             if build {
                 members.push((key, value));
             } else {
                 last_key = Some(key);
             }
             self.whitespace();
-            match self.peek()? {
+            let end = match self.peek()? {
                 b',' => {
                     self.at += 1;
+                    if !kept_before {
+                        cut_end = self.at;
+                    }
                     self.whitespace();
+                    false
                 }
                 b'}' => {
                     self.at += 1;
-                    return Some(Json::Object(Object::from_members(members)));
+                    true
                 }
                 _ => return None,
+            };
+            if left_out {
+                if let Some(cut) = self.cuts.get_mut(self.cut_count) {
+                    *cut = (cut_start, cut_end);
+                }
+                self.cut_count += 1;
+            }
+            if end {
+                return Some(Json::Object(Object::from_members(members)));
             }
         }
     }
@@ -374,10 +516,78 @@ impl<'a> Reader<'a> {
                 return Some(Json::Number(n.into()));
             }
         }
-        self.plain = false;
-        serde_json::from_str(&self.text[start..i])
-            .ok()
-            .map(Json::Number)
+        let text = &self.text[start..i];
+        let number: Number = serde_json::from_str(text).ok()?;
+        if self.unkept {
+            self.plain = false;
+        } else if self.plain {
+            self.plain = written_as_it_stands(text, &number);
+        }
+        Some(Json::Number(number))
+    }
+}
+
+/// Whether the canonical writer writes `number`, read from `text`, as `text` (`0.5`,
+/// `-3`; not `1.0`, `1e2` or `0.50`).
+pub(super) fn written_as_it_stands(text: &str, number: &Number) -> bool {
+    if short_decimal(text.as_bytes()) {
+        return true;
+    }
+    let mut written = NumberText::default();
+    write_number(&mut written, number);
+    written.as_bytes() == Some(text.as_bytes())
+}
+
+/// A decimal the writer writes as it stands, told without writing it (a float's
+/// shortest form costs more than the rest of its reading): an optional `-`, `0` or up
+/// to six digits without a leading zero, a point, one to eight digits not ending in
+/// `0`, and at most two zeros after the point when the integer part is `0`. Its value
+/// is between 0.001 and 10^6, in plain notation, and its at most 14 significant
+/// digits are the shortest that read back as the same float (two decimals of at most
+/// 15 digits never read as one float), so they are what the writer writes.
+/// `written_as_it_stands` tests check it against the writer.
+fn short_decimal(text: &[u8]) -> bool {
+    let unsigned = text.strip_prefix(b"-").unwrap_or(text);
+    let Some(point) = unsigned.iter().position(|&b| b == b'.') else {
+        return false;
+    };
+    let (int, fraction) = (&unsigned[..point], &unsigned[point + 1..]);
+    let digits = |d: &[u8]| d.iter().all(u8::is_ascii_digit);
+    let zero = int == b"0";
+    (1..=6).contains(&int.len())
+        && (1..=8).contains(&fraction.len())
+        && digits(int)
+        && digits(fraction)
+        && (zero || int[0] != b'0')
+        && fraction.last() != Some(&b'0')
+        && (!zero || fraction.iter().take_while(|&&d| d == b'0').count() <= 2)
+}
+
+/// A number's text written on the stack; `None` past its room (no number the writer
+/// writes needs it: 20 digits and a sign, or a float's shortest form).
+#[derive(Default)]
+struct NumberText {
+    bytes: [u8; 32],
+    len: usize,
+    overflowed: bool,
+}
+
+impl NumberText {
+    fn as_bytes(&self) -> Option<&[u8]> {
+        (!self.overflowed).then(|| &self.bytes[..self.len])
+    }
+}
+
+impl std::fmt::Write for NumberText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let Some(room) = self.bytes.get_mut(self.len..end) else {
+            self.overflowed = true;
+            return Err(std::fmt::Error);
+        };
+        room.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 

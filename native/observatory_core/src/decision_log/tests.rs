@@ -309,7 +309,7 @@ mod borrowed_tree_answers_as_the_value_path {
                 Answer::Valid {
                     fields: owned(fields),
                     hashes: Box::new(hashes),
-                    fingerprint: fingerprint_of(&tree, &hashes),
+                    fingerprint: fingerprint_with(&tree, &canonical, &hashes),
                 }
             }
             Err(list) => Answer::Invalid(list),
@@ -377,6 +377,15 @@ mod borrowed_tree_answers_as_the_value_path {
             if let Some(found) = found {
                 prop_assert_eq!(Some(found.to_owned()), written(key), "{}", key);
             }
+        }
+        // The rest of the envelope, in pieces of the body, is the text written for the
+        // fingerprint.
+        if let Some(rest) = canonical.rest {
+            let mut text = String::new();
+            write_rest(&tree, &mut text);
+            let pieces: String = rest.pieces().collect();
+            prop_assert_eq!(rest.len(), pieces.len());
+            prop_assert_eq!(pieces, text);
         }
         Ok(())
     }
@@ -678,6 +687,11 @@ mod borrowed_tree_answers_as_the_value_path {
             if plain("result").is_some() {
                 prop_assert!(found.result.is_some(), "{}", canonical);
             }
+            // Without a `\u` escape (the writer's for a control character), the rest of
+            // the envelope is found too.
+            if value.is_object() && !canonical.contains("\\u") {
+                prop_assert!(found.rest.is_some(), "{}", canonical);
+            }
         }
 
         #[test]
@@ -788,6 +802,74 @@ mod the_reader_reads_itself {
         assert_eq!(canonical.tool_input, None);
     }
 
+    /// The fingerprint's text taken from the body: the left-out members cut with their
+    /// commas wherever they stand, floats and negative numbers written as the writer
+    /// writes them counted as canonical, and a body written otherwise left to the
+    /// writer.
+    #[test]
+    fn the_rest_of_a_canonical_body_is_its_text_without_the_left_out_members() {
+        let rules = Normalization::shared_default();
+        let cases = [
+            // Left out first, in the middle, last, alone, two in a row, and none.
+            (
+                r#"{"action":{"result":1,"status":"success","tool_call":"t","tool_input":{"a":[1,-2,0.5]}},"cognition":{"confidence":0.8,"entropy_score":0.25,"intent":"i"},"meta":{"agent_id":"a","session_id":"s","step_id":"x","timestamp":"2026-02-22T10:30:00Z"}}"#,
+                r#"{"action":{"status":"success","tool_call":"t"},"cognition":{"confidence":0.8,"intent":"i"},"meta":{"agent_id":"a","session_id":"s","step_id":"x"}}"#,
+            ),
+            (
+                r#"{"action":{"result":{},"tool_input":[]},"cognition":{"entropy_score":1.0},"meta":{"timestamp":"2026"},"z":-1}"#,
+                r#"{"action":{},"cognition":{},"meta":{},"z":-1}"#,
+            ),
+            (
+                r#"{"action":{"status":"x","tool_input":"y\n"},"cognition":{"a":1,"entropy_score":0.90,"z":2},"meta":{"step_id":"q"}}"#,
+                r#"{"action":{"status":"x"},"cognition":{"a":1,"z":2},"meta":{"step_id":"q"}}"#,
+            ),
+            // A member named as a left-out one, outside its section: kept.
+            (
+                r#"{"extra":{"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
+                r#"{"extra":{"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
+            ),
+        ];
+        for (body, rest) in cases {
+            let (tree, canonical) = reader::read(body.as_bytes(), Parts::CanonicalText)
+                .unwrap_or_else(|| panic!("not read: {body}"));
+            let found = canonical
+                .rest
+                .unwrap_or_else(|| panic!("no rest in {body}"));
+            assert_eq!(found.pieces().collect::<String>(), rest, "{body}");
+            let mut written = String::new();
+            write_rest(&tree, &mut written);
+            assert_eq!(written, rest, "{body}");
+            let hashes = hashes_with(&tree, canonical, rules);
+            assert_eq!(
+                fingerprint_with(&tree, &canonical, &hashes),
+                fingerprint_of(&tree, &hashes),
+                "{body}"
+            );
+        }
+        // Written otherwise: a space, a float not as the writer writes it (kept), keys
+        // out of order, a key twice, a `\u` escape, a `\/`.
+        for body in [
+            r#"{"meta":{"step_id": "x"}}"#,
+            r#"{"cognition":{"confidence":0.80}}"#,
+            r#"{"cognition":{"confidence":1e-1}}"#,
+            r#"{"meta":{"b":1,"a":2}}"#,
+            r#"{"meta":{"a":1},"meta":{"a":1}}"#,
+            r#"{"meta":{"step_id":"\u0041"}}"#,
+            r#"{"meta":{"step_id":"a\/b"}}"#,
+            r#" {}"#,
+        ] {
+            let (_, canonical) = reader::read(body.as_bytes(), Parts::CanonicalText).unwrap();
+            assert_eq!(canonical.rest, None, "{body}");
+        }
+        // Left out, how it is written does not count.
+        let body = r#"{"cognition":{"entropy_score":9e-1},"meta":{"timestamp":"a\/b"}}"#;
+        let (_, canonical) = reader::read(body.as_bytes(), Parts::CanonicalText).unwrap();
+        assert_eq!(
+            canonical.rest.map(|r| r.pieces().collect::<String>()),
+            Some(r#"{"cognition":{},"meta":{}}"#.to_owned())
+        );
+    }
+
     #[test]
     fn built_parts_are_trees_and_skimmed_parts_their_canonical_text() {
         let (tree, canonical) = reader::read(COMPACT.as_bytes(), Parts::Built).unwrap();
@@ -807,5 +889,101 @@ mod the_reader_reads_itself {
             action.get("result"),
             Some(&Json::Canonical(r#"{"lines":["a","b"],"ok":true}"#))
         );
+    }
+}
+
+/// The reader counts a number as canonical, without writing it, only where the writer
+/// writes it as it stands: the decimals it tells by their digits alone are checked
+/// against the writer here.
+mod numbers_written_as_they_stand {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Number;
+
+    fn written(text: &str) -> Option<(Number, String)> {
+        let number: Number = serde_json::from_str(text).ok()?;
+        let mut out = String::new();
+        crate::stable_json::write_number(&mut out, &number);
+        Some((number, out))
+    }
+
+    fn assert_told_right(text: &str) -> Result<(), TestCaseError> {
+        if let Some((number, out)) = written(text) {
+            prop_assert_eq!(
+                reader::written_as_it_stands(text, &number),
+                out == text,
+                "{} is written {}",
+                text,
+                out
+            );
+        }
+        Ok(())
+    }
+
+    /// Short decimals near and inside the edges of the digits-only rule.
+    fn decimal() -> impl Strategy<Value = String> {
+        (
+            any::<bool>(),
+            prop_oneof![
+                Just(0u32),
+                0u32..10,
+                0u32..1_000_000,
+                999_990u32..10_000_000
+            ],
+            0usize..4,
+            1u64..1_000_000_000,
+            1usize..10,
+        )
+            .prop_map(|(negative, int, zeros, fraction, len)| {
+                let fraction = format!("{}{fraction}", "0".repeat(zeros));
+                let fraction = &fraction[..len.min(fraction.len())];
+                format!("{}{int}.{fraction}", if negative { "-" } else { "" })
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(5000))]
+
+        #[test]
+        fn short_decimals(text in decimal()) {
+            assert_told_right(&text)?;
+        }
+
+        #[test]
+        fn any_float(f in any::<f64>().prop_filter("finite", |f| f.is_finite())) {
+            assert_told_right(&format!("{f:?}"))?;
+            assert_told_right(&format!("{f}"))?;
+            assert_told_right(&format!("{f:e}"))?;
+            assert_told_right(&format!("{f:.3}"))?;
+        }
+
+        #[test]
+        fn any_integer(n in any::<i64>()) {
+            assert_told_right(&n.to_string())?;
+        }
+    }
+
+    #[test]
+    fn edges() {
+        for text in [
+            "0.001",
+            "0.0001",
+            "0.5",
+            "-0.5",
+            "0.10",
+            "1.0",
+            "999999.99999999",
+            "1000000.5",
+            "0.00000001",
+            "123456.12345678",
+            "-0.0",
+            "1e2",
+            "0.8",
+            "0.9",
+            "-3",
+            "-0",
+        ] {
+            assert_told_right(text).unwrap();
+        }
     }
 }
