@@ -245,6 +245,45 @@ defmodule Observatory.Gateway.IdempotencyTest do
       assert claim.("large") == {:replay, large}
     end
 
+    # A small answer is encoded in the complete NIF, a large one by term_to_binary
+    # first: either way a retry gets exactly the term completed, whatever it holds.
+    test "every kind of term is replayed exactly as completed, encoded in the NIF or not",
+         %{sid: sid} do
+      <<_::3, unaligned::binary-size(5), _::5>> = "abcdef"
+      big_binary = :binary.copy("x", 20_000)
+
+      answers = [
+        # The ingest's own answer, as it keeps it.
+        {0.8112781244591328, :normal,
+         {:loop_verdict, :progress, :progress, nil, "no rule fired", [], 17},
+         {:step_verdict, :full_progress, 0, 0, :continue, nil}},
+        {nil, nil, nil, nil},
+        {-0.0, 0.0, 1.0e300, -2.5e-308, 5.0e-324},
+        {0, 1, 255, 256, -1, -128, 2_147_483_647, -2_147_483_648},
+        {2_147_483_648, -2_147_483_649, Bitwise.bsl(1, 59), -Bitwise.bsl(1, 59),
+         Bitwise.bsl(1, 64), -Bitwise.bsl(1, 100)},
+        {true, false, :"with space", :é, :日本, :"#{String.duplicate("a", 255)}"},
+        {"", "a string", "ünïcödé", <<0, 255, 128>>, unaligned, <<1::3>>, <<1, 2::4>>},
+        {[], [1, 2, 3], [[[]]], [1 | 2], ~c"chars", [{:a, "b"} | []]},
+        {{}, {{}}, List.to_tuple(Enum.to_list(1..300))},
+        %{a: 1, b: [2, 3]},
+        {%{"nested" => %{}}, self(), make_ref(), fn -> :ok end},
+        Enum.reduce(1..100, :leaf, &{&1, &2}),
+        {big_binary},
+        List.duplicate(1, 20_000),
+        :an_atom,
+        "just a binary",
+        3.14
+      ]
+
+      for {answer, i} <- Enum.with_index(answers) do
+        {:new, ticket} = claim_step(sid, "kind-#{i}")
+        :ok = Idempotency.complete(ticket, answer)
+        assert {:replay, replayed} = claim_step(sid, "kind-#{i}")
+        assert replayed === answer, "answer #{i}: #{inspect(answer, limit: 5)}"
+      end
+    end
+
     test "a released claim (the step was not scored) is a new step next time", %{sid: sid} do
       step = %{session_id: sid, step_id: "s", agent_id: "agent-idem"}
       {:new, ticket} = Idempotency.claim(Map.put(step, :fingerprint, @fingerprint))
