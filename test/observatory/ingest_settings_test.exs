@@ -26,19 +26,7 @@ defmodule Observatory.IngestSettingsTest do
     %{sid: unique_session("settings")}
   end
 
-  # Step `n` of `sid`: the same failing call each time (the step detector's
-  # stagnation grows by one a step).
-  defp step(sid, n, input \\ "/same") do
-    HTTP.envelope(%{
-      "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
-      "action" => %{
-        "tool_call" => "read_file",
-        "tool_input" => %{"path" => input},
-        "status" => "failure",
-        "result" => %{"error" => "enoent"}
-      }
-    })
-  end
+  defp step(sid, n, input \\ "/same"), do: HTTP.repeated_read(sid, n, input)
 
   defp action(sid, n) do
     {:ok, %{step: %{action: action}}} = SchemaInterceptor.ingest(step(sid, n))

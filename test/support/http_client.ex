@@ -102,6 +102,22 @@ defmodule Observatory.Test.HTTP do
     deep_merge(base, overrides)
   end
 
+  @doc """
+  Step `n` of session `sid`: the same failing `read_file` of `input` with the same
+  result each time, so the step detector's stagnation grows by one a step.
+  """
+  def repeated_read(sid, n, input \\ "/same") do
+    envelope(%{
+      "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
+      "action" => %{
+        "tool_call" => "read_file",
+        "tool_input" => %{"path" => input},
+        "status" => "failure",
+        "result" => %{"error" => "enoent"}
+      }
+    })
+  end
+
   defp deep_merge(a, b) when is_map(a) and is_map(b),
     do: Map.merge(a, b, fn _k, x, y -> deep_merge(x, y) end)
 

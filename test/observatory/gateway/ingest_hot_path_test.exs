@@ -14,18 +14,7 @@ defmodule Observatory.Gateway.IngestHotPathTest do
     %{sid: unique_session("hot")}
   end
 
-  # Step `n` of `sid`: the same call and result each time unless `input` differs.
-  defp step(sid, n, input \\ "/same") do
-    HTTP.envelope(%{
-      "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
-      "action" => %{
-        "tool_call" => "read_file",
-        "tool_input" => %{"path" => input},
-        "status" => "failure",
-        "result" => %{"error" => "enoent"}
-      }
-    })
-  end
+  defp step(sid, n, input \\ "/same"), do: HTTP.repeated_read(sid, n, input)
 
   describe "safety state is read on every step, nothing cached" do
     test "a pause acknowledged is enforced on the very next step, a resume too", %{sid: sid} do
