@@ -243,11 +243,8 @@ defmodule Observatory.IngestSettings do
     keys = Keyword.keys(Idempotency.settings())
     keyword!(:idempotency, value, keys)
 
-    for {key, v} <- value do
-      case key do
-        :enabled -> is_boolean(v) or refuse!(:idempotency, "enabled: true or false", value)
-        _limit -> positive?(v) or refuse!(:idempotency, "#{key}: a positive integer", value)
-      end
+    for {key, v} <- value, not Idempotency.valid_setting?(key, v) do
+      refuse!(:idempotency, idempotency_rule(key), value)
     end
   end
 
@@ -278,14 +275,12 @@ defmodule Observatory.IngestSettings do
   end
 
   defp check!(:entropy_window_size, value) do
-    max = EntropyConfig.max_window_size()
-
-    (is_integer(value) and value >= 1 and value <= max) or
-      refuse!(:entropy_window_size, "an integer 1..#{max}", value)
+    EntropyConfig.valid_size?(value) or
+      refuse!(:entropy_window_size, "an integer 1..#{EntropyConfig.max_window_size()}", value)
   end
 
   defp check!(key, value) when key in [:entropy_loop_threshold, :entropy_warning_threshold] do
-    (is_number(value) and value >= 0 and value <= 1) or refuse!(key, "a number 0..1", value)
+    EntropyConfig.valid_threshold?(value) or refuse!(key, "a number 0..1", value)
   end
 
   defp check!(key, value)
@@ -314,6 +309,9 @@ defmodule Observatory.IngestSettings do
   end
 
   defp positive?(value), do: is_integer(value) and value > 0
+
+  defp idempotency_rule(:enabled), do: "enabled: true or false"
+  defp idempotency_rule(limit), do: "#{limit}: a positive integer"
 
   defp normalization?(:volatile_keys, v), do: v == :default or strings?(v)
   defp normalization?(:extra_volatile_keys, v), do: strings?(v)

@@ -48,8 +48,13 @@ defmodule Observatory.Gateway.EntropyConfig do
   @doc "The largest window size accepted."
   def max_window_size, do: @max_window
 
-  defp valid_size?(n), do: is_integer(n) and n >= 1 and n <= @max_window
-  defp valid_threshold?(t), do: is_number(t) and t >= 0 and t <= 1
+  @doc "Whether `n` is a valid `:entropy_window_size`: an integer 1..`max_window_size/0`."
+  @spec valid_size?(term()) :: boolean()
+  def valid_size?(n), do: is_integer(n) and n >= 1 and n <= @max_window
+
+  @doc "Whether `t` is a valid entropy threshold: a number 0..1."
+  @spec valid_threshold?(term()) :: boolean()
+  def valid_threshold?(t), do: is_number(t) and t >= 0 and t <= 1
 
   @doc "`:entropy_window_size`, validated (the loop verdict reads it for its entropy rule)."
   @spec window_size() :: pos_integer()

@@ -95,11 +95,18 @@ defmodule Observatory.Gateway.Idempotency do
 
   defp setting(env, key) do
     case :lists.keyfind(key, 1, env) do
-      {:enabled, value} when is_boolean(value) -> value
-      {_limit, n} when key != :enabled and is_integer(n) and n > 0 -> n
-      _absent_or_invalid -> Keyword.fetch!(@defaults, key)
+      {^key, value} -> if valid_setting?(key, value), do: value, else: default(key)
+      _absent_or_not_a_pair -> default(key)
     end
   end
+
+  defp default(key), do: Keyword.fetch!(@defaults, key)
+
+  @doc false
+  # Whether `value` is one `key` of the setting takes: `:enabled` a boolean, each
+  # limit a positive integer (also what `Observatory.configure/1` checks).
+  def valid_setting?(:enabled, value), do: is_boolean(value)
+  def valid_setting?(_limit, value), do: is_integer(value) and value > 0
 
   @doc """
   Claims a step for scoring, or says why it is not scored again (see the module doc).
