@@ -6,6 +6,8 @@ defmodule Observatory.Bench.GlueStep do
   # k-th step (k = div(i, 1000)), of agent rem(session, 50), with a new step id in
   # every call. `file_read/2` is the same step with the caller's `meta` and a fixed
   # intent, tool and status (bench/store_cost.exs, bench/session_log_cost.exs).
+  # `kept_answer/0` is the answer the idempotency pair keeps (bench/ingest_breakdown.exs,
+  # bench/ingest_alloc.exs).
 
   @line "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
   @tools ~w(read_file write_file list_files run_shell grep http_get sql edit)
@@ -29,6 +31,16 @@ defmodule Observatory.Bench.GlueStep do
       file: k
     )
   end
+
+  @doc """
+  The answer an ingest of a fleet-at-work step keeps for a retry (`Idempotency.complete/2`),
+  as the benches that time the idempotency pair give it.
+  """
+  def kept_answer,
+    do:
+      {0.8112781244591328, :normal,
+       {:loop_verdict, :progress, :progress, nil, "no rule fired", [], 17},
+       {:step_verdict, :full_progress, 0, 0, :continue, nil}}
 
   @doc "Step `i` with `meta` as its meta section: a successful `read_file` of file `i`."
   def file_read(meta, i),

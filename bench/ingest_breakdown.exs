@@ -17,6 +17,7 @@
 # sum is not the whole (what ties them together, and a cache warmed by one stage
 # for the next, are in the whole only).
 Code.require_file("reference_tracker.exs", __DIR__)
+Code.require_file("glue_step.exs", __DIR__)
 
 alias Observatory.Bench.ReferenceTracker
 alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
@@ -154,10 +155,7 @@ pubsub_event = fn {envelope, f, _json} ->
   }
 end
 
-kept_answer =
-  {0.8112781244591328, :normal,
-   {:loop_verdict, :progress, :progress, nil, "no rule fired", [], 17},
-   {:step_verdict, :full_progress, 0, 0, :continue, nil}}
+kept_answer = Observatory.Bench.GlueStep.kept_answer()
 
 stages = [
   {"decode + validate (parse NIF)",
