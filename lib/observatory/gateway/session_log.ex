@@ -208,8 +208,10 @@ defmodule Observatory.Gateway.SessionLog do
     {stub, :erlang.external_size(stub)}
   end
 
+  @doc "How many envelopes each session keeps (`:session_log_size`, as the log applies it)."
+  @spec size() :: pos_integer()
   # From the settings snapshot (Observatory.IngestSettings), read on every message.
-  defp size, do: Observatory.IngestSettings.get(:session_log_size)
+  def size, do: Observatory.IngestSettings.get(:session_log_size)
 
   defp max_sessions, do: Observatory.IngestSettings.get(:session_log_max_sessions)
 

@@ -73,7 +73,7 @@ defmodule ObservatoryWeb.API.Sessions do
             404,
             "not_found",
             "no such step: the gateway keeps a session's last " <>
-              "#{Observatory.IngestSettings.get(:session_log_size)} steps"
+              "#{SessionLog.size()} steps"
           )
       end
     end

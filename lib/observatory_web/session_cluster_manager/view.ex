@@ -15,7 +15,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
 
   import ObservatoryWeb.HTML, only: [escape: 1, escape_exact: 1, spend: 1]
 
-  alias Observatory.Gateway.AlertSource
+  alias Observatory.Gateway.{AlertSource, SessionLog}
   alias ObservatoryWeb.SessionClusterManager.{Alerts, Fleet}
 
   # The words the page uses for the topology's states (the broadcast keeps FR-9.5's
@@ -665,7 +665,7 @@ defmodule ObservatoryWeb.SessionClusterManager.View do
       ~s(<li class="muted">Steps ),
       escape(Enum.join(numbers, ", ")),
       " are no longer stored (the gateway keeps the last ",
-      escape(Observatory.IngestSettings.get(:session_log_size)),
+      escape(SessionLog.size()),
       ").</li>"
     ]
   end
