@@ -354,18 +354,10 @@ pub fn fingerprint_with(
     canonical: &CanonicalText<'_>,
     hashes: &StepHashes,
 ) -> [u8; 16] {
-    let Some(rest) = &canonical.rest else {
-        return fingerprint_of(envelope, hashes);
-    };
-    let outcome = hashes
-        .outcome
-        .as_ref()
-        .map_or(&[][..], |digest| &digest[..]);
-    let pieces = rest.pieces().map(str::as_bytes);
-    let digest = hash_parts_in_pieces(rest.len(), pieces, &[&hashes.approach, outcome]);
-    let mut fingerprint = [0; 16];
-    fingerprint.copy_from_slice(&digest[..16]);
-    fingerprint
+    match &canonical.rest {
+        Some(rest) => fingerprint_from(rest.len(), rest.pieces().map(str::as_bytes), hashes),
+        None => fingerprint_of(envelope, hashes),
+    }
 }
 
 /// [`body_fingerprint`] of a tree.
@@ -374,18 +366,30 @@ pub fn fingerprint_of(envelope: &Json<'_>, hashes: &StepHashes) -> [u8; 16] {
         let rest = &mut texts.borrow_mut().2;
         rest.clear();
         write_rest(envelope, rest);
-        let outcome = hashes
-            .outcome
-            .as_ref()
-            .map_or(&[][..], |digest| &digest[..]);
-        let digest = hash_parts(&[rest.as_bytes(), &hashes.approach, outcome]);
+        let fingerprint = fingerprint_from(rest.len(), std::iter::once(rest.as_bytes()), hashes);
         if rest.capacity() > KEPT_TEXT_BYTES {
             *rest = String::new();
         }
-        let mut fingerprint = [0; 16];
-        fingerprint.copy_from_slice(&digest[..16]);
         fingerprint
     })
+}
+
+/// The first 16 bytes of [`hash_parts`] over the rest's canonical text (given as
+/// `pieces`, `len` bytes in all), the approach digest and the outcome's (empty
+/// without a result).
+fn fingerprint_from<'p>(
+    len: usize,
+    pieces: impl Iterator<Item = &'p [u8]>,
+    hashes: &StepHashes,
+) -> [u8; 16] {
+    let outcome = hashes
+        .outcome
+        .as_ref()
+        .map_or(&[][..], |digest| &digest[..]);
+    let digest = hash_parts_in_pieces(len, pieces, &[&hashes.approach, outcome]);
+    let mut fingerprint = [0; 16];
+    fingerprint.copy_from_slice(&digest[..16]);
+    fingerprint
 }
 
 /// The canonical text of the envelope without the members the fingerprint leaves out.

@@ -90,10 +90,7 @@ pub fn stable_hash(value: &Value) -> Digest {
 /// one: nothing is concatenated in memory.
 pub fn hash_parts(parts: &[&[u8]]) -> Digest {
     let mut hasher = Sha256::new();
-    for part in parts {
-        hasher.update((part.len() as u64).to_le_bytes());
-        hasher.update(part);
-    }
+    update_parts(&mut hasher, parts);
     hasher.finalize().into()
 }
 
@@ -109,11 +106,16 @@ pub fn hash_parts_in_pieces<'p>(
     for piece in pieces {
         hasher.update(piece);
     }
+    update_parts(&mut hasher, parts);
+    hasher.finalize().into()
+}
+
+/// Feeds each part preceded by its length (see [`hash_parts`]).
+fn update_parts(hasher: &mut Sha256, parts: &[&[u8]]) {
     for part in parts {
         hasher.update((part.len() as u64).to_le_bytes());
         hasher.update(part);
     }
-    hasher.finalize().into()
 }
 
 /// Lowercase hexadecimal, two characters per byte: how digests appear in logs and events.
@@ -455,6 +457,20 @@ mod tests {
         assert_ne!(hash_parts(&[]), hash_parts(&[b""]));
         assert_ne!(hash_parts(&[b"", b"a"]), hash_parts(&[b"a", b""]));
         assert_eq!(hash_parts(&[b"x", b"y"]), hash_parts(&[b"x", b"y"]));
+    }
+
+    #[test]
+    fn a_first_part_hashed_in_pieces_is_the_part_hashed_whole() {
+        let pieces: [&[u8]; 3] = [b"{\"a\":", b"", b"1}"];
+        let whole = hash_parts(&[b"{\"a\":1}", b"x", b""]);
+        assert_eq!(
+            hash_parts_in_pieces(7, pieces.into_iter(), &[b"x", b""]),
+            whole
+        );
+        assert_ne!(
+            hash_parts_in_pieces(6, pieces.into_iter(), &[b"x", b""]),
+            whole
+        );
     }
 
     #[test]
