@@ -87,13 +87,9 @@ impl<'a> RestText<'a> {
     }
 
     /// Bytes in all the pieces.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let cut: usize = self.cuts[..self.count].iter().map(|(s, e)| e - s).sum();
         self.body.len() - cut
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -546,7 +542,7 @@ pub(super) fn written_as_it_stands(text: &str, number: &Number) -> bool {
 /// digits are the shortest that read back as the same float (two decimals of at most
 /// 15 digits never read as one float), so they are what the writer writes.
 /// `written_as_it_stands` tests check it against the writer.
-fn short_decimal(text: &[u8]) -> bool {
+pub(super) fn short_decimal(text: &[u8]) -> bool {
     let unsigned = text.strip_prefix(b"-").unwrap_or(text);
     let Some(point) = unsigned.iter().position(|&b| b == b'.') else {
         return false;
@@ -608,4 +604,38 @@ fn hex4(digits: &[u8]) -> Option<u32> {
         Some(code * 16 + char::from(d).to_digit(16)?)
     })?;
     (!(0xD800..0xE000).contains(&code)).then_some(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rest<'a>(body: &'a str, cuts: &[(usize, usize)]) -> RestText<'a> {
+        let mut rest = RestText {
+            body,
+            cuts: [(0, 0); MAX_CUTS],
+            count: cuts.len(),
+        };
+        rest.cuts[..cuts.len()].copy_from_slice(cuts);
+        rest
+    }
+
+    /// The guard that keeps `pieces` from slicing out of bounds in the NIF: a canonical
+    /// body's cuts always pass it, so only cuts made by hand can show it refuses.
+    #[test]
+    fn cuts_out_of_order_outside_the_body_or_inside_a_character_are_refused() {
+        let body = "{\"a\":1,\"é\":2}";
+        assert!(rest(body, &[]).in_order());
+        assert!(rest(body, &[(1, 7), (7, 7)]).in_order());
+        assert!(rest(body, &[(0, body.len())]).in_order());
+        for cuts in [
+            &[(7, 9), (1, 7)][..],
+            &[(1, 8), (7, 9)],
+            &[(5, 3)],
+            &[(1, body.len() + 1)],
+            &[(9, 10)],
+        ] {
+            assert!(!rest(body, cuts).in_order(), "{cuts:?}");
+        }
+    }
 }

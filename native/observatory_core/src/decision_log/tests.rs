@@ -825,8 +825,8 @@ mod the_reader_reads_itself {
             ),
             // A member named as a left-out one, outside its section: kept.
             (
-                r#"{"extra":{"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
-                r#"{"extra":{"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
+                r#"{"extra":{"entropy_score":4,"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
+                r#"{"extra":{"entropy_score":4,"result":2,"timestamp":1},"meta":{"entropy_score":3}}"#,
             ),
         ];
         for (body, rest) in cases {
@@ -960,6 +960,36 @@ mod numbers_written_as_they_stand {
         #[test]
         fn any_integer(n in any::<i64>()) {
             assert_told_right(&n.to_string())?;
+        }
+    }
+
+    /// The digits-only rule takes the short decimals a step carries, so their check
+    /// writes nothing (the writer would answer the same, only slower).
+    #[test]
+    fn short_decimals_are_told_from_their_digits() {
+        for text in [
+            "0.8",
+            "-0.5",
+            "3.14",
+            "0.001",
+            "999999.99999999",
+            "123456.12345678",
+        ] {
+            assert!(reader::short_decimal(text.as_bytes()), "{text}");
+        }
+        for text in [
+            "0.10",
+            "1.0",
+            "0.0001",
+            "1000000.5",
+            "01.5",
+            "1.",
+            ".5",
+            "1e2",
+            "-3",
+            "0.123456789",
+        ] {
+            assert!(!reader::short_decimal(text.as_bytes()), "{text}");
         }
     }
 
