@@ -550,7 +550,7 @@ impl<D> Inner<D> {
 /// ([`HEADROOM`]): a slot's next text is often a few bytes longer than its last (an
 /// id or a count with one more digit), and growing an exact-size buffer in place
 /// reallocated it, copying the dead text over from memory the caches no longer held
-/// (~1.1 µs a 4 KiB step, `bench/ingest_breakdown.exs`). The replaced buffer, when
+/// (~1–2 µs a 4 KiB step in `bench/ingest_breakdown.exs`). The replaced buffer, when
 /// not reused, is left in `replaced` to be freed after the lock. (Holding the
 /// caller's Erlang binary instead takes a process-independent environment per text:
 /// ~2.5 KiB of memory besides, and slower than the copy; see docs/ingest-cost.md.)
