@@ -880,6 +880,26 @@ mod tests {
 
     proptest! {
         #[test]
+        fn a_slot_written_over_and_over_keeps_each_text_in_a_buffer_of_bounded_size(
+            lens in proptest::collection::vec(0usize..3000, 1..40)
+        ) {
+            let mut slot: Option<Vec<u8>> = None;
+            for (i, len) in lens.into_iter().enumerate() {
+                let text = vec![i as u8; len];
+                let mut replaced = slot.take();
+                let kept = copy_into(&mut replaced, &text);
+                prop_assert_eq!(&kept, &text);
+                // Never more than twice the text, or a new buffer's headroom.
+                prop_assert!(kept.capacity() <= (2 * len).max(len + len / HEADROOM));
+                // What was not reused is left to be freed, whole.
+                if let Some(old) = replaced {
+                    prop_assert!(old.as_ptr() != kept.as_ptr() || old.capacity() == 0);
+                }
+                slot = Some(kept);
+            }
+        }
+
+        #[test]
         fn the_log_behaves_like_a_list_of_rings_with_its_caps(ops in proptest::collection::vec(op(), 1..120)) {
             let log = SessionLog::new();
             let mut model = Model::default();
