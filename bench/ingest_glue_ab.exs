@@ -9,9 +9,9 @@
 #   MIX_ENV=prod mix run bench/ingest_glue_ab.exs -- --against ../other --quick
 #   MIX_ENV=prod mix run bench/ingest_glue_ab.exs -- --against ../other --settings
 #
-# `--settings` swaps the modules that read the ingest's settings too (StepScore,
-# Idempotency, AlertSource, Events, SessionLog): the two ways of reading them
-# compared in one VM.
+# `--settings` swaps the modules that read the ingest's settings and stores too
+# (StepScore, Idempotency, AlertSource, Events, SessionLog, NativeStores): the two
+# ways of reading them compared in one VM.
 #
 # The other checkout must be built with MIX_ENV=prod. Only modules whose public
 # functions both builds have are swapped (`modules` below); the NIF is this build's.
@@ -42,7 +42,8 @@ settings_readers = [
   Observatory.Gateway.Idempotency,
   Observatory.Gateway.AlertSource,
   Observatory.Gateway.Events,
-  Observatory.Gateway.SessionLog
+  Observatory.Gateway.SessionLog,
+  Observatory.NativeStores
 ]
 
 modules = if opts[:settings], do: modules ++ settings_readers, else: modules

@@ -1,14 +1,17 @@
 # What reading a Rust store from Observatory.NativeStores (an ETS table: the reference
 # is copied onto the caller's heap) costs against reading it from :persistent_term
 # (no copy), which the stores left because a persistent term handed to a dirty NIF
-# could be freed under it. Both in one run, on the same store.
+# could be freed under it, and against the caller's cached copy (get_cached/1: a
+# :persistent_term integer and a process dictionary read). All in one run, on the
+# same store.
 #
 #   MIX_ENV=prod mix run --no-start bench/native_stores.exs             # ~10 s
 #   MIX_ENV=prod mix run --no-start bench/native_stores.exs -- --quick  # smoke test
 #
 # Reports, for 1 and 2 concurrent callers, the cost of the lookup alone and of a step
 # through the step detector's NIF (lookup + Native.step_analyze/6), in ns per call,
-# and the ratio ETS / :persistent_term.
+# and the ratios ETS / :persistent_term and ETS / cached; then what a new process's
+# first three lookups cost, from the table and cached (three misses, the cache made).
 alias Observatory.{Native, NativeStores}
 
 quick? = "--quick" in System.argv()
@@ -26,7 +29,8 @@ thresholds = {3, 5, 5, 8}
 
 lookups = %{
   "ets" => fn -> NativeStores.get(:bench_store) end,
-  "persistent_term" => fn -> :persistent_term.get(:bench_store) end
+  "persistent_term" => fn -> :persistent_term.get(:bench_store) end,
+  "cached" => fn -> NativeStores.get_cached(:bench_store) end
 }
 
 work = %{
@@ -70,12 +74,55 @@ for {what, op} <- work, callers <- [1, 2] do
     end
 
   IO.puts(
-    :io_lib.format("~-6s callers=~b  ets ~7.1f ns  persistent_term ~7.1f ns  ratio ~.2f", [
-      what,
-      callers,
-      best["ets"],
-      best["persistent_term"],
-      best["ets"] / best["persistent_term"]
-    ])
+    :io_lib.format(
+      "~-6s callers=~b  ets ~7.1f ns  persistent_term ~7.1f ns  cached ~7.1f ns  " <>
+        "ets/pt ~.2f  ets/cached ~.2f",
+      [
+        what,
+        callers,
+        best["ets"],
+        best["persistent_term"],
+        best["cached"],
+        best["ets"] / best["persistent_term"],
+        best["ets"] / best["cached"]
+      ]
+    )
   )
 end
+
+# A process's first lookups: a new process each time (as an :erpc call from another
+# node runs), three stores looked up once, less an empty process's own cost.
+for k <- [:bench_a, :bench_b, :bench_c], do: NativeStores.put(k, store)
+spawns = div(calls, 5)
+
+fresh = fn fun ->
+  {micros, _} =
+    :timer.tc(fn ->
+      for _ <- 1..spawns do
+        {_, ref} = spawn_monitor(fun)
+        receive(do: ({:DOWN, ^ref, _, _, _} -> :ok))
+      end
+    end)
+
+  micros * 1000 / spawns
+end
+
+firsts = [
+  {"empty", fn -> :ok end},
+  {"ets", fn -> Enum.each([:bench_a, :bench_b, :bench_c], &NativeStores.get/1) end},
+  {"cached", fn -> Enum.each([:bench_a, :bench_b, :bench_c], &NativeStores.get_cached/1) end}
+]
+
+best =
+  for _ <- 1..3, {name, fun} <- firsts, reduce: %{} do
+    acc ->
+      ns = fresh.(fun)
+      Map.update(acc, name, ns, &min(&1, ns))
+  end
+
+IO.puts(
+  :io_lib.format("a new process's first 3 lookups: ets ~7.1f ns  cached ~7.1f ns", [
+    best["ets"] - best["empty"],
+    best["cached"] - best["empty"]
+  ])
+)

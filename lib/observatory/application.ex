@@ -8,11 +8,17 @@ defmodule Observatory.Application do
   @impl true
   def start(_type, _args) do
     case with(:ok <- prepare_data_dir(), do: start_tree()) do
-      {:ok, pid} -> {:ok, pid}
-      {:error, reason} -> Observatory.StartupError.report(reason)
+      {:ok, pid} ->
+        {:ok, pid}
+
+      {:error, reason} ->
+        Observatory.NativeStores.forget()
+        Observatory.StartupError.report(reason)
     end
   rescue
     exception ->
+      Observatory.NativeStores.forget()
+
       if Observatory.StartupError.halt?(),
         do: Observatory.StartupError.report(exception),
         else: reraise(exception, __STACKTRACE__)
@@ -71,7 +77,18 @@ defmodule Observatory.Application do
   end
 
   @impl true
-  def stop(_state), do: Observatory.IngestSettings.forget()
+  def prep_stop(state) do
+    # The Rust stores' table goes with this application: lookups read it, uncached,
+    # from now on (again in stop/1, after the owners' last writes).
+    Observatory.NativeStores.forget()
+    state
+  end
+
+  @impl true
+  def stop(_state) do
+    Observatory.NativeStores.forget()
+    Observatory.IngestSettings.forget()
+  end
 
   # A release upgrade's new configuration: the settings snapshot follows it at once.
   @impl true

@@ -16,8 +16,25 @@ defmodule Observatory.NativeStores do
   # lives as long as the application: owners restarting under it keep their stores
   # published in between (callers keep working on the old one until the new one is
   # put), and the stores go when the application stops.
+  #
+  # The stores a step reads every time (get_cached/1, get_row_cached/1) are also kept
+  # by each caller in its process dictionary, with the generation they were read
+  # under: a step then reads a :persistent_term integer and its dictionary (~50 ns)
+  # where the table's lookup, copying the reference out and counting it in and out,
+  # cost ~130-270 ns. Every write here (put, put_part, erase) takes a new generation
+  # after writing the table, so the next cached lookup of every process reads the
+  # table again: a restarted owner's new store, or an erased one, is seen at once.
+  # The generation is a small integer, an immediate term: replacing it frees no
+  # literal area, so neither the hazard above nor a global garbage collection comes
+  # with it. A replaced store stays alive in a process that cached it until that
+  # process's next cached lookup (which drops every row it cached before the change)
+  # or its exit: so only stores that live as long as the application, replaced only
+  # when their owner crashes, are read cached. When the application stops (or fails
+  # to start) the generation goes, and cached lookups answer from the table as the
+  # others do (no table: none).
 
   @table __MODULE__
+  @generation {__MODULE__, :generation}
 
   @doc false
   # Creates the table; called by Observatory.Application.start/2.
@@ -26,13 +43,20 @@ defmodule Observatory.NativeStores do
       :ets.new(@table, [:named_table, :public, :set, read_concurrency: true])
     end
 
+    new_generation()
+  end
+
+  @doc false
+  # Called when the application stops or fails to start (before its table goes).
+  def forget do
+    if :persistent_term.get(@generation, nil) != nil, do: :persistent_term.erase(@generation)
     :ok
   end
 
   @doc "Publishes `store` under `key`, replacing (and so releasing) the one there."
   def put(key, store) do
     true = :ets.insert(@table, {key, store})
-    :ok
+    bump()
   end
 
   @doc "The store under `key`; raises `ArgumentError` when there is none."
@@ -57,7 +81,7 @@ defmodule Observatory.NativeStores do
   def put_part(key, size, index, store) when index in 1..size//1 do
     :ets.insert_new(@table, List.to_tuple([key | List.duplicate(nil, size)]))
     true = :ets.update_element(@table, key, {index + 1, store})
-    :ok
+    bump()
   rescue
     # Unpublishing while the application stops: its table has gone with it.
     e in ArgumentError -> if store == nil, do: :ok, else: reraise(e, __STACKTRACE__)
@@ -73,12 +97,68 @@ defmodule Observatory.NativeStores do
     ArgumentError -> nil
   end
 
+  @doc """
+  `get/1` of a store that lives as long as the application, read by a step: the
+  caller keeps it until anything is published here (see the module's comment).
+  """
+  def get_cached(key) do
+    case cached(key) do
+      {_, store} -> store
+      nil -> :erlang.error(:badarg)
+    end
+  end
+
+  @doc "`get_row/1`, kept by the caller as `get_cached/1` keeps a store."
+  def get_row_cached(key), do: cached(key)
+
   @doc "Unpublishes the store under `key` (its last holder releases it)."
   def erase(key) do
     :ets.delete(@table, key)
-    :ok
+    bump()
   rescue
     # The application is stopping and its table has gone with it.
     ArgumentError -> :ok
+  end
+
+  # The row under `key`, or nil: the one this process kept, when nothing was
+  # published since it read it (the same generation), else the table's, then kept.
+  defp cached(key) do
+    generation = :persistent_term.get(@generation, nil)
+
+    case Process.get({__MODULE__, key}) do
+      {^generation, row} when generation != nil ->
+        row
+
+      kept ->
+        row = get_row(key)
+
+        cond do
+          generation == nil -> :ok
+          kept == nil -> Process.put({__MODULE__, key}, {generation, row})
+          true -> renew(key, {generation, row})
+        end
+
+        row
+    end
+  end
+
+  # Something was published since this process kept `key`: it drops every row it
+  # kept before that, so that none keeps a replaced store alive, and keeps this one.
+  defp renew(key, {generation, _} = entry) do
+    for {{__MODULE__, _} = kept, {old, _}} when old != generation <- Process.get(),
+        do: Process.delete(kept)
+
+    Process.put({__MODULE__, key}, entry)
+  end
+
+  # After every write to the table; once forget/0 has run, writes leave caching off.
+  defp bump do
+    if :persistent_term.get(@generation, nil) != nil, do: new_generation()
+    :ok
+  end
+
+  defp new_generation do
+    :persistent_term.put(@generation, :erlang.unique_integer([:positive, :monotonic]))
+    :ok
   end
 end

@@ -167,6 +167,119 @@ defmodule Observatory.NativeStoresTest do
     end
   end
 
+  # A step's stores are read through a cache each caller keeps (get_cached/1,
+  # get_row_cached/1), valid while nothing is published: what a lookup answers must
+  # be what the table holds.
+  describe "cached lookups (get_cached/1, get_row_cached/1)" do
+    setup do
+      key = {__MODULE__, make_ref()}
+      on_exit(fn -> NativeStores.erase(key) end)
+      %{key: key}
+    end
+
+    test "a store put by another process is seen by the next lookup", %{key: key} do
+      {a, b} = {lone_store(), lone_store()}
+      NativeStores.put(key, a)
+      assert NativeStores.get_cached(key) == a
+      assert NativeStores.get_cached(key) == a
+      Task.async(fn -> NativeStores.put(key, b) end) |> Task.await()
+      assert NativeStores.get_cached(key) == b
+    end
+
+    test "an erased store is seen at once: none, as the table answers", %{key: key} do
+      NativeStores.put(key, lone_store())
+      assert is_reference(NativeStores.get_cached(key))
+      Task.async(fn -> NativeStores.erase(key) end) |> Task.await()
+      assert_raise ArgumentError, fn -> NativeStores.get_cached(key) end
+      assert NativeStores.get_row_cached(key) == nil
+      assert_raise ArgumentError, fn -> NativeStores.get_cached({__MODULE__, make_ref()}) end
+    end
+
+    test "a part put into a row is seen by the next row lookup", %{key: key} do
+      assert NativeStores.get_row_cached(key) == nil
+      a = lone_store()
+      Task.async(fn -> NativeStores.put_part(key, 2, 2, a) end) |> Task.await()
+      assert NativeStores.get_row_cached(key) == {key, nil, a}
+      Task.async(fn -> NativeStores.put_part(key, 2, 2, nil) end) |> Task.await()
+      assert NativeStores.get_row_cached(key) == {key, nil, nil}
+    end
+
+    test "an owner's restart is seen by the very next lookup of the step's stores" do
+      row = NativeStores.get_row_cached(StepScore)
+      log = NativeStores.get_cached(Observatory.Gateway.SessionLog)
+
+      for name <- [EntropyTracker, Observatory.Gateway.SessionLog] do
+        old = Process.whereis(name)
+        Process.exit(old, :kill)
+        await_restart(name, old)
+      end
+
+      assert NativeStores.get_row_cached(StepScore) == NativeStores.get_row(StepScore)
+      refute NativeStores.get_row_cached(StepScore) == row
+      refute NativeStores.get_cached(Observatory.Gateway.SessionLog) == log
+
+      assert NativeStores.get_cached(Observatory.Gateway.SessionLog) ==
+               NativeStores.get(Observatory.Gateway.SessionLog)
+    end
+
+    test "while the application is stopped they answer as the table does: none" do
+      log = Observatory.Gateway.SessionLog
+      old_log = NativeStores.get_cached(log)
+      assert {StepScore, _, _, _} = NativeStores.get_row_cached(StepScore)
+      :ok = Application.stop(:observatory)
+
+      try do
+        assert NativeStores.get_row(StepScore) == nil
+        assert NativeStores.get_row_cached(StepScore) == nil
+        assert_raise ArgumentError, fn -> NativeStores.get_cached(log) end
+      after
+        {:ok, _} = Application.ensure_all_started(:observatory)
+      end
+
+      # Started again: the new stores, at once.
+      assert NativeStores.get_cached(log) == NativeStores.get(log)
+      refute NativeStores.get_cached(log) == old_log
+      assert NativeStores.get_row_cached(StepScore) == NativeStores.get_row(StepScore)
+    end
+
+    test "after forget/0 (the application stopping) they read the table itself",
+         %{key: key} do
+      NativeStores.put(key, lone_store())
+      assert is_reference(NativeStores.get_cached(key))
+      NativeStores.forget()
+
+      try do
+        # Deleted behind NativeStores' back, as the table goes when the application ends.
+        :ets.delete(NativeStores, key)
+        assert NativeStores.get_row_cached(key) == nil
+        assert_raise ArgumentError, fn -> NativeStores.get_cached(key) end
+      after
+        NativeStores.setup()
+      end
+    end
+
+    test "a replaced store is not kept alive by a process's next lookup", %{key: key} do
+      other = {__MODULE__, make_ref()}
+      on_exit(fn -> NativeStores.erase(other) end)
+      NativeStores.put(other, lone_store())
+      gc_all()
+      before = Native.live_stores()
+
+      # This process keeps both; the first store is then replaced.
+      NativeStores.put(key, lone_store())
+      NativeStores.get_cached(key)
+      NativeStores.get_cached(other)
+      NativeStores.put(key, lone_store())
+      gc_all()
+      assert Native.live_stores() == before + 2
+
+      # A lookup of any key it kept drops what it kept before the change.
+      NativeStores.get_cached(other)
+      gc_all()
+      assert Native.live_stores() == before + 1
+    end
+  end
+
   defp references(term) when is_reference(term), do: [term]
   defp references(term) when is_tuple(term), do: references(Tuple.to_list(term))
   defp references(term) when is_map(term), do: references(Map.to_list(term))

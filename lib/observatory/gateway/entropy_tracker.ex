@@ -176,7 +176,7 @@ defmodule Observatory.Gateway.EntropyTracker do
     {keys, verdict_config, step, step_settings} = others
 
     {_, default, verdict_store, step_store} =
-      NativeStores.get_row(StepScore) || {StepScore, nil, nil, nil}
+      NativeStores.get_row_cached(StepScore) || {StepScore, nil, nil, nil}
 
     store =
       if tracker == __MODULE__,

@@ -230,7 +230,7 @@ defmodule Observatory.Gateway.Idempotency do
   def sweep(window_ms \\ setting(env(), :window_ms)),
     do: Native.answered_sweep(store(), System.monotonic_time(:millisecond), window_ms)
 
-  defp store, do: NativeStores.get(__MODULE__)
+  defp store, do: NativeStores.get_cached(__MODULE__)
 
   ## The process: owns the store, forgets steps that left the window
 

@@ -220,7 +220,7 @@ defmodule Observatory.Gateway.SessionLog do
 
   defp max_bytes, do: Observatory.IngestSettings.get(:session_log_max_bytes)
 
-  defp store, do: NativeStores.get(__MODULE__)
+  defp store, do: NativeStores.get_cached(__MODULE__)
 
   @impl true
   def init(_opts) do
