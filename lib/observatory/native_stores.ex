@@ -15,7 +15,8 @@ defmodule Observatory.NativeStores do
   # The table belongs to the process that runs Observatory.Application.start/2, which
   # lives as long as the application: owners restarting under it keep their stores
   # published in between (callers keep working on the old one until the new one is
-  # put), and the stores go when the application stops.
+  # put), and the stores go when the application stops (from a process that kept one,
+  # below, at its next cached lookup or its exit).
   #
   # The stores a step reads every time (get_cached/1, get_row_cached/1) are also kept
   # by each caller in its process dictionary, with the generation they were read
@@ -24,9 +25,9 @@ defmodule Observatory.NativeStores do
   # cost ~130-270 ns. Every write here (put, put_part, erase) takes a new generation
   # after writing the table, so the next cached lookup of every process reads the
   # table again: a restarted owner's new store, or an erased one, is seen at once.
-  # The generation is a small integer, an immediate term: replacing it frees no
-  # literal area, so neither the hazard above nor a global garbage collection comes
-  # with it. A replaced store stays alive in a process that cached it until that
+  # The generation is a small integer, an immediate term, and no NIF is handed it:
+  # OTP releases a replaced immediate's copy at once, without the scan of every
+  # process (a global garbage collection) that a replaced compound term costs. A replaced store stays alive in a process that cached it until that
   # process's next cached lookup (which drops every row it cached before the change)
   # or its exit: so only stores that live as long as the application, replaced only
   # when their owner crashes, are read cached. When the application stops (or fails
@@ -133,22 +134,23 @@ defmodule Observatory.NativeStores do
         row = get_row(key)
 
         cond do
-          generation == nil -> :ok
-          kept == nil -> Process.put({__MODULE__, key}, {generation, row})
-          true -> renew(key, {generation, row})
+          kept != nil -> renew(key, generation, row)
+          generation != nil -> Process.put({__MODULE__, key}, {generation, row})
+          true -> :ok
         end
 
         row
     end
   end
 
-  # Something was published since this process kept `key`: it drops every row it
-  # kept before that, so that none keeps a replaced store alive, and keeps this one.
-  defp renew(key, {generation, _} = entry) do
+  # Something was published since this process kept `key` (or the application
+  # stopped): it drops every row it kept before that, so that none keeps a replaced
+  # store alive, and keeps this one (none while the application is stopped).
+  defp renew(key, generation, row) do
     for {{__MODULE__, _} = kept, {old, _}} when old != generation <- Process.get(),
         do: Process.delete(kept)
 
-    Process.put({__MODULE__, key}, entry)
+    if generation != nil, do: Process.put({__MODULE__, key}, {generation, row})
   end
 
   # After every write to the table; once forget/0 has run, writes leave caching off.

@@ -242,8 +242,10 @@ defmodule Observatory.NativeStoresTest do
       assert NativeStores.get_row_cached(StepScore) == NativeStores.get_row(StepScore)
     end
 
-    test "after forget/0 (the application stopping) they read the table itself",
+    test "after forget/0 (the application stopping) they read the table itself, and let go",
          %{key: key} do
+      gc_all()
+      before = Native.live_stores()
       NativeStores.put(key, lone_store())
       assert is_reference(NativeStores.get_cached(key))
       NativeStores.forget()
@@ -253,6 +255,8 @@ defmodule Observatory.NativeStoresTest do
         :ets.delete(NativeStores, key)
         assert NativeStores.get_row_cached(key) == nil
         assert_raise ArgumentError, fn -> NativeStores.get_cached(key) end
+        gc_all()
+        assert Native.live_stores() == before
       after
         NativeStores.setup()
       end
