@@ -145,7 +145,8 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
         unkept: false,
     };
     reader.whitespace();
-    let json = reader.value(0, Place::Root)?;
+    let mut json = Json::Null;
+    reader.value(0, Place::Root, &mut json)?;
     reader.whitespace();
     if reader.at != bytes.len() {
         return None;
@@ -208,18 +209,23 @@ impl<'a> Reader<'a> {
         self.bytes.get(self.at).copied()
     }
 
-    /// The value at `at` (clearing `plain` if its text is not its canonical text).
-    fn value(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
-        match self.peek()? {
-            b'{' => self.object(depth + 1, place),
-            b'[' => self.array(depth + 1, place),
-            b'"' => self.string(place != Place::Skimmed).map(Json::String),
-            b't' => self.literal("true", Json::Bool(true)),
-            b'f' => self.literal("false", Json::Bool(false)),
-            b'n' => self.literal("null", Json::Null),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
-        }
+    /// The value at `at`, written into `slot` (clearing `plain` if its text is not its
+    /// canonical text). Written where it is kept — an object's member, an array's item
+    /// — not returned and moved there: a value returned is stored in pieces and read
+    /// back whole at once, which stalls the store buffer, and that was most of the
+    /// cost of building a step's tree.
+    fn value(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
+        *slot = match self.peek()? {
+            b'{' => return self.object(depth + 1, place, slot),
+            b'[' => return self.array(depth + 1, place, slot),
+            b'"' => Json::String(self.string(place != Place::Skimmed)?),
+            b't' => self.literal("true", Json::Bool(true))?,
+            b'f' => self.literal("false", Json::Bool(false))?,
+            b'n' => self.literal("null", Json::Null)?,
+            b'-' | b'0'..=b'9' => self.number()?,
+            _ => return None,
+        };
+        Some(())
     }
 
     fn literal(&mut self, word: &str, json: Json<'a>) -> Option<Json<'a>> {
@@ -230,7 +236,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn object(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+    fn object(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -242,7 +248,8 @@ impl<'a> Reader<'a> {
             Vec::with_capacity(if build { 8 } else { 0 });
         if self.peek()? == b'}' {
             self.at += 1;
-            return Some(Json::Object(Object::from_members(members)));
+            *slot = Json::Object(Object::from_members(members));
+            return Some(());
         }
         // The previous key, when members are not kept.
         let mut last_key: Option<Cow<'a, str>> = None;
@@ -286,18 +293,28 @@ impl<'a> Reader<'a> {
             let left_out = place.left_out(&key);
             let plain_before = self.plain;
             let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
+            let tool_input = part && key == "tool_input";
             self.unkept = left_out && !part;
-            let value = if part {
-                let (value, text) = self.part(depth)?;
-                if key == "tool_input" {
+            // The member's value is read into its place in the object.
+            let mut unbuilt = Json::Null;
+            let value = if build {
+                members.push((key, Json::Null));
+                let last = members.len() - 1;
+                &mut members[last].1
+            } else {
+                last_key = Some(key);
+                &mut unbuilt
+            };
+            if part {
+                let text = self.part(depth, value)?;
+                if tool_input {
                     self.canonical.tool_input = text;
                 } else {
                     self.canonical.result = text;
                 }
-                value
             } else {
-                self.value(depth, child)?
-            };
+                self.value(depth, child, value)?;
+            }
             // A left-out member's value is cut from the rest's text: how it is written
             // does not count. The comma before it goes with it, or if no kept member
             // came before, the comma after it.
@@ -314,11 +331,6 @@ impl<'a> Reader<'a> {
                 0
             };
             let mut cut_end = self.at;
-            if build {
-                members.push((key, value));
-            } else {
-                last_key = Some(key);
-            }
             self.whitespace();
             let end = match self.peek()? {
                 b',' => {
@@ -342,7 +354,8 @@ impl<'a> Reader<'a> {
                 self.cut_count += 1;
             }
             if end {
-                return Some(Json::Object(Object::from_members(members)));
+                *slot = Json::Object(Object::from_members(members));
+                return Some(());
             }
         }
     }
@@ -351,27 +364,27 @@ impl<'a> Reader<'a> {
     /// holds it. With [`Parts::CanonicalText`], an object, array or string whose text is
     /// canonical is read without building it, else (or with [`Parts::Built`]) it is
     /// built.
-    fn part(&mut self, depth: u32) -> Option<(Json<'a>, Option<&'a str>)> {
+    fn part(&mut self, depth: u32, slot: &mut Json<'a>) -> Option<Option<&'a str>> {
         let (start, plain) = (self.at, self.plain);
         self.plain = true;
         let skim = self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"');
         let place = if skim { Place::Skimmed } else { Place::Other };
-        let mut value = self.value(depth, place)?;
+        self.value(depth, place, slot)?;
         let text = self.plain.then(|| &self.text[start..self.at]);
         match text {
-            Some(text) if skim => value = Json::Canonical(text),
+            Some(text) if skim => *slot = Json::Canonical(text),
             None if skim => {
                 // Not canonical: its text will be written from its tree.
                 self.at = start;
-                value = self.value(depth, Place::Other)?;
+                self.value(depth, Place::Other, slot)?;
             }
             _ => {}
         }
         self.plain &= plain;
-        Some((value, text))
+        Some(text)
     }
 
-    fn array(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+    fn array(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -382,13 +395,19 @@ impl<'a> Reader<'a> {
         let mut items = Vec::with_capacity(if build { 4 } else { 0 });
         if self.peek()? == b']' {
             self.at += 1;
-            return Some(Json::Array(items));
+            *slot = Json::Array(items);
+            return Some(());
         }
+        let mut unbuilt = Json::Null;
         loop {
-            let item = self.value(depth, child)?;
-            if build {
-                items.push(item);
-            }
+            let item = if build {
+                items.push(Json::Null);
+                let last = items.len() - 1;
+                &mut items[last]
+            } else {
+                &mut unbuilt
+            };
+            self.value(depth, child, item)?;
             self.whitespace();
             match self.peek()? {
                 b',' => {
@@ -397,7 +416,8 @@ impl<'a> Reader<'a> {
                 }
                 b']' => {
                     self.at += 1;
-                    return Some(Json::Array(items));
+                    *slot = Json::Array(items);
+                    return Some(());
                 }
                 _ => return None,
             }
