@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
 use serde_json::Number;
 
-use crate::stable_json::{next_escape, write_number};
+use crate::stable_json::{next_escape_or_non_ascii, write_number};
 
 /// Containers nested deeper than this are left to serde_json (which refuses past 127).
 const MAX_DEPTH: u32 = 100;
@@ -131,10 +131,7 @@ impl Place {
 
 /// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
 pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)> {
-    // Every string is then valid UTF-8: the slices below are `str`s as they are.
-    let text = utf8(bytes)?;
     let mut reader = Reader {
-        text,
         bytes,
         at: 0,
         canonical: CanonicalText::default(),
@@ -154,7 +151,8 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
     let mut canonical = reader.canonical;
     if reader.plain && reader.cut_count <= MAX_CUTS && matches!(json, Json::Object(_)) {
         let rest = RestText {
-            body: text,
+            // The whole body has been read.
+            body: reader.str(0, bytes.len()),
             cuts: reader.cuts,
             count: reader.cut_count,
         };
@@ -163,18 +161,31 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
     Some((json, canonical))
 }
 
-/// `bytes` as a `str`, or `None` if they are not UTF-8. Most bodies are ASCII, which
-/// `is_ascii` tells many bytes at a time, where `from_utf8` walks them in smaller steps.
-fn utf8(bytes: &[u8]) -> Option<&str> {
-    if bytes.is_ascii() {
-        // SAFETY: every byte is below 0x80: ASCII, which is valid UTF-8.
-        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+/// The first quote, backslash or control character at or after `from`, every
+/// non-ASCII byte before it checked as UTF-8 on the way (`None`: it is not, or the
+/// text ends first). ASCII bytes are never part of a longer UTF-8 sequence, so each
+/// run of non-ASCII bytes is checked on its own: the body is not read once more, up
+/// front, to check all of it.
+fn next_escape_checked(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    loop {
+        i = next_escape_or_non_ascii(bytes, i)?;
+        if bytes[i].is_ascii() {
+            return Some(i);
+        }
+        let end = bytes[i..]
+            .iter()
+            .position(u8::is_ascii)
+            .map_or(bytes.len(), |n| i + n);
+        std::str::from_utf8(&bytes[i..end]).ok()?;
+        i = end;
     }
-    std::str::from_utf8(bytes).ok()
 }
 
 struct Reader<'a> {
-    text: &'a str,
+    /// The body. Only strings hold bytes past ASCII, checked as UTF-8 as they are read
+    /// ([`next_escape_checked`]); anywhere else such a byte ends the reading. So the
+    /// text read so far is UTF-8 ([`Reader::str`]).
     bytes: &'a [u8],
     at: usize,
     canonical: CanonicalText<'a>,
@@ -202,6 +213,18 @@ impl<'a> Reader<'a> {
             self.at += 1;
         }
         self.plain &= self.at == start;
+    }
+
+    /// `bytes[start..end]`, text the reader has read, as a `str`.
+    #[inline]
+    fn str(&self, start: usize, end: usize) -> &'a str {
+        let read = &self.bytes[start..end];
+        debug_assert!(std::str::from_utf8(read).is_ok(), "read text is UTF-8");
+        // SAFETY: the reader asks only for text it has read, and every byte of that is
+        // ASCII or part of a string's non-ASCII run that `next_escape_checked` checked
+        // as UTF-8 (see `Reader::bytes`); a slice of UTF-8 between ASCII bytes or at its
+        // ends is UTF-8.
+        unsafe { std::str::from_utf8_unchecked(read) }
     }
 
     #[inline]
@@ -370,7 +393,7 @@ impl<'a> Reader<'a> {
         let skim = self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"');
         let place = if skim { Place::Skimmed } else { Place::Other };
         self.value(depth, place, slot)?;
-        let text = self.plain.then(|| &self.text[start..self.at]);
+        let text = self.plain.then(|| self.str(start, self.at));
         match text {
             Some(text) if skim => *slot = Json::Canonical(text),
             None if skim => {
@@ -430,20 +453,20 @@ impl<'a> Reader<'a> {
     /// Without `build`, an escaped string is checked but not decoded (an empty one
     /// stands for it).
     fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
-        let (bytes, text) = (self.bytes, self.text);
+        let bytes = self.bytes;
         let start = self.at + 1;
         // The first quote, backslash or control character.
-        let mut i = next_escape(bytes, start)?;
+        let mut i = next_escape_checked(bytes, start)?;
         if bytes[i] == b'"' {
             self.at = i + 1;
-            return Some(Cow::Borrowed(&text[start..i]));
+            return Some(Cow::Borrowed(self.str(start, i)));
         }
         let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
         let mut canonical = true;
         let mut run = start;
         loop {
             if build {
-                out.push_str(&text[run..i]);
+                out.push_str(self.str(run, i));
             }
             match bytes[i] {
                 b'"' => {
@@ -475,7 +498,7 @@ impl<'a> Reader<'a> {
                         out.push(c);
                     }
                     run = i + len;
-                    i = next_escape(bytes, run)?;
+                    i = next_escape_checked(bytes, run)?;
                 }
                 // A control character: not allowed in a JSON string.
                 _ => return None,
@@ -532,7 +555,7 @@ impl<'a> Reader<'a> {
                 return Some(Json::Number(n.into()));
             }
         }
-        let text = &self.text[start..i];
+        let text = self.str(start, i);
         let number: Number = serde_json::from_str(text).ok()?;
         if self.unkept {
             self.plain = false;
