@@ -260,6 +260,7 @@ pub(crate) fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
 
 /// [`next_escape`], or the first non-ASCII byte if that comes first: a reader that
 /// checks UTF-8 only where it is not ASCII finds both in one scan.
+#[inline]
 pub(crate) fn next_escape_or_non_ascii(bytes: &[u8], from: usize) -> Option<usize> {
     next_escape_or::<true>(bytes, from)
 }

@@ -166,6 +166,7 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
 /// text ends first). ASCII bytes are never part of a longer UTF-8 sequence, so each
 /// run of non-ASCII bytes is checked on its own: the body is not read once more, up
 /// front, to check all of it.
+#[inline]
 fn next_escape_checked(bytes: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
     loop {
