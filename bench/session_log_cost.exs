@@ -15,6 +15,13 @@
 #
 # 1,000 sessions. VM CPU time per call (:erlang.statistics(:runtime)), the median of
 # the rounds, as bench/scoring_cost.exs measures.
+#
+# Then put_json/4 into full rings, as the ingest writes a session's step over the one
+# its ring held 20 steps before (memory the caches no longer hold), in two cases: each
+# text a few bytes longer than the one its slot holds (an id with one more digit; the
+# case of bench/ingest_breakdown.exs, whose warm-up steps are a few bytes shorter
+# than its timed ones), and lengths fluctuating by up to 150 bytes (the slots' buffers
+# settled). Wall ns, the median batch of 20.
 import Bitwise
 alias Observatory.Gateway.{DecisionLog, SessionLog}
 
@@ -85,6 +92,60 @@ load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
 IO.puts("1-min load average at the start: #{load}; #{n} puts a round, #{rounds} rounds\n")
 IO.puts("| what | CPU ns per step |\n|---|---:|")
 for {label, fun} <- rows, do: IO.puts("| #{label} | #{cpu_ns.(fun)} |")
+
+# Full rings, texts of about `bytes` bytes: a lap fills fresh sessions' rings with
+# texts `grow` bytes shorter than the timed ones (or as long, fluctuating), then
+# times a step a session, each batch of 20 made just before it.
+ring_case = fn bytes, grow, laps ->
+  sessions = 250
+
+  text = fn sid, n, extra ->
+    pad = String.duplicate("x", bytes - 60 + extra)
+
+    IO.iodata_to_binary([
+      ~s({"meta":{"session_id":"),
+      sid,
+      ~s("},"n":),
+      Integer.to_string(n),
+      ~s(,"pad":"),
+      pad,
+      ~s("})
+    ])
+  end
+
+  wobble = fn n -> if grow == 0, do: rem(n * 7919, 150), else: 0 end
+
+  for lap <- 1..laps do
+    ids = for s <- 1..sessions, do: "ring-#{bytes}-#{grow}-#{lap}-#{s}"
+    # Fluctuating: the rings go round a few times before the timing, as a long session's.
+    fills = if grow == 0, do: 60, else: 20
+    for n <- 1..fills, sid <- ids, do: SessionLog.put_json(sid, text.(sid, n, wobble.(n)), 0.5)
+
+    for chunk <- Enum.chunk_every(ids, 20) do
+      inputs = for sid <- chunk, do: {sid, text.(sid, 99, grow + wobble.(99 + byte_size(sid)))}
+      t0 = System.monotonic_time(:nanosecond)
+      Enum.each(inputs, fn {sid, json} -> SessionLog.put_json(sid, json, 0.5) end)
+      (System.monotonic_time(:nanosecond) - t0) / length(inputs)
+    end
+  end
+  |> List.flatten()
+  |> Enum.sort()
+  |> then(&Enum.at(&1, div(length(&1), 2)))
+  |> round()
+end
+
+laps = if "--quick" in System.argv(), do: 4, else: 12
+
+IO.puts(
+  "\n| put_json/4 into full rings, wall ns (median batch of 20) | 600 B | 4 KiB |\n|---|---:|---:|"
+)
+
+for {label, grow} <- [
+      {"each text 8 bytes longer than the one its slot holds", 8},
+      {"lengths fluctuating by up to 150 bytes", 0}
+    ] do
+  IO.puts("| #{label} | #{ring_case.(700, grow, laps)} | #{ring_case.(4_200, grow, laps)} |")
+end
 
 if function_exported?(Observatory.Native, :session_log_trim, 4) do
   alias Observatory.Native

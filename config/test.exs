@@ -16,8 +16,12 @@ config :observatory,
 # Port 0: the OS picks a free port; tests ask ObservatoryWeb.Endpoint.port/0.
 config :observatory, ObservatoryWeb.Endpoint, port: 0
 
-# A fresh Mnesia directory per test run (removed when the suite ends).
-config :observatory, data_dir: Path.join(System.tmp_dir!(), "observatory-test-#{System.pid()}")
+# A fresh Mnesia directory per test run (removed when the suite ends). Named for the
+# OS pid and the start time: a run that did not end (killed, crashed) leaves its
+# directory behind, and a later run given the same pid must not start on it (a
+# stale Mnesia of the same node name, or a directory it refuses as not private).
+config :observatory,
+  data_dir: Path.join(System.tmp_dir!(), "observatory-test-#{System.pid()}-#{System.os_time()}")
 
 # The tests' webhook receivers listen on loopback (Observatory.KillSwitch.WebhookURL).
 config :observatory, :kill_switch, webhook_allow_private_networks: true

@@ -105,16 +105,25 @@ defmodule Observatory.ClusterDistributedTest do
   @moduletag :distributed
   @moduletag timeout: 120_000
 
-  setup do
+  setup context do
     root =
       Path.join(System.tmp_dir!(), "observatory-cluster-#{System.unique_integer([:positive])}")
 
-    on_exit(fn -> File.rm_rf!(root) end)
     names = ClusterPeers.names(4)
     {shorts, all} = Enum.unzip(names)
+    # A test may tune the peers' cluster timings (`@tag cluster: [...]`).
+    env = [cluster: Map.get(context, :cluster, [])]
     # The fourth name joins later in some tests; it is in everyone's static list.
-    started = for short <- Enum.take(shorts, 3), do: ClusterPeers.start(short, all, root)
+    started = for short <- Enum.take(shorts, 3), do: ClusterPeers.start(short, all, root, env)
     nodes = Enum.map(started, &elem(&1, 1))
+    pids = for n <- nodes, do: :erpc.call(n, :os, :getpid, [])
+
+    on_exit(fn ->
+      # A test that froze a node (`frozen/3`) thaws it, whatever happened.
+      for pid <- pids, do: System.cmd("kill", ["-CONT", to_string(pid)])
+      File.rm_rf!(root)
+    end)
+
     :ok = ClusterPeers.await_members(nodes, nodes)
     %{root: root, all: all, shorts: shorts, peers: Enum.map(started, &elem(&1, 0)), nodes: nodes}
   end
@@ -179,6 +188,12 @@ defmodule Observatory.ClusterDistributedTest do
       end
     end
 
+    # The owner frozen (connected, a member, silent) for the two calls: it cannot
+    # answer within 200 ms. (A 0 ms timeout instead raced: a busy caller could find
+    # the owner's answer already in its mailbox.) No member cuts a silent one off
+    # within this test: the usual 3 s could pass on a loaded machine, and the step
+    # would then go, rightly, to the next owner.
+    @tag cluster: [member_timeout_ms: 120_000]
     test "an owner that does not answer in time: the step is refused with 503, not scored elsewhere",
          %{nodes: [a, b, c]} do
       session = owned_by(b, [a, b, c], "sess-slow")
@@ -189,20 +204,11 @@ defmodule Observatory.ClusterDistributedTest do
       port = :erpc.call(a, ObservatoryWeb.Endpoint, :port, [])
       body = Observatory.JSON.encode!(step)
 
-      # The owner frozen (connected, a member, silent) for the two calls: it cannot
-      # answer within 200 ms. (A 0 ms timeout instead raced: a busy caller could find
-      # the owner's answer already in its mailbox.) The members cut a silent node off
-      # only after seconds, far longer than these two calls.
-      b_pid = :erpc.call(b, :os, :getpid, [])
-      System.cmd("kill", ["-STOP", to_string(b_pid)])
-
       {in_process, over_http} =
-        try do
+        frozen(b, a, fn ->
           {:erpc.call(a, SchemaInterceptor, :ingest, [step]),
            http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")}
-        after
-          System.cmd("kill", ["-CONT", to_string(b_pid)])
-        end
+        end)
 
       assert {:error, {:unavailable, %{path: "meta.session_id", reason: reason}}} = in_process
       assert reason =~ "#{b} did not answer"
@@ -456,6 +462,8 @@ defmodule Observatory.ClusterDistributedTest do
       assert counts == [1, 2, 3, 4, 5, 6]
     end
 
+    # The owner frozen, not cut off, is the case under test (see the step's test above).
+    @tag cluster: [member_timeout_ms: 120_000]
     test "the session-owner check fails closed: an owner that does not answer in time is a 503, never a yes",
          %{nodes: [a, b, c]} do
       # agent-cluster's session, on b; the key below is agent-http's.
@@ -467,23 +475,32 @@ defmodule Observatory.ClusterDistributedTest do
       # Answered by the owner: another agent's session.
       assert %{status: 403} = check.()
 
-      # No owner answers in 0 ms: a's own (empty) tracker must not be asked instead.
-      config = Keyword.put(:erpc.call(a, Cluster, :config, []), :rpc_timeout_ms, 0)
-      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+      # The owner frozen: it cannot answer within 200 ms, and neither a's own (empty)
+      # tracker nor the failover node's copy of the claim may answer in its place. (A
+      # 0 ms timeout raced: the owner may answer within the deadline's millisecond,
+      # and a caller descheduled after sending then finds the answer in its mailbox.)
+      config = :erpc.call(a, Cluster, :config, [])
+      short = Keyword.put(config, :rpc_timeout_ms, 200)
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, short])
+      headers = [{~c"x-session-id", String.to_charlist(session)}]
 
-      assert %{status: 503, body: answer} = check.()
+      {checked, read, proxied} =
+        frozen(b, a, fn ->
+          {check.(), http(:get, port, "/api/v1/sessions/#{session}", "", "test-agent-key"),
+           chat(port, "test-agent-key", headers)}
+        end)
+
+      assert %{status: 503, body: answer} = checked
       assert answer =~ "owner_unavailable"
-
-      assert %{status: 503, body: answer} =
-               http(:get, port, "/api/v1/sessions/#{session}", "", "test-agent-key")
-
+      assert %{status: 503, body: answer} = read
       assert answer =~ "owner_unavailable"
-
       # The LLM proxy answers in the API's shape, before anything goes upstream.
-      assert %{status: 503, body: answer} =
-               chat(port, "test-agent-key", [{~c"x-session-id", String.to_charlist(session)}])
-
+      assert %{status: 503, body: answer} = proxied
       assert {:ok, %{"error" => %{"code" => "owner_unavailable"}}} = JSON.decode(answer)
+
+      # Thawed, the owner answers again: the 503s were its silence.
+      :ok = :erpc.call(a, Application, :put_env, [:observatory, :cluster, config])
+      assert %{status: 403} = check.()
     end
 
     test "the fleet snapshot gathers every member's sessions", %{nodes: [a, b, c] = nodes} do
@@ -667,6 +684,22 @@ defmodule Observatory.ClusterDistributedTest do
     events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
     assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
+  end
+
+  # Runs `fun` with `node` frozen (SIGSTOP: connected, a member, silent) and thaws it
+  # afterwards; asserts that `observer` still counts it a member when `fun` is done, so
+  # that what `fun` saw came from its silence, not from its being cut off.
+  defp frozen(node, observer, fun) do
+    pid = to_string(:erpc.call(node, :os, :getpid, []))
+    {_, 0} = System.cmd("kill", ["-STOP", pid])
+
+    try do
+      result = fun.()
+      assert node in :erpc.call(observer, Cluster, :members, [])
+      result
+    after
+      System.cmd("kill", ["-CONT", pid])
+    end
   end
 
   defp http(method, port, path, body \\ "", token \\ "test-operator-token") do

@@ -20,7 +20,8 @@ defmodule Observatory.Gateway.SessionLog do
 
   The ingest stores each step as the JSON text it arrived as, with the gateway's
   entropy score beside it (`put_json/4`): no term is built; the store copies the
-  text in (into the buffer of the slot it replaces, so a full ring allocates
+  text in (into the buffer of the slot it replaces when that one holds it, else a
+  new one with 1/16 to spare, so a full ring of like-sized texts allocates
   nothing), and a reader gets the envelope decoded, the score in `cognition.entropy_score` — what
   `put/3` of the ingest's envelope would have kept, except that the size cap below
   is measured on the text.

@@ -16,7 +16,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 struct Slot<T> {
-    key: Key,
+    key: InlineStr,
     hash: u64,
     value: T,
     last_seen_ms: i64,
@@ -24,39 +24,77 @@ struct Slot<T> {
 
 type Shard<T> = Mutex<HashTable<Slot<T>>>;
 
-/// Bytes of a key kept in its slot rather than in an allocation of its own.
-const INLINE_KEY: usize = 30;
+/// Bytes of a string kept inline rather than in an allocation of its own.
+const INLINE_BYTES: usize = 30;
 
-/// A key, in the slot when short (session ids usually are): the lookup that finds the
-/// slot then compares the key without a second cache miss on a separate allocation.
-pub(crate) enum Key {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+/// A string kept inline when short (session ids, agent ids, tool names and intents
+/// usually are): whoever finds the struct holding it then compares it without a
+/// second cache miss on a separate allocation. 32 bytes either way.
+#[derive(Clone)]
+pub enum InlineStr {
+    Inline { len: u8, bytes: [u8; INLINE_BYTES] },
     Heap(Box<str>),
 }
 
-impl Key {
-    pub(crate) fn new(key: &str) -> Self {
-        if key.len() <= INLINE_KEY {
-            let mut bytes = [0u8; INLINE_KEY];
-            bytes[..key.len()].copy_from_slice(key.as_bytes());
-            Key::Inline {
-                len: key.len() as u8,
+impl InlineStr {
+    pub fn new(text: &str) -> Self {
+        if text.len() <= INLINE_BYTES {
+            let mut bytes = [0u8; INLINE_BYTES];
+            bytes[..text.len()].copy_from_slice(text.as_bytes());
+            InlineStr::Inline {
+                len: text.len() as u8,
                 bytes,
             }
         } else {
-            Key::Heap(key.into())
+            InlineStr::Heap(text.into())
         }
     }
 
-    pub(crate) fn as_bytes(&self) -> &[u8] {
+    pub fn as_bytes(&self) -> &[u8] {
         match self {
-            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Key::Heap(key) => key.as_bytes(),
+            InlineStr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            InlineStr::Heap(text) => text.as_bytes(),
         }
     }
 
-    fn to_owned_string(&self) -> String {
-        String::from_utf8_lossy(self.as_bytes()).into_owned()
+    pub fn as_str(&self) -> &str {
+        match self {
+            // SAFETY: the bytes were copied whole from a `&str` (`new`).
+            InlineStr::Inline { .. } => unsafe { std::str::from_utf8_unchecked(self.as_bytes()) },
+            InlineStr::Heap(text) => text,
+        }
+    }
+}
+
+/// The session log's name for its keys (they are the same thing).
+pub(crate) type Key = InlineStr;
+
+impl std::ops::Deref for InlineStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for InlineStr {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for InlineStr {}
+
+impl std::hash::Hash for InlineStr {
+    /// As the `str` it holds.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl std::fmt::Debug for InlineStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
     }
 }
 
@@ -97,7 +135,7 @@ impl<T> KeyedStore<T> {
             evict_oldest(&mut shard, (self.max_per_shard / 64).max(1));
         }
         let slot = Slot {
-            key: Key::new(key),
+            key: InlineStr::new(key),
             hash,
             value: make(),
             last_seen_ms: now_ms,
@@ -132,7 +170,7 @@ impl<T> KeyedStore<T> {
                     return out;
                 }
                 if let Some(r) = f(&slot.value) {
-                    out.push((slot.key.to_owned_string(), r));
+                    out.push((slot.key.as_str().to_owned(), r));
                 }
             }
         }
@@ -207,9 +245,9 @@ mod tests {
     #[test]
     fn short_and_long_keys_are_told_apart() {
         let store: KeyedStore<u32> = KeyedStore::new(1, 100);
-        let long = "s".repeat(INLINE_KEY + 1);
-        let longer = "s".repeat(INLINE_KEY + 2);
-        let at_limit = "s".repeat(INLINE_KEY);
+        let long = "s".repeat(INLINE_BYTES + 1);
+        let longer = "s".repeat(INLINE_BYTES + 2);
+        let at_limit = "s".repeat(INLINE_BYTES);
         for (i, key) in [&long, &longer, &at_limit, &"s".to_string()]
             .iter()
             .enumerate()
@@ -287,5 +325,25 @@ mod tests {
             store.collect(10, |v| Some(*v)),
             vec![("busy".to_string(), 1)]
         );
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// An inline string is the `Box<str>` it replaced: the same text back, equal
+        /// exactly when the texts are, hashed as the text.
+        #[test]
+        fn an_inline_string_answers_as_its_text(
+            a in "[a-z\\u{e9}\\u{4e2d}]{0,40}",
+            b in "[a-z\\u{e9}\\u{4e2d}]{0,40}",
+        ) {
+            let (x, y) = (InlineStr::new(&a), InlineStr::new(&b));
+            prop_assert_eq!(x.as_str(), a.as_str());
+            prop_assert_eq!(&*y, b.as_str());
+            prop_assert_eq!(x == y, a == b);
+            prop_assert_eq!(x.as_bytes() == y.as_bytes(), a == b);
+            let hasher = RandomState::new();
+            prop_assert_eq!(hasher.hash_one(&x), hasher.hash_one(a.as_str()));
+        }
     }
 }

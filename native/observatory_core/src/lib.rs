@@ -13,6 +13,7 @@
 //! * [`replay`] — a line of recorded steps: an envelope, or a flat record made into one.
 //! * [`normalize`] — prompt normalization: timestamps, ids, numbers, whitespace (seed 003),
 //!   and the per-call-id mode the loop verdict hashes with.
+//! * [`prefetch`] — starting loads of a session's cold state early, so that their waits overlap.
 //! * [`simhash`] — 64-bit SimHash fingerprints and Hamming distance (seed 003).
 //! * [`conversation`] — a request's conversation in any API's shape: its newest user-side
 //!   input, the tool calls it answers and their signatures (seed 003).
@@ -39,6 +40,7 @@ pub mod kill_switch;
 pub mod loop_verdict;
 pub mod messages;
 pub mod normalize;
+pub mod prefetch;
 pub mod replay;
 pub mod responses;
 pub mod session_log;

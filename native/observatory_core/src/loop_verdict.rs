@@ -926,6 +926,18 @@ impl VerdictState {
         verdict
     }
 
+    /// Starts loading the history the next [`observe`](Self::observe) reads (its
+    /// ring and outcomes, allocations of their own): called before other work, their
+    /// loads overlap it rather than wait one after the other.
+    pub fn prefetch(&self) {
+        let (older, newer) = self.ring.as_slices();
+        crate::prefetch::slice(newer);
+        crate::prefetch::slice(older);
+        let (older, newer) = self.outcomes.as_slices();
+        crate::prefetch::slice(newer);
+        crate::prefetch::slice(older);
+    }
+
     /// The verdict on the session's latest step.
     pub fn last(&self) -> Option<&Verdict> {
         self.last.as_ref()

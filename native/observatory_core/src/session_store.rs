@@ -26,6 +26,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::interner::{Id, Interner};
+use crate::keyed_store::InlineStr;
 use crate::severity::{round4, Severity, Thresholds};
 use crate::window::Window;
 use crate::Error;
@@ -38,11 +39,12 @@ pub const MAX_FIELD_BYTES: usize = 1024;
 pub const MAX_WINDOW_SIZE: usize = 1024;
 
 /// One `{intent, tool_call, action_status}` tuple; `status` is the caller's code for
-/// an action status from its fixed set.
+/// an action status from its fixed set. The strings are inline when short (most are):
+/// a step compares its tuple with the interned one without two more cache misses.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tuple {
-    pub intent: Box<str>,
-    pub tool_call: Box<str>,
+    pub intent: InlineStr,
+    pub tool_call: InlineStr,
     pub status: u8,
 }
 
@@ -171,7 +173,9 @@ struct Session {
 struct Shard {
     sessions: HashTable<Session>,
     tuples: Interner<Tuple>,
-    agents: Interner<Box<str>>,
+    /// Inline when short, as the tuples' strings: a step checks that its agent is
+    /// the session's without following a pointer.
+    agents: Interner<InlineStr>,
     clock: u64,
 }
 
@@ -279,12 +283,12 @@ impl Store {
         if let Some(agent_id) = agent_id {
             let same = session
                 .agent
-                .is_some_and(|id| &**agents.get(id) == agent_id);
+                .is_some_and(|id| agents.get(id).as_bytes() == agent_id.as_bytes());
             if !same {
                 let new = agents.acquire(
                     self.hasher.hash_one(agent_id),
-                    |k| &**k == agent_id,
-                    || agent_id.into(),
+                    |k| k.as_bytes() == agent_id.as_bytes(),
+                    || InlineStr::new(agent_id),
                 );
                 if let Some(old) = session.agent.replace(new) {
                     agents.release(old);
@@ -294,10 +298,14 @@ impl Store {
 
         let tuple_id = tuples.acquire(
             self.hasher.hash_one((intent, tool_call, obs.status)),
-            |t| &*t.intent == intent && &*t.tool_call == tool_call && t.status == obs.status,
+            |t| {
+                t.intent.as_bytes() == intent.as_bytes()
+                    && t.tool_call.as_bytes() == tool_call.as_bytes()
+                    && t.status == obs.status
+            },
             || Tuple {
-                intent: intent.into(),
-                tool_call: tool_call.into(),
+                intent: InlineStr::new(intent),
+                tool_call: InlineStr::new(tool_call),
                 status: obs.status,
             },
         );
@@ -481,7 +489,7 @@ impl Shard {
     }
 }
 
-fn release(mut session: Session, tuples: &mut Interner<Tuple>, agents: &mut Interner<Box<str>>) {
+fn release(mut session: Session, tuples: &mut Interner<Tuple>, agents: &mut Interner<InlineStr>) {
     session.window.drain(|id| tuples.release(id));
     if let Some(agent) = session.agent {
         agents.release(agent);

@@ -125,6 +125,11 @@ pub(crate) fn observe<'a>(
     let verdict = store.0.update(session_id, VerdictState::new, |state| {
         state.observe(keys, signal, config)
     });
+    observed_term(env, &verdict)
+}
+
+/// What `verdict_observe` returns for a step's verdict.
+pub(crate) fn observed_term<'a>(env: Env<'a>, verdict: &Verdict) -> Term<'a> {
     (
         level_atom(verdict.level),
         verdict.previous.map(level_atom),

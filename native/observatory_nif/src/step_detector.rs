@@ -5,7 +5,7 @@ use std::num::NonZeroUsize;
 use observatory_core::call_circuit_breaker::{CallCircuitBreaker, Config, Decision};
 use observatory_core::keyed_store::KeyedStore;
 use observatory_core::stable_json::Digest;
-use observatory_core::step_loop_detector::{Action, Cell, StepLoopDetector, Thresholds};
+use observatory_core::step_loop_detector::{Action, Cell, StepLoopDetector, Thresholds, Verdict};
 use parking_lot::Mutex;
 use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 
@@ -63,19 +63,37 @@ pub(crate) fn analyze<'a>(
     thresholds: Thresholds,
     history: usize,
 ) -> Term<'a> {
-    let history = NonZeroUsize::new(history.clamp(1, 1024)).expect("clamped to at least 1");
     let verdict = store.0.update(
         session_id,
-        || StepLoopDetector::with_history(thresholds, history).expect("validated by the caller"),
-        |detector| {
-            if detector.thresholds() != thresholds {
-                detector
-                    .set_thresholds(thresholds)
-                    .expect("validated by the caller");
-            }
-            detector.analyze(approach, outcome)
-        },
+        || new_detector(thresholds, history),
+        |detector| analyze_in(detector, approach, outcome, thresholds),
     );
+    analyzed_term(env, &verdict)
+}
+
+/// A session's detector, as its first step makes it (`thresholds` validated).
+pub(crate) fn new_detector(thresholds: Thresholds, history: usize) -> StepLoopDetector {
+    let history = NonZeroUsize::new(history.clamp(1, 1024)).expect("clamped to at least 1");
+    StepLoopDetector::with_history(thresholds, history).expect("validated by the caller")
+}
+
+/// Classifies one step with the thresholds read for it (`thresholds` validated).
+pub(crate) fn analyze_in(
+    detector: &mut StepLoopDetector,
+    approach: Digest,
+    outcome: Digest,
+    thresholds: Thresholds,
+) -> Verdict {
+    if detector.thresholds() != thresholds {
+        detector
+            .set_thresholds(thresholds)
+            .expect("validated by the caller");
+    }
+    detector.analyze(approach, outcome)
+}
+
+/// What `step_analyze` returns for a step's verdict.
+pub(crate) fn analyzed_term<'a>(env: Env<'a>, verdict: &Verdict) -> Term<'a> {
     let (action, guidance) = match &verdict.action {
         Action::Continue => (atoms::continue_(), None),
         Action::Warn { guidance } => (atoms::warn(), Some(guidance.as_str())),

@@ -12,7 +12,8 @@
 //! `verdict_observe`, `step_analyze`): a part that fails — bad input, its store not
 //! started — is `{:error, reason}` and the others still run.
 
-use observatory_core::loop_verdict::{EntropySignal, StepKeys};
+use observatory_core::keyed_store::KeyedStore;
+use observatory_core::loop_verdict::{EntropySignal, StepKeys, VerdictState};
 use observatory_core::session_store::{Observation, Settings};
 use observatory_core::severity::{Severity, Thresholds};
 use observatory_core::stable_json::Digest;
@@ -69,40 +70,85 @@ fn score_step<'a>(
     let (entropy_store, verdict_store, step_store) = stores;
     let id = std::str::from_utf8(session_id.as_slice()).ok();
 
-    let (entropy_term, signal) = match entropy_store {
-        None => (error(env, atoms::not_started()), None),
-        Some(store) => score_entropy(env, store, session_id.as_slice(), &entropy),
+    // Each part's inputs checked first: a part that cannot run touches no store and
+    // answers its error (the step detector's `Err(None)`: no step to analyse, nil).
+    let verdict_in = match (verdict_store, id) {
+        (None, _) => Err(atoms::not_started()),
+        (_, None) => Err(atoms::invalid_session_id()),
+        (Some(store), Some(id)) => verdict_inputs(keys, verdict_config)
+            .map(|inputs| (&store.0, id, VerdictState::new, inputs)),
     };
-    let window_size = entropy.4 .0;
-    let signal = signal.map(|severity| EntropySignal {
-        severity,
-        window: window_size,
-    });
-
-    let verdict_term = match (verdict_store, id) {
-        (None, _) => error(env, atoms::not_started()),
-        (_, None) => error(env, atoms::invalid_session_id()),
-        (Some(store), Some(id)) => match verdict_inputs(keys, verdict_config) {
-            Ok((keys, config)) => loop_verdict::observe(env, store, id, keys, signal, &config),
-            Err(atom) => error(env, atom),
-        },
-    };
-
-    let step_term = match (step, step_store, id) {
-        (None, _, _) => rustler::types::atom::nil().encode(env),
-        (Some(_), None, _) => error(env, atoms::not_started()),
-        (Some(_), _, None) => error(env, atoms::invalid_session_id()),
+    let step_in = match (step, step_store, id) {
+        (None, _, _) => Err(None),
+        (Some(_), None, _) => Err(Some(atoms::not_started())),
+        (Some(_), _, None) => Err(Some(atoms::invalid_session_id())),
         (Some((approach, outcome)), Some(store), Some(id)) => {
             match step_inputs(approach, outcome, step_settings) {
-                Ok((approach, outcome, thresholds, history)) => {
-                    step_detector::analyze(env, store, id, approach, outcome, thresholds, history)
-                }
-                Err(atom) => error(env, atom),
+                Ok(inputs @ (_, _, thresholds, history)) => Ok((
+                    &store.0,
+                    id,
+                    move || step_detector::new_detector(thresholds, history),
+                    inputs,
+                )),
+                Err(atom) => Err(Some(atom)),
             }
         }
     };
 
+    // The verdict's and the step detector's states are found first and the loads of
+    // their histories started; the entropy window's work then overlaps those loads
+    // instead of each part waiting for its own in turn. The parts still run in their
+    // order (the verdict reads the entropy's severity), and each state is made as its
+    // own NIF makes it. The stores' locks are taken in one order (verdict, step,
+    // entropy), and no other call holds two.
+    let (entropy_term, verdict_term, step_term) = in_slot(verdict_in, |verdict| {
+        in_slot(step_in, |step| {
+            if let Ok((state, _)) = &verdict {
+                state.prefetch();
+            }
+            if let Ok((detector, _)) = &step {
+                detector.prefetch();
+            }
+            let (entropy_term, signal) = match entropy_store {
+                None => (error(env, atoms::not_started()), None),
+                Some(store) => score_entropy(env, store, session_id.as_slice(), &entropy),
+            };
+            let signal = signal.map(|severity| EntropySignal {
+                severity,
+                window: entropy.4 .0,
+            });
+            let verdict_term = match verdict {
+                Ok((state, (keys, config))) => {
+                    loop_verdict::observed_term(env, &state.observe(keys, signal, &config))
+                }
+                Err(atom) => error(env, atom),
+            };
+            let step_term = match step {
+                Ok((detector, (approach, outcome, thresholds, _))) => {
+                    let verdict =
+                        step_detector::analyze_in(detector, approach, outcome, thresholds);
+                    step_detector::analyzed_term(env, &verdict)
+                }
+                Err(None) => rustler::types::atom::nil().encode(env),
+                Err(Some(atom)) => error(env, atom),
+            };
+            (entropy_term, verdict_term, step_term)
+        })
+    });
+
     (entropy_term, verdict_term, step_term).encode(env)
+}
+
+/// Runs `f` on the state of the slot's key in its store (made with the slot's function
+/// if absent), under the store's lock, with the slot's inputs; or on the error.
+fn in_slot<T, X, E, R>(
+    slot: Result<(&KeyedStore<T>, &str, impl FnOnce() -> T, X), E>,
+    f: impl FnOnce(Result<(&mut T, X), E>) -> R,
+) -> R {
+    match slot {
+        Ok((store, id, make, inputs)) => store.update(id, make, |state| f(Ok((state, inputs)))),
+        Err(e) => f(Err(e)),
+    }
 }
 
 /// The entropy part's term, and the severity the verdict's entropy rule sees (none

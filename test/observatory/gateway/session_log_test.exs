@@ -25,6 +25,21 @@ defmodule Observatory.Gateway.SessionLogTest do
   defp sized_text(sid),
     do: fn n -> ~s({"meta":{"session_id":"#{sid}"},"n":"#{String.duplicate("x", n)}"}) end
 
+  # Whether the VM's binary memory falls below `limit` within about a second.
+  defp binary_memory_drops_below(limit, tries \\ 100) do
+    cond do
+      :erlang.memory(:binary) < limit ->
+        true
+
+      tries == 0 ->
+        false
+
+      true ->
+        Process.sleep(10)
+        binary_memory_drops_below(limit, tries - 1)
+    end
+  end
+
   defp bytes_held_from_now do
     settle()
     before = SessionLog.stats().bytes
@@ -264,7 +279,7 @@ defmodule Observatory.Gateway.SessionLogTest do
     end
   end
 
-  describe "texts of 1 KiB or more are held as the binary they are" do
+  describe "a text is kept as the log's own copy, counted at its size" do
     test "a long text reads back after the process that wrote it has gone, and a part of a larger one too" do
       sid = unique_session("held")
 
@@ -288,6 +303,41 @@ defmodule Observatory.Gateway.SessionLogTest do
 
       assert byte_size(pad) == 2_000
       assert SessionLog.stats().bytes - before == byte_size(long.(1)) + byte_size(long.(2))
+    end
+
+    test "a window into a large binary keeps only its own bytes: the large one is freed with its writer" do
+      sid = unique_session("window")
+      text = ~s({"meta":{"session_id":"#{sid}"},"pad":"#{String.duplicate("w", 3_000)}"})
+      held = bytes_held_from_now()
+      :erlang.garbage_collect()
+      binary_before = :erlang.memory(:binary)
+
+      # A writer whose text is a part of a 32 MB binary (an NDJSON batch's line) and
+      # which then ends: had the log kept the large binary, it would stay allocated.
+      {pid, ref} =
+        spawn_monitor(fn ->
+          body = text <> "\n" <> :binary.copy("x", 32 * 1024 * 1024)
+          line = binary_part(body, 0, byte_size(text))
+          assert :binary.referenced_byte_size(line) > 32 * 1024 * 1024
+          :ok = SessionLog.put_json(sid, line, nil, 1)
+        end)
+
+      assert_receive {:DOWN, ^ref, :process, ^pid, :normal}, 10_000
+      # The VM frees an ended process's binaries after its monitors are told: the
+      # large one goes within moments, unless something still holds it.
+      assert binary_memory_drops_below(binary_before + 8 * 1024 * 1024)
+      assert held.() == byte_size(text)
+
+      # What a reader is given is the text alone, not a window into anything larger.
+      store = Observatory.NativeStores.get(SessionLog)
+
+      assert [{1, _at, :json, data, nil}] =
+               Observatory.Native.session_log_steps(store, sid, SessionLog.size())
+
+      assert data == text
+      assert :binary.referenced_byte_size(data) == byte_size(text)
+      assert [%{"pad" => pad}] = SessionLog.recent(sid)
+      assert byte_size(pad) == 3_000
     end
   end
 end

@@ -337,3 +337,51 @@ proptest! {
         }
     }
 }
+
+/// Tuples and agents are interned with their strings inline up to 30 bytes and on the
+/// heap beyond: either side of the boundary, strings alike up to their last byte are
+/// different tuples and different agents, and come back whole.
+#[test]
+fn fr_9_2_inline_and_heap_strings_are_told_apart_at_their_boundary() {
+    let store = Store::new(1, 100);
+    let settings = Settings {
+        window_size: 8,
+        ..Settings::default()
+    };
+    let at_30 = "i".repeat(30);
+    let at_31 = "i".repeat(31);
+    let other_30 = format!("{}j", "i".repeat(29));
+    let other_31 = format!("{}j", "i".repeat(30));
+    let texts = [&at_30, &at_31, &other_30, &other_31];
+    for (k, text) in texts.iter().enumerate() {
+        let o = Observation {
+            agent_id: Some(text.as_bytes()),
+            ..obs("sess-inline", text, text, 0)
+        };
+        let scored = rec(&store, &o, &settings).unwrap();
+        // Every tuple so far is new: nothing repeats.
+        assert_eq!(scored.window_len, k + 1);
+        assert_eq!(scored.score, 1.0);
+        assert_eq!(
+            store.session(b"sess-inline").unwrap().agent_id.as_deref(),
+            Some(text.as_str()),
+            "the agent changed to {text}"
+        );
+    }
+    let view = store.session(b"sess-inline").unwrap();
+    let seen: Vec<(&str, &str)> = view
+        .window
+        .iter()
+        .map(|t| (&*t.intent, &*t.tool_call))
+        .collect();
+    let want: Vec<(&str, &str)> = texts.iter().map(|t| (t.as_str(), t.as_str())).collect();
+    assert_eq!(seen, want);
+    // The same strings again are the same tuples: two of each now.
+    for text in texts {
+        rec(&store, &obs("sess-inline", text, text, 0), &settings).unwrap();
+    }
+    let scored = rec(&store, &obs("sess-inline", &at_31, &at_31, 0), &settings).unwrap();
+    assert_eq!(scored.window_len, 8);
+    assert_eq!(scored.score, 0.5);
+    assert_eq!(store.interned_tuples(), 4);
+}

@@ -1,0 +1,197 @@
+# The ingest's scoring stage as bench/ingest_breakdown.exs times it — each batch of 20
+# steps parsed just before it is scored, so that the sessions' state is as cold as it is
+# in a gateway that parses, logs and answers between two steps of a session — alone, by
+# step size, with more batches than the breakdown gives it (its row at 1 caller, with
+# less spread); the stage's NIF call alone (`Native.score_step/7`, its arguments built
+# before the clock starts, as `StepScore.score/3` builds them); and each size's steps
+# scored after steps of another size were parsed: what of a step's size reaches the
+# scoring.
+#
+#   MIX_ENV=prod mix run bench/scoring_cold.exs             # ~30 s
+#   MIX_ENV=prod mix run bench/scoring_cold.exs -- 40       # rounds (default 20)
+#
+# Prints a table of the median batch of 20 (wall ns a step), each case's batches
+# spread over the rounds, the cases alternated in each round.
+# 1,000 sessions a size, 50 agents, every step a new one (bench/ingest_breakdown.exs's
+# steps and its warm-up: a fleet at work, no alert, no verdict, no block).
+alias Observatory.Gateway.{DecisionLog, EntropyTracker, LoopVerdict, SchemaInterceptor}
+alias Observatory.Gateway.{StepDetector, StepScore}
+
+Logger.configure(level: :error)
+
+rounds =
+  case System.argv() -- ["--"] do
+    [r | _] -> String.to_integer(r)
+    [] -> 20
+  end
+
+intents = ~w(search plan execute summarize)
+tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
+
+line =
+  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
+
+result = fn
+  :small, i -> %{"bytes" => 1024 + i, "etag" => "@STEP@"}
+  :medium, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 3), "lines" => 4}
+  :large, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 42), "lines" => 43}
+end
+
+# As bench/ingest_breakdown.exs: template i is step div(i, 1000) of session rem(i, 1000).
+envelope = fn size, i ->
+  {s, k} = {rem(i, 1000), div(i, 1000)}
+  intent = Enum.at(intents, rem(k + s, 4))
+
+  cognition =
+    if size == :small,
+      do: %{"intent" => intent, "entropy_score" => 0.9},
+      else: %{
+        "intent" => intent,
+        "reasoning_chain" => ["read the failing test", "open the module it names"],
+        "confidence" => 0.8,
+        "entropy_score" => 0.9
+      }
+
+  %{
+    "meta" => %{
+      "step_id" => "@STEP@",
+      "session_id" => "sess-#{size}-#{s}",
+      "agent_id" => "agent-#{rem(s, 50)}",
+      "parent_step_id" => "step-#{i - 1}",
+      "timestamp" => "2026-02-22T10:30:00.123Z"
+    },
+    "cognition" => cognition,
+    "action" => %{
+      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
+      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
+      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
+      "result" => result.(size, i)
+    }
+  }
+end
+
+sizes = [small: "small", medium: "600 B", large: "4 KiB"]
+templates = 10_000
+
+for {size, _} <- sizes do
+  parts =
+    for i <- 0..(templates - 1),
+        do: envelope.(size, i) |> Observatory.JSON.encode!() |> String.split("@STEP@")
+
+  :persistent_term.put({:bench_scoring_cold, size}, List.to_tuple(parts))
+end
+
+message = fn size, i, tag ->
+  parts = elem(:persistent_term.get({:bench_scoring_cold, size}), rem(i, templates))
+  Enum.join(parts, tag <> Integer.to_string(i))
+end
+
+for a <- 0..49, do: {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register("agent-#{a}")
+
+for {size, _} <- sizes,
+    n <- 0..(templates * 2),
+    do: SchemaInterceptor.ingest(message.(size, n, "warm-"))
+
+fresh = fn -> "r#{System.unique_integer([:positive])}-" end
+counter = :atomics.new(1, [])
+
+# As the breakdown's scoring row: the stage, its answers settled.
+score = fn {_e, f} ->
+  {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
+  EntropyTracker.settle(e, f.session_id, f.agent_id, true)
+  LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
+  s && StepDetector.settle(s, f.session_id, thresholds)
+end
+
+# The NIF call's arguments, as StepScore.score/3 and EntropyTracker.score_step/4 build
+# them for a step of the default tracker.
+nif_args = fn {_e, f} ->
+  {entropy_config, verdict_config, {_, packed_step_settings}} = StepScore.settings()
+  {_, default, verdict_store, step_store} = Observatory.NativeStores.get_row(StepScore)
+  {:ok, code} = Observatory.Gateway.ActionStatus.to_code(f.status)
+
+  [
+    {default, verdict_store, step_store},
+    f.session_id,
+    {f.intent, f.tool_call, code, f.agent_id, entropy_config, true},
+    f.verdict_keys,
+    verdict_config,
+    f.outcome && {f.approach, f.outcome},
+    packed_step_settings
+  ]
+end
+
+nif = fn args -> apply(Observatory.Native, :score_step, args) end
+
+# `batches` batches of 20 steps of `size`, each batch parsed just before it is timed
+# and then, when `other` is given, 20 steps of size `other` parsed too (not scored):
+# wall ns a step, each batch. `what`: the stage, or its NIF call alone; `:fresh`: the
+# stage, each step scored right after its own parse, as the ingest scores it (each
+# call timed alone, the clock's own cost included).
+run = fn
+  :fresh, size, nil, batches ->
+    for _ <- 1..batches do
+      ns =
+        for _ <- 1..20, reduce: 0 do
+          acc ->
+            n = :atomics.add_get(counter, 1, 1)
+            {:ok, envelope, fields} = DecisionLog.parse(message.(size, n, fresh.()))
+            t0 = System.monotonic_time(:nanosecond)
+            score.({envelope, fields})
+            acc + System.monotonic_time(:nanosecond) - t0
+        end
+
+      ns / 20
+    end
+
+  what, size, other, batches ->
+    for _ <- 1..batches do
+      inputs =
+        for _ <- 1..20 do
+          n = :atomics.add_get(counter, 1, 1)
+          {:ok, envelope, fields} = DecisionLog.parse(message.(size, n, fresh.()))
+          if what == :nif, do: nif_args.({envelope, fields}), else: {envelope, fields}
+        end
+
+      if other, do: for(j <- 1..20, do: DecisionLog.parse(message.(other, j, fresh.())))
+      fun = if what == :nif, do: nif, else: score
+      t0 = System.monotonic_time(:nanosecond)
+      Enum.each(inputs, fun)
+      (System.monotonic_time(:nanosecond) - t0) / 20
+    end
+end
+
+cases =
+  for(size <- [:small, :medium, :large], what <- [:stage, :nif, :fresh], do: {what, size, nil}) ++
+    [{:stage, :medium, :large}, {:stage, :large, :small}]
+
+label = fn
+  {:nif, size, nil} ->
+    "#{Keyword.fetch!(sizes, size)}: the NIF call alone"
+
+  {:fresh, size, nil} ->
+    "#{Keyword.fetch!(sizes, size)}: each step right after its own parse"
+
+  {:stage, size, nil} ->
+    Keyword.fetch!(sizes, size)
+
+  {_, size, other} ->
+    "#{Keyword.fetch!(sizes, size)}, then #{Keyword.fetch!(sizes, other)} parsed"
+end
+
+load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg") |> to_string() |> String.trim()
+
+results =
+  Enum.reduce(1..rounds, %{}, fn _, acc ->
+    Enum.reduce(cases, acc, fn {what, size, other} = c, acc ->
+      samples = run.(what, size, other, 100)
+      Map.update(acc, c, samples, &(&1 ++ samples))
+    end)
+  end)
+
+median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
+IO.puts("1-min load average at the start: #{load}; #{rounds} rounds of 100 batches of 20 a row\n")
+
+IO.puts("| scoring stage, steps parsed just before | wall ns a step, median batch of 20 |")
+IO.puts("|---|---:|")
+for c <- cases, do: IO.puts("| #{label.(c)} | #{round(median.(results[c]))} |")
