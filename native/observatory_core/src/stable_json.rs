@@ -255,13 +255,26 @@ pub(crate) fn write_string(out: &mut String, s: &str) {
 /// or `\\`). Eight bytes at a time: most text has long runs without one, and a
 /// byte-by-byte search was the biggest cost of canonical JSON for large results.
 pub(crate) fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
+    next_escape_or::<false>(bytes, from)
+}
+
+/// [`next_escape`], or the first non-ASCII byte if that comes first: a reader that
+/// checks UTF-8 only where it is not ASCII finds both in one scan.
+#[inline]
+pub(crate) fn next_escape_or_non_ascii(bytes: &[u8], from: usize) -> Option<usize> {
+    next_escape_or::<true>(bytes, from)
+}
+
+/// [`next_escape`], also stopping at a byte of 0x80 or more with `NON_ASCII`.
+#[inline]
+fn next_escape_or<const NON_ASCII: bool>(bytes: &[u8], from: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE2 is part of every x86-64 target.
-    let from = match unsafe { next_escape_sse2(bytes, from) } {
+    let from = match unsafe { next_escape_sse2::<NON_ASCII>(bytes, from) } {
         Ok(found) => return Some(found),
         Err(rest) => rest,
     };
-    next_escape_words(bytes, from)
+    next_escape_words::<NON_ASCII>(bytes, from)
 }
 
 /// [`next_escape`] sixteen bytes at a time: a large result's string is scanned twice
@@ -269,7 +282,7 @@ pub(crate) fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
 /// begin.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-fn next_escape_sse2(bytes: &[u8], mut i: usize) -> Result<usize, usize> {
+fn next_escape_sse2<const NON_ASCII: bool>(bytes: &[u8], mut i: usize) -> Result<usize, usize> {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
@@ -287,7 +300,11 @@ fn next_escape_sse2(bytes: &[u8], mut i: usize) -> Result<usize, usize> {
             _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
             _mm_cmpeq_epi8(_mm_min_epu8(v, control), v),
         );
-        let mask = _mm_movemask_epi8(found) as u32;
+        let mut mask = _mm_movemask_epi8(found) as u32;
+        if NON_ASCII {
+            // The bytes' own high bits: 0x80 and above.
+            mask |= _mm_movemask_epi8(v) as u32;
+        }
         if mask != 0 {
             return Ok(i + mask.trailing_zeros() as usize);
         }
@@ -297,7 +314,7 @@ fn next_escape_sse2(bytes: &[u8], mut i: usize) -> Result<usize, usize> {
 }
 
 /// [`next_escape`] eight bytes at a time (its tail, and the whole on other targets).
-fn next_escape_words(bytes: &[u8], from: usize) -> Option<usize> {
+fn next_escape_words<const NON_ASCII: bool>(bytes: &[u8], from: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     // A byte's high bit set where it is zero / below 0x20 (ASCII only: `!word` drops
@@ -312,7 +329,7 @@ fn next_escape_words(bytes: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
     while i + 8 <= bytes.len() {
         let word = u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
-        let found = flags(word);
+        let found = flags(word) | if NON_ASCII { word & HIGH } else { 0 };
         if found != 0 {
             return Some(i + (found.trailing_zeros() / 8) as usize);
         }
@@ -320,7 +337,7 @@ fn next_escape_words(bytes: &[u8], from: usize) -> Option<usize> {
     }
     bytes[i..]
         .iter()
-        .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
+        .position(|&b| b < 0x20 || b == b'"' || b == b'\\' || (NON_ASCII && b >= 0x80))
         .map(|offset| i + offset)
 }
 
@@ -599,6 +616,11 @@ mod tests {
                 .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
                 .map(|p| from + p);
             prop_assert_eq!(next_escape(&bytes, from), expected);
+            let expected = bytes[from..]
+                .iter()
+                .position(|&b| b < 0x20 || b == b'"' || b == b'\\' || b >= 0x80)
+                .map(|p| from + p);
+            prop_assert_eq!(next_escape_or_non_ascii(&bytes, from), expected);
         }
 
         #[test]

@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use super::borrowed::{Json, Object, RAW_VALUE_TOKEN};
 use serde_json::Number;
 
-use crate::stable_json::{next_escape, write_number};
+use crate::stable_json::{next_escape_or_non_ascii, write_number};
 
 /// Containers nested deeper than this are left to serde_json (which refuses past 127).
 const MAX_DEPTH: u32 = 100;
@@ -131,10 +131,7 @@ impl Place {
 
 /// Reads `bytes` as one JSON document, or `None` when serde_json must decide.
 pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)> {
-    // Every string is then valid UTF-8: the slices below are `str`s as they are.
-    let text = utf8(bytes)?;
     let mut reader = Reader {
-        text,
         bytes,
         at: 0,
         canonical: CanonicalText::default(),
@@ -145,7 +142,8 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
         unkept: false,
     };
     reader.whitespace();
-    let json = reader.value(0, Place::Root)?;
+    let mut json = Json::Null;
+    reader.value(0, Place::Root, &mut json)?;
     reader.whitespace();
     if reader.at != bytes.len() {
         return None;
@@ -153,7 +151,8 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
     let mut canonical = reader.canonical;
     if reader.plain && reader.cut_count <= MAX_CUTS && matches!(json, Json::Object(_)) {
         let rest = RestText {
-            body: text,
+            // The whole body has been read.
+            body: reader.str(0, bytes.len()),
             cuts: reader.cuts,
             count: reader.cut_count,
         };
@@ -162,18 +161,32 @@ pub fn read(bytes: &[u8], parts: Parts) -> Option<(Json<'_>, CanonicalText<'_>)>
     Some((json, canonical))
 }
 
-/// `bytes` as a `str`, or `None` if they are not UTF-8. Most bodies are ASCII, which
-/// `is_ascii` tells many bytes at a time, where `from_utf8` walks them in smaller steps.
-fn utf8(bytes: &[u8]) -> Option<&str> {
-    if bytes.is_ascii() {
-        // SAFETY: every byte is below 0x80: ASCII, which is valid UTF-8.
-        return Some(unsafe { std::str::from_utf8_unchecked(bytes) });
+/// The first quote, backslash or control character at or after `from`, every
+/// non-ASCII byte before it checked as UTF-8 on the way (`None`: it is not, or the
+/// text ends first). ASCII bytes are never part of a longer UTF-8 sequence, so each
+/// run of non-ASCII bytes is checked on its own: the body is not read once more, up
+/// front, to check all of it.
+#[inline]
+fn next_escape_checked(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    loop {
+        i = next_escape_or_non_ascii(bytes, i)?;
+        if bytes[i].is_ascii() {
+            return Some(i);
+        }
+        let end = bytes[i..]
+            .iter()
+            .position(u8::is_ascii)
+            .map_or(bytes.len(), |n| i + n);
+        std::str::from_utf8(&bytes[i..end]).ok()?;
+        i = end;
     }
-    std::str::from_utf8(bytes).ok()
 }
 
 struct Reader<'a> {
-    text: &'a str,
+    /// The body. Only strings hold bytes past ASCII, checked as UTF-8 as they are read
+    /// ([`next_escape_checked`]); anywhere else such a byte ends the reading. So the
+    /// text read so far is UTF-8 ([`Reader::str`]).
     bytes: &'a [u8],
     at: usize,
     canonical: CanonicalText<'a>,
@@ -203,23 +216,40 @@ impl<'a> Reader<'a> {
         self.plain &= self.at == start;
     }
 
+    /// `bytes[start..end]`, text the reader has read, as a `str`.
+    #[inline]
+    fn str(&self, start: usize, end: usize) -> &'a str {
+        let read = &self.bytes[start..end];
+        debug_assert!(std::str::from_utf8(read).is_ok(), "read text is UTF-8");
+        // SAFETY: the reader asks only for text it has read, and every byte of that is
+        // ASCII or part of a string's non-ASCII run that `next_escape_checked` checked
+        // as UTF-8 (see `Reader::bytes`); a slice of UTF-8 between ASCII bytes or at its
+        // ends is UTF-8.
+        unsafe { std::str::from_utf8_unchecked(read) }
+    }
+
     #[inline]
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.at).copied()
     }
 
-    /// The value at `at` (clearing `plain` if its text is not its canonical text).
-    fn value(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
-        match self.peek()? {
-            b'{' => self.object(depth + 1, place),
-            b'[' => self.array(depth + 1, place),
-            b'"' => self.string(place != Place::Skimmed).map(Json::String),
-            b't' => self.literal("true", Json::Bool(true)),
-            b'f' => self.literal("false", Json::Bool(false)),
-            b'n' => self.literal("null", Json::Null),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => None,
-        }
+    /// The value at `at`, written into `slot` (clearing `plain` if its text is not its
+    /// canonical text). Written where it is kept — an object's member, an array's item
+    /// — not returned and moved there: a value returned is stored in pieces and read
+    /// back whole at once, which stalls the store buffer, and that was most of the
+    /// cost of building a step's tree.
+    fn value(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
+        *slot = match self.peek()? {
+            b'{' => return self.object(depth + 1, place, slot),
+            b'[' => return self.array(depth + 1, place, slot),
+            b'"' => Json::String(self.string(place != Place::Skimmed)?),
+            b't' => self.literal("true", Json::Bool(true))?,
+            b'f' => self.literal("false", Json::Bool(false))?,
+            b'n' => self.literal("null", Json::Null)?,
+            b'-' | b'0'..=b'9' => self.number()?,
+            _ => return None,
+        };
+        Some(())
     }
 
     fn literal(&mut self, word: &str, json: Json<'a>) -> Option<Json<'a>> {
@@ -230,7 +260,7 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn object(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+    fn object(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -242,7 +272,8 @@ impl<'a> Reader<'a> {
             Vec::with_capacity(if build { 8 } else { 0 });
         if self.peek()? == b'}' {
             self.at += 1;
-            return Some(Json::Object(Object::from_members(members)));
+            *slot = Json::Object(Object::from_members(members));
+            return Some(());
         }
         // The previous key, when members are not kept.
         let mut last_key: Option<Cow<'a, str>> = None;
@@ -286,18 +317,28 @@ impl<'a> Reader<'a> {
             let left_out = place.left_out(&key);
             let plain_before = self.plain;
             let part = place == Place::Action && matches!(&*key, "tool_input" | "result");
+            let tool_input = part && key == "tool_input";
             self.unkept = left_out && !part;
-            let value = if part {
-                let (value, text) = self.part(depth)?;
-                if key == "tool_input" {
+            // The member's value is read into its place in the object.
+            let mut unbuilt = Json::Null;
+            let value = if build {
+                members.push((key, Json::Null));
+                let last = members.len() - 1;
+                &mut members[last].1
+            } else {
+                last_key = Some(key);
+                &mut unbuilt
+            };
+            if part {
+                let text = self.part(depth, value)?;
+                if tool_input {
                     self.canonical.tool_input = text;
                 } else {
                     self.canonical.result = text;
                 }
-                value
             } else {
-                self.value(depth, child)?
-            };
+                self.value(depth, child, value)?;
+            }
             // A left-out member's value is cut from the rest's text: how it is written
             // does not count. The comma before it goes with it, or if no kept member
             // came before, the comma after it.
@@ -314,11 +355,6 @@ impl<'a> Reader<'a> {
                 0
             };
             let mut cut_end = self.at;
-            if build {
-                members.push((key, value));
-            } else {
-                last_key = Some(key);
-            }
             self.whitespace();
             let end = match self.peek()? {
                 b',' => {
@@ -342,7 +378,8 @@ impl<'a> Reader<'a> {
                 self.cut_count += 1;
             }
             if end {
-                return Some(Json::Object(Object::from_members(members)));
+                *slot = Json::Object(Object::from_members(members));
+                return Some(());
             }
         }
     }
@@ -351,27 +388,27 @@ impl<'a> Reader<'a> {
     /// holds it. With [`Parts::CanonicalText`], an object, array or string whose text is
     /// canonical is read without building it, else (or with [`Parts::Built`]) it is
     /// built.
-    fn part(&mut self, depth: u32) -> Option<(Json<'a>, Option<&'a str>)> {
+    fn part(&mut self, depth: u32, slot: &mut Json<'a>) -> Option<Option<&'a str>> {
         let (start, plain) = (self.at, self.plain);
         self.plain = true;
         let skim = self.parts == Parts::CanonicalText && matches!(self.peek()?, b'{' | b'[' | b'"');
         let place = if skim { Place::Skimmed } else { Place::Other };
-        let mut value = self.value(depth, place)?;
-        let text = self.plain.then(|| &self.text[start..self.at]);
+        self.value(depth, place, slot)?;
+        let text = self.plain.then(|| self.str(start, self.at));
         match text {
-            Some(text) if skim => value = Json::Canonical(text),
+            Some(text) if skim => *slot = Json::Canonical(text),
             None if skim => {
                 // Not canonical: its text will be written from its tree.
                 self.at = start;
-                value = self.value(depth, Place::Other)?;
+                self.value(depth, Place::Other, slot)?;
             }
             _ => {}
         }
         self.plain &= plain;
-        Some((value, text))
+        Some(text)
     }
 
-    fn array(&mut self, depth: u32, place: Place) -> Option<Json<'a>> {
+    fn array(&mut self, depth: u32, place: Place, slot: &mut Json<'a>) -> Option<()> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -382,13 +419,19 @@ impl<'a> Reader<'a> {
         let mut items = Vec::with_capacity(if build { 4 } else { 0 });
         if self.peek()? == b']' {
             self.at += 1;
-            return Some(Json::Array(items));
+            *slot = Json::Array(items);
+            return Some(());
         }
+        let mut unbuilt = Json::Null;
         loop {
-            let item = self.value(depth, child)?;
-            if build {
-                items.push(item);
-            }
+            let item = if build {
+                items.push(Json::Null);
+                let last = items.len() - 1;
+                &mut items[last]
+            } else {
+                &mut unbuilt
+            };
+            self.value(depth, child, item)?;
             self.whitespace();
             match self.peek()? {
                 b',' => {
@@ -397,7 +440,8 @@ impl<'a> Reader<'a> {
                 }
                 b']' => {
                     self.at += 1;
-                    return Some(Json::Array(items));
+                    *slot = Json::Array(items);
+                    return Some(());
                 }
                 _ => return None,
             }
@@ -410,20 +454,20 @@ impl<'a> Reader<'a> {
     /// Without `build`, an escaped string is checked but not decoded (an empty one
     /// stands for it).
     fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
-        let (bytes, text) = (self.bytes, self.text);
+        let bytes = self.bytes;
         let start = self.at + 1;
         // The first quote, backslash or control character.
-        let mut i = next_escape(bytes, start)?;
+        let mut i = next_escape_checked(bytes, start)?;
         if bytes[i] == b'"' {
             self.at = i + 1;
-            return Some(Cow::Borrowed(&text[start..i]));
+            return Some(Cow::Borrowed(self.str(start, i)));
         }
         let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
         let mut canonical = true;
         let mut run = start;
         loop {
             if build {
-                out.push_str(&text[run..i]);
+                out.push_str(self.str(run, i));
             }
             match bytes[i] {
                 b'"' => {
@@ -455,7 +499,7 @@ impl<'a> Reader<'a> {
                         out.push(c);
                     }
                     run = i + len;
-                    i = next_escape(bytes, run)?;
+                    i = next_escape_checked(bytes, run)?;
                 }
                 // A control character: not allowed in a JSON string.
                 _ => return None,
@@ -512,7 +556,7 @@ impl<'a> Reader<'a> {
                 return Some(Json::Number(n.into()));
             }
         }
-        let text = &self.text[start..i];
+        let text = self.str(start, i);
         let number: Number = serde_json::from_str(text).ok()?;
         if self.unkept {
             self.plain = false;

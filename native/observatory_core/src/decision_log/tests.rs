@@ -732,6 +732,75 @@ mod borrowed_tree_answers_as_the_value_path {
             assert_same(text.as_bytes()).unwrap();
         }
     }
+
+    /// The reader checks UTF-8 only where a byte is not ASCII, as it reads each string
+    /// (not the whole body up front): invalid sequences in a key, a value, a skimmed
+    /// part, after an escape, cut by the closing quote or the end of the body, and
+    /// non-ASCII bytes outside any string, each answered as serde_json answers them;
+    /// valid ones (two, three and four bytes, runs of them, next to escapes) read by the
+    /// reader itself and taken as the parts' canonical text.
+    #[test]
+    fn on_utf8_valid_and_invalid_in_every_place() {
+        let placed = |bad: &[u8]| -> Vec<Vec<u8>> {
+            let wrap = |before: &str, after: &str| {
+                let mut text = before.as_bytes().to_vec();
+                text.extend_from_slice(bad);
+                text.extend_from_slice(after.as_bytes());
+                text
+            };
+            vec![
+                wrap(r#"{"meta":{"step_id":""#, r#""}}"#),
+                wrap(r#"{"meta":{""#, r#"":1}}"#),
+                wrap(
+                    r#"{"action":{"result":{"content":"a\n"#,
+                    r#"b"},"status":"success"}}"#,
+                ),
+                wrap(r#"{"action":{"tool_input":[""#, r#""]}}"#),
+                wrap(r#"{"action":{"result":""#, r#""}}"#),
+                wrap(r#"{"a":"x\""#, r#"\u00e9"}"#),
+                wrap(r#"{"a":""#, ""),
+                wrap(r#"{"a":1}"#, ""),
+                wrap(r#"{"a":"#, "}"),
+                wrap(r#"{"#, r#":1}"#),
+                wrap("", "{}"),
+            ]
+        };
+        let invalid: [&[u8]; 8] = [
+            b"\xff",
+            b"\xc3",
+            b"\xc3\xa9\xc3",
+            b"\xc0\x80",
+            b"\xed\xa0\x80",
+            b"\xa9",
+            b"\xf0\x9f\x98",
+            b"\xe2\x82\xac\x80",
+        ];
+        for bad in invalid {
+            for text in placed(bad) {
+                assert!(std::str::from_utf8(&text).is_err());
+                assert!(reader::read(&text, Parts::CanonicalText).is_none());
+                assert_same(&text).unwrap();
+            }
+        }
+        for good in [
+            "é",
+            "€uro",
+            "😀",
+            "aé€😀b",
+            "\u{7ff}\u{800}\u{ffff}\u{10000}\u{10ffff}",
+        ] {
+            for text in placed(good.as_bytes()).into_iter().take(6) {
+                assert!(reader::read(&text, Parts::Built).is_some(), "{text:?}");
+                assert_same(&text).unwrap();
+            }
+        }
+        // A part's canonical text that holds them is taken from the body.
+        let body = r#"{"action":{"result":{"content":"é\n€ 😀"},"tool_input":["naïve"]}}"#;
+        let (_, canonical) = reader::read(body.as_bytes(), Parts::CanonicalText).unwrap();
+        assert_eq!(canonical.result, Some(r#"{"content":"é\n€ 😀"}"#));
+        assert_eq!(canonical.tool_input, Some(r#"["naïve"]"#));
+        assert!(canonical.rest.is_some());
+    }
 }
 
 /// What the reader reads itself rather than leave to serde_json. Giving up is always
