@@ -341,6 +341,8 @@ mod tests {
             prop_assert_eq!(x.as_str(), a.as_str());
             prop_assert_eq!(&*y, b.as_str());
             prop_assert_eq!(x == y, a == b);
+            // Equal texts compare equal (two random texts are rarely the same).
+            prop_assert!(x == InlineStr::new(&a));
             prop_assert_eq!(x.as_bytes() == y.as_bytes(), a == b);
             let hasher = RandomState::new();
             prop_assert_eq!(hasher.hash_one(&x), hasher.hash_one(a.as_str()));

@@ -446,6 +446,11 @@ impl Store {
         self.shards.iter().map(|s| s.lock().tuples.len()).sum()
     }
 
+    /// Distinct interned agent ids across shards (for memory tests).
+    pub fn interned_agents(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().agents.len()).sum()
+    }
+
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
         // The table inside a shard uses the low bits of the same hash: pick the shard
         // with the high bits so the two stay independent.

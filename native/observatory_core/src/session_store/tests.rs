@@ -385,3 +385,35 @@ fn fr_9_2_inline_and_heap_strings_are_told_apart_at_their_boundary() {
     assert_eq!(scored.score, 0.5);
     assert_eq!(store.interned_tuples(), 4);
 }
+
+#[test]
+fn fr_9_2_sessions_of_one_agent_share_its_interned_id() {
+    let store = Store::new(1, 100);
+    let settings = Settings::default();
+    for (session, agent) in [
+        ("s1", "agent-a"),
+        ("s2", "agent-a"),
+        ("s3", &*"b".repeat(40)),
+    ] {
+        let o = Observation {
+            agent_id: Some(agent.as_bytes()),
+            ..obs(session, "plan", "read_file", 0)
+        };
+        rec(&store, &o, &settings).unwrap();
+    }
+    rec(
+        &store,
+        &Observation {
+            agent_id: Some("b".repeat(40).as_bytes()),
+            ..obs("s4", "plan", "read_file", 0)
+        },
+        &settings,
+    )
+    .unwrap();
+    // One entry an agent, whichever session names it, inline or not.
+    assert_eq!(store.interned_agents(), 2);
+    assert_eq!(
+        store.session(b"s2").unwrap().agent_id.as_deref(),
+        Some("agent-a")
+    );
+}
