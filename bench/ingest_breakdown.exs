@@ -18,6 +18,7 @@
 # for the next, are in the whole only).
 Code.require_file("reference_tracker.exs", __DIR__)
 Code.require_file("glue_step.exs", __DIR__)
+Code.require_file("breakdown_steps.exs", __DIR__)
 
 alias Observatory.Bench.ReferenceTracker
 alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
@@ -31,76 +32,13 @@ quick? = "--quick" in System.argv()
 {rounds, batches} = if quick?, do: {3, 100}, else: {5, 300}
 batch = 20
 
-intents = ~w(search plan execute summarize)
-tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
+alias Observatory.Bench.BreakdownSteps
 
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
-
-result = fn
-  :small, i -> %{"bytes" => 1024 + i, "etag" => "@STEP@"}
-  :medium, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 3), "lines" => 4}
-  :large, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 42), "lines" => 43}
-end
-
-# Template i is step k = div(i, 1000) of session rem(i, 1000): a session's steps vary
-# their intent, tool, input and status, as a working agent's do (its entropy window
-# is mostly normal, and no rule of the loop verdict fires).
-envelope = fn size, i ->
-  # Each size its own sessions.
-  prefix = "sess-#{size}-"
-
-  {s, k} = {rem(i, 1000), div(i, 1000)}
-  intent = Enum.at(intents, rem(k + s, 4))
-
-  cognition =
-    if size == :small,
-      do: %{"intent" => intent, "entropy_score" => 0.9},
-      else: %{
-        "intent" => intent,
-        "reasoning_chain" => ["read the failing test", "open the module it names"],
-        "confidence" => 0.8,
-        "entropy_score" => 0.9
-      }
-
-  %{
-    "meta" => %{
-      "step_id" => "@STEP@",
-      "session_id" => prefix <> Integer.to_string(s),
-      "agent_id" => "agent-#{rem(s, 50)}",
-      "parent_step_id" => "step-#{i - 1}",
-      "timestamp" => "2026-02-22T10:30:00.123Z"
-    },
-    "cognition" => cognition,
-    "action" => %{
-      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
-      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
-      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
-      "result" => result.(size, i)
-    }
-  }
-end
-
-sizes = [small: "small", medium: "600 B", large: "4 KiB"]
-templates = 10_000
-
-# Each message a template around its step_id (also in the result of the larger ones:
-# no two results are the same, as when an agent works); kept off the callers' heaps.
-for {size, _} <- sizes do
-  parts =
-    for i <- 0..(templates - 1) do
-      envelope.(size, i)
-      |> Observatory.JSON.encode!()
-      |> String.split("@STEP@")
-    end
-
-  :persistent_term.put({:bench_breakdown, size}, List.to_tuple(parts))
-end
-
-message = fn size, i, tag ->
-  parts = elem(:persistent_term.get({:bench_breakdown, size}), rem(i, templates))
-  Enum.join(parts, tag <> Integer.to_string(i))
-end
+{intents, tools} = {BreakdownSteps.intents(), BreakdownSteps.tools()}
+sizes = BreakdownSteps.sizes()
+templates = BreakdownSteps.templates()
+:ok = BreakdownSteps.publish(:bench_breakdown)
+message = &BreakdownSteps.message(:bench_breakdown, &1, &2, &3)
 
 # The median of `batches` timings of `fun` over 100 inputs, each made by `input`
 # (outside the timing), in ns per call.

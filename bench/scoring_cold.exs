@@ -14,6 +14,9 @@
 # spread over the rounds, the cases alternated in each round.
 # 1,000 sessions a size, 50 agents, every step a new one (bench/ingest_breakdown.exs's
 # steps and its warm-up: a fleet at work, no alert, no verdict, no block).
+Code.require_file("breakdown_steps.exs", __DIR__)
+
+alias Observatory.Bench.BreakdownSteps
 alias Observatory.Gateway.{DecisionLog, EntropyTracker, LoopVerdict, SchemaInterceptor}
 alias Observatory.Gateway.{StepDetector, StepScore}
 
@@ -25,71 +28,14 @@ rounds =
     [] -> 20
   end
 
-intents = ~w(search plan execute summarize)
-tools = ~w(read_file write_file list_files run_shell grep http_get sql edit)
-
-line =
-  "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n"
-
-result = fn
-  :small, i -> %{"bytes" => 1024 + i, "etag" => "@STEP@"}
-  :medium, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 3), "lines" => 4}
-  :large, _ -> %{"content" => "# @STEP@\n" <> String.duplicate(line, 42), "lines" => 43}
-end
-
-# As bench/ingest_breakdown.exs: template i is step div(i, 1000) of session rem(i, 1000).
-envelope = fn size, i ->
-  {s, k} = {rem(i, 1000), div(i, 1000)}
-  intent = Enum.at(intents, rem(k + s, 4))
-
-  cognition =
-    if size == :small,
-      do: %{"intent" => intent, "entropy_score" => 0.9},
-      else: %{
-        "intent" => intent,
-        "reasoning_chain" => ["read the failing test", "open the module it names"],
-        "confidence" => 0.8,
-        "entropy_score" => 0.9
-      }
-
-  %{
-    "meta" => %{
-      "step_id" => "@STEP@",
-      "session_id" => "sess-#{size}-#{s}",
-      "agent_id" => "agent-#{rem(s, 50)}",
-      "parent_step_id" => "step-#{i - 1}",
-      "timestamp" => "2026-02-22T10:30:00.123Z"
-    },
-    "cognition" => cognition,
-    "action" => %{
-      "tool_call" => Enum.at(tools, rem(k * 3 + s, 8)),
-      "tool_input" => %{"path" => "/srv/app/lib/app/file_#{k}.ex", "limit" => 200},
-      "status" => if(rem(k, 5) == 4, do: "failure", else: "success"),
-      "result" => result.(size, i)
-    }
-  }
-end
-
-sizes = [small: "small", medium: "600 B", large: "4 KiB"]
-templates = 10_000
-
-for {size, _} <- sizes do
-  parts =
-    for i <- 0..(templates - 1),
-        do: envelope.(size, i) |> Observatory.JSON.encode!() |> String.split("@STEP@")
-
-  :persistent_term.put({:bench_scoring_cold, size}, List.to_tuple(parts))
-end
-
-message = fn size, i, tag ->
-  parts = elem(:persistent_term.get({:bench_scoring_cold, size}), rem(i, templates))
-  Enum.join(parts, tag <> Integer.to_string(i))
-end
+sizes = BreakdownSteps.sizes()
+:ok = BreakdownSteps.publish(:bench_scoring_cold)
+message = &BreakdownSteps.message(:bench_scoring_cold, &1, &2, &3)
 
 for a <- 0..49, do: {:ok, _} = Observatory.KillSwitch.Agents.fetch_or_register("agent-#{a}")
 
 for {size, _} <- sizes,
-    n <- 0..(templates * 2),
+    n <- 0..(BreakdownSteps.templates() * 2),
     do: SchemaInterceptor.ingest(message.(size, n, "warm-"))
 
 fresh = fn -> "r#{System.unique_integer([:positive])}-" end
