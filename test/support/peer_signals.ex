@@ -42,13 +42,17 @@ defmodule Observatory.Test.PeerSignals do
   @doc """
   Takes the heal lock on this node for a process of its own (as a heal that hangs
   would hold it) until `release_heal_lock/1`. Returns the holder.
+
+  A heal may hold the lock when this is called (the leader's check of the replicas
+  runs about a second after a node joins, so soon after a cluster starts): the lock
+  is then taken once that heal lets go of it (`:global` retries until it is free).
   """
   def hold_heal_lock do
     parent = self()
 
     holder =
       spawn(fn ->
-        true = :global.set_lock({Observatory.Cluster.Heal, self()}, [node()], 0)
+        true = :global.set_lock({Observatory.Cluster.Heal, self()}, [node()], :infinity)
         send(parent, :held)
 
         receive do
@@ -59,7 +63,10 @@ defmodule Observatory.Test.PeerSignals do
     receive do
       :held -> holder
     after
-      5_000 -> raise "could not take the heal lock"
+      30_000 ->
+        Process.exit(holder, :kill)
+
+        raise "could not take the heal lock within 30 s: #{Observatory.Cluster.Heal.lock_holder()}"
     end
   end
 

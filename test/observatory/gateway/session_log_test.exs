@@ -83,20 +83,25 @@ defmodule Observatory.Gateway.SessionLogTest do
     end
 
     test "past :session_log_max_bytes the least recently seen sessions go" do
-      settle()
-      base = SessionLog.stats().bytes
-      Observatory.configure(session_log_max_bytes: base + 200_000)
+      # A cap of its own, not one above what the shared log held when the test began:
+      # sessions seen earlier go first, so with ~1 MB left by other tests the trims
+      # (each to 90 % of the cap) dropped only theirs and kept session 1. Here 300 kB
+      # of sessions seen earlier stand for them. Not async: no test writes meanwhile.
       prefix = unique_session("bytes")
       text = String.duplicate("b", 10_000)
+      earlier = for i <- 1..30, do: "#{prefix}-earlier-#{i}"
+      for sid <- earlier, do: SessionLog.put(sid, envelope(sid, text))
+      Observatory.configure(session_log_max_bytes: 200_000)
 
       capture_log(fn ->
         for i <- 1..60, do: SessionLog.put("#{prefix}-#{i}", envelope("#{prefix}-#{i}", text))
         settle()
       end)
 
-      assert SessionLog.stats().bytes <= base + 200_000
+      assert SessionLog.stats().bytes <= 200_000
       assert SessionLog.count("#{prefix}-60") == 1
       assert SessionLog.count("#{prefix}-1") == 0
+      assert Enum.all?(earlier, &(SessionLog.count(&1) == 0))
     end
   end
 
