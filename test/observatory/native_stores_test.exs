@@ -26,6 +26,13 @@ defmodule Observatory.NativeStoresTest do
     if Native.stores_held() < n and ms > 0, do: Process.sleep(1) && await_held(n, ms - 1)
   end
 
+  # A key of the test's own, unpublished when it ends.
+  defp own_key(_context) do
+    key = {__MODULE__, make_ref()}
+    on_exit(fn -> NativeStores.erase(key) end)
+    %{key: key}
+  end
+
   # Hands the store under `key` to a dirty NIF that must wait for a scheduler (every
   # dirty CPU scheduler is busy), runs `change` meanwhile, and answers whether the
   # store was still alive when the NIF had it.
@@ -43,11 +50,7 @@ defmodule Observatory.NativeStoresTest do
   end
 
   describe "a store handed to a dirty NIF (heap corruption fix)" do
-    setup do
-      key = {__MODULE__, make_ref()}
-      on_exit(fn -> NativeStores.erase(key) end)
-      %{key: key}
-    end
+    setup :own_key
 
     test "stays alive while its entry is replaced", %{key: key} do
       NativeStores.put(key, lone_store())
@@ -113,11 +116,7 @@ defmodule Observatory.NativeStoresTest do
   # The ingest's scoring call finds the tracker's, the verdict's and the step
   # detector's stores with one lookup: a row whose parts their owners each put.
   describe "a row of stores used together (put_part/4, get_row/1)" do
-    setup do
-      key = {__MODULE__, make_ref()}
-      on_exit(fn -> NativeStores.erase(key) end)
-      %{key: key}
-    end
+    setup :own_key
 
     test "each part is put on its own, the others nil until theirs are", %{key: key} do
       assert NativeStores.get_row(key) == nil
@@ -171,11 +170,7 @@ defmodule Observatory.NativeStoresTest do
   # get_row_cached/1), valid while nothing is published: what a lookup answers must
   # be what the table holds.
   describe "cached lookups (get_cached/1, get_row_cached/1)" do
-    setup do
-      key = {__MODULE__, make_ref()}
-      on_exit(fn -> NativeStores.erase(key) end)
-      %{key: key}
-    end
+    setup :own_key
 
     test "a store put by another process is seen by the next lookup", %{key: key} do
       {a, b} = {lone_store(), lone_store()}
