@@ -119,7 +119,7 @@ defmodule Observatory.ClusterDistributedTest do
     pids = for n <- nodes, do: :erpc.call(n, :os, :getpid, [])
 
     on_exit(fn ->
-      # A test that froze a node (`frozen/3`) thaws it, whatever happened.
+      # A test that froze a node (`ClusterPeers.frozen/3`) thaws it, whatever happened.
       for pid <- pids, do: System.cmd("kill", ["-CONT", to_string(pid)])
       File.rm_rf!(root)
     end)
@@ -205,7 +205,7 @@ defmodule Observatory.ClusterDistributedTest do
       body = Observatory.JSON.encode!(step)
 
       {in_process, over_http} =
-        frozen(b, a, fn ->
+        ClusterPeers.frozen(b, a, fn ->
           {:erpc.call(a, SchemaInterceptor, :ingest, [step]),
            http(:post, port, "/api/v1/decision_logs", body, "test-agent-key")}
         end)
@@ -485,7 +485,7 @@ defmodule Observatory.ClusterDistributedTest do
       headers = [{~c"x-session-id", String.to_charlist(session)}]
 
       {checked, read, proxied} =
-        frozen(b, a, fn ->
+        ClusterPeers.frozen(b, a, fn ->
           {check.(), http(:get, port, "/api/v1/sessions/#{session}", "", "test-agent-key"),
            chat(port, "test-agent-key", headers)}
         end)
@@ -684,22 +684,6 @@ defmodule Observatory.ClusterDistributedTest do
     events = :erpc.call(node, Observatory.KillSwitch.Agents, :events, [[agent_id: agent]])
     assert Enum.map(events, & &1.event_type) == ["manual_deactivation"]
     assert {:ok, ^agent} = :erpc.call(node, Observatory.AgentKeys, :authenticate, [key])
-  end
-
-  # Runs `fun` with `node` frozen (SIGSTOP: connected, a member, silent) and thaws it
-  # afterwards; asserts that `observer` still counts it a member when `fun` is done, so
-  # that what `fun` saw came from its silence, not from its being cut off.
-  defp frozen(node, observer, fun) do
-    pid = to_string(:erpc.call(node, :os, :getpid, []))
-    {_, 0} = System.cmd("kill", ["-STOP", pid])
-
-    try do
-      result = fun.()
-      assert node in :erpc.call(observer, Cluster, :members, [])
-      result
-    after
-      System.cmd("kill", ["-CONT", pid])
-    end
   end
 
   defp http(method, port, path, body \\ "", token \\ "test-operator-token") do

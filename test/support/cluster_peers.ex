@@ -1,4 +1,6 @@
 defmodule Observatory.Test.ClusterPeers do
+  require ExUnit.Assertions
+
   @moduledoc false
   # Starts Observatory on :peer nodes that form one cluster (issue 14): each node its
   # own Mnesia directory and HTTP port (0: the OS picks), the test node's
@@ -81,6 +83,24 @@ defmodule Observatory.Test.ClusterPeers do
       true ->
         Process.sleep(50)
         await_members(nodes, members, tries - 1)
+    end
+  end
+
+  @doc """
+  Runs `fun` with `node` frozen (SIGSTOP: connected, a member, silent) and thaws it
+  afterwards; asserts that `observer` still counts it a member when `fun` is done,
+  so that what `fun` saw came from its silence, not from its being cut off.
+  """
+  def frozen(node, observer, fun) do
+    pid = to_string(:erpc.call(node, :os, :getpid, []))
+    {_, 0} = System.cmd("kill", ["-STOP", pid])
+
+    try do
+      result = fun.()
+      ExUnit.Assertions.assert(node in :erpc.call(observer, Observatory.Cluster, :members, []))
+      result
+    after
+      System.cmd("kill", ["-CONT", pid])
     end
   end
 end
