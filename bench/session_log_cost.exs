@@ -163,7 +163,7 @@ if function_exported?(Observatory.Native, :session_log_trim, 4) do
   fill = fn sessions, steps, json ->
     for i <- 1..sessions,
         _ <- 1..steps,
-        do: Native.session_log_put_json(store, "fill-#{i}", json, 0.5, nil, {20, 1 <<< 40})
+        do: Native.session_log_put_json(store, "fill-#{i}", json, 0.5, nil, {20, 1 <<< 40}, nil)
   end
 
   report = fn label, times ->

@@ -55,7 +55,7 @@ defmodule Observatory.Native do
 
   def answered_new, do: :erlang.nif_error(:nif_not_loaded)
 
-  def answered_claim(_store, _step, _fingerprint, _limits),
+  def answered_claim(_store, _step, _fingerprint, _limits, _now_ms),
     do: :erlang.nif_error(:nif_not_loaded)
 
   def answered_complete(_store, _slot, _seq, _answer), do: :erlang.nif_error(:nif_not_loaded)
@@ -72,7 +72,7 @@ defmodule Observatory.Native do
 
   def session_log_new, do: :erlang.nif_error(:nif_not_loaded)
 
-  def session_log_put_json(_store, _session_id, _json, _score, _number, _caps),
+  def session_log_put_json(_store, _session_id, _json, _score, _number, _caps, _at_ms),
     do: :erlang.nif_error(:nif_not_loaded)
 
   def session_log_put_term(_store, _session_id, _etf, _bytes, _number, _caps),

@@ -252,13 +252,21 @@ defmodule Observatory.IngestSettingsTest do
       try do
         Application.put_env(:observatory, :session_log_size, 9)
         assert IngestSettings.get(:session_log_size) == 9
+        # The session log's put reads its three settings as one.
+        assert {envelope_cap, {9, bytes_cap}} = IngestSettings.get(:session_log_put)
+
+        assert envelope_cap ==
+                 Application.get_env(:observatory, :session_log_max_envelope_bytes, 16_384)
+
+        assert bytes_cap == Application.get_env(:observatory, :session_log_max_bytes, 268_435_456)
         Application.put_env(:observatory, :idempotency, enabled: false)
         assert IngestSettings.get(:idempotency_limits) == nil
       after
         IngestSettings.refresh()
       end
 
-      assert {_read, %{session_log_size: 9}} = :persistent_term.get(IngestSettings)
+      assert {_read, %{session_log_size: 9, session_log_put: {_, {9, _}}}} =
+               :persistent_term.get(IngestSettings)
     end
   end
 

@@ -112,13 +112,16 @@ defmodule Observatory.Gateway.Idempotency do
   Claims a step for scoring, or says why it is not scored again (see the module doc).
   `step` is a parsed step's fields (`Observatory.Gateway.DecisionLog.parse/1`), or any
   map with its `:session_id`, `:step_id`, `:agent_id` and `:fingerprint` (16 bytes).
+  `now_ms` is when it arrived, on the VM's monotonic clock in ms, if the caller read
+  it already (nil: the claim reads the clock).
   """
-  @spec claim(DecisionLog.fields() | map()) ::
+  @spec claim(DecisionLog.fields() | map(), integer() | nil) ::
           {:new, ticket()} | {:replay, term()} | {:error, refusal()}
-  def claim(%{fingerprint: fingerprint} = step) when byte_size(fingerprint) == 16 do
+  def claim(%{fingerprint: fingerprint} = step, now_ms \\ nil)
+      when byte_size(fingerprint) == 16 do
     case limits() do
       nil -> {:new, nil}
-      limits -> claim(step, fingerprint, limits)
+      limits -> claim(step, fingerprint, limits, now_ms)
     end
   end
 
@@ -135,12 +138,14 @@ defmodule Observatory.Gateway.Idempotency do
          setting(env, :max_steps_per_agent), setting(env, :max_steps)}
   end
 
-  # The claim's time is the VM's monotonic clock in ms (read in the NIF), as the
-  # sweep's.
-  defp claim(%{session_id: session_id, step_id: step_id, agent_id: agent_id}, fingerprint, limits) do
+  # The claim's time is the VM's monotonic clock in ms (read in the NIF when not
+  # given), as the sweep's.
+  defp claim(step, fingerprint, limits, now_ms) do
+    %{session_id: session_id, step_id: step_id, agent_id: agent_id} = step
     store = store()
+    ids = {session_id, step_id, agent_id}
 
-    case Native.answered_claim(store, {session_id, step_id, agent_id}, fingerprint, limits) do
+    case Native.answered_claim(store, ids, fingerprint, limits, now_ms) do
       {:new, slot, seq} ->
         {:new, {store, slot, seq}}
 

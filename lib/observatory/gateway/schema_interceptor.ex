@@ -255,7 +255,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   # A step is scored once; its retries get the first answer (Idempotency).
   defp once({_json, envelope} = step, fields, step_opts, pubsub) do
-    case Idempotency.claim(fields) do
+    case Idempotency.claim(fields, step_opts.now_ms) do
       {:new, ticket} ->
         result =
           try do
@@ -429,8 +429,15 @@ defmodule Observatory.Gateway.SchemaInterceptor do
     count_step_action(step)
     pause = HITL.pause_of(fields.session_id)
     active? = KillSwitch.active?(fields.agent_id)
-    # Stored as its text, under the verdict's step number, which its evidence names.
-    SessionLog.put_json(fields.session_id, json, gateway_score, verdict && verdict.step_number)
+    # Stored as its text, under the verdict's step number, which its evidence names,
+    # received when the step arrived (the clock read once a step).
+    SessionLog.put_json(
+      fields.session_id,
+      json,
+      gateway_score,
+      verdict && verdict.step_number,
+      step_opts.now_ms
+    )
 
     # The envelope's term is made for a subscriber only when there is one.
     Events.broadcast_lazy(

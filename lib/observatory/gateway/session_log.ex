@@ -80,14 +80,24 @@ defmodule Observatory.Gateway.SessionLog do
   its `cognition.entropy_score`. Readers get what `put/3` of the decoded envelope
   would give them, but a text over `:session_log_max_envelope_bytes` is a stub whose
   `"bytes"` is the text's size, whatever the size of its term. `json` must be a
-  valid DecisionLog's text.
+  valid DecisionLog's text. `received_ms` is when the step arrived, on the VM's
+  monotonic clock in ms, if the caller read it already (nil: the put reads the clock);
+  the step's `at` is that time.
   """
-  @spec put_json(String.t(), binary(), number() | nil, pos_integer() | nil) :: :ok
-  def put_json(session_id, json, score, number \\ nil) when is_binary(json) do
+  @spec put_json(String.t(), binary(), number() | nil, pos_integer() | nil, integer() | nil) ::
+          :ok
+  def put_json(session_id, json, score, number \\ nil, received_ms \\ nil)
+      when is_binary(json) do
     bytes = byte_size(json)
 
-    if bytes <= max_envelope_bytes() do
-      Native.session_log_put_json(store(), session_id, json, score, number, caps())
+    {max_envelope_bytes, caps} =
+      if :persistent_term.get(:i38old, false),
+        do:
+          {Observatory.IngestSettings.get(:session_log_max_envelope_bytes), {size(), max_bytes()}},
+        else: put_settings()
+
+    if bytes <= max_envelope_bytes do
+      Native.session_log_put_json(store(), session_id, json, score, number, caps, received_ms)
       |> handle_put()
     else
       # Over the cap by its text: the stub, whatever size its term would be.
@@ -111,7 +121,10 @@ defmodule Observatory.Gateway.SessionLog do
 
   # The ring's size and the byte cap, read on every message (a changed setting
   # applies to the next); the sessions cap only when a session arrives.
-  defp caps, do: {size(), max_bytes()}
+  defp caps, do: elem(put_settings(), 1)
+
+  # `{max_envelope_bytes, {size, max_bytes}}`, read as one setting.
+  defp put_settings, do: Observatory.IngestSettings.get(:session_log_put)
 
   defp handle_put(:ok), do: :ok
   defp handle_put(:over_bytes), do: request_trim()

@@ -190,7 +190,9 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
 
     /// Keeps `envelope` as the session's next message, numbered `number` (its
     /// `seq` when None), in a ring of `ring` slots (at least 1). `now_ms` is called
-    /// under the shard's lock, so the sessions' order and their times agree.
+    /// under the shard's lock, and a time it gives that is earlier than the shard's
+    /// latest (a time the caller read before the lock) is raised to that one, so the
+    /// sessions' order and their times agree.
     pub fn put(
         &self,
         session: &str,
@@ -223,10 +225,14 @@ impl<D: AsRef<[u8]>> SessionLog<D> {
         let (put, replaced) = {
             let mut inner = self.shard(hash).lock();
             let inner = &mut *inner;
+            let latest = match inner.tail {
+                NIL => i64::MIN,
+                tail => inner.session_at(tail).at_ms,
+            };
             let (at, new_session) = inner.find_or_insert(session, hash);
             inner.touch(at);
             let order = self.order.fetch_add(1, Ordering::Relaxed);
-            let now = now_ms();
+            let now = now_ms().max(latest);
             let session = inner.slab[at as usize].as_mut().expect("indexed");
             session.seq += 1;
             session.at_ms = now;
@@ -619,6 +625,29 @@ mod tests {
         // No number: the session's count.
         log.put("s", text("e"), None, 3, u64::MAX, || 200);
         assert_eq!(log.step("s", 5, 3, |s| s.map(|s| s.seq)), Some(5));
+    }
+
+    #[test]
+    fn a_time_earlier_than_its_shards_latest_is_raised_to_it_so_the_order_and_times_agree() {
+        let log = SessionLog::new();
+        let shard = |id: &str| (log.hasher.hash_one(id) >> 40) as usize % SHARDS;
+        // Two sessions of one shard, and one of another.
+        let first = "s0".to_string();
+        let ids: Vec<String> = (1..10_000).map(|i| format!("s{i}")).collect();
+        let same = ids.iter().find(|id| shard(id) == shard(&first)).unwrap();
+        let other = ids.iter().find(|id| shard(id) != shard(&first)).unwrap();
+        log.put(&first, text("a"), None, 3, u64::MAX, || 100);
+        // Times read before the lock: the later put carries the earlier time.
+        log.put(same, text("b"), None, 3, u64::MAX, || 90);
+        assert_eq!(log.head(same), Some((1, 100)));
+        log.put(same, text("c"), None, 3, u64::MAX, || 120);
+        assert_eq!(log.head(same), Some((2, 120)));
+        // Another shard's times are its own.
+        log.put(other, text("d"), None, 3, u64::MAX, || 50);
+        assert_eq!(log.head(other), Some((1, 50)));
+        // The sweep, which reads each shard's sessions oldest first, drops by them.
+        assert_eq!(log.sweep(101, usize::MAX).sessions, 2);
+        assert_eq!(log.head(same), Some((2, 120)));
     }
 
     #[test]

@@ -16,8 +16,9 @@ fn answered_new(env: Env<'_>) -> Term<'_> {
     ResourceArc::new(StepsRef(AnsweredSteps::new())).encode(env)
 }
 
-/// Claims `{session, step, agent}` now (the VM's monotonic clock, in ms: the one
-/// the sweep's `System.monotonic_time/1` reads): `{:new, slot, seq}` (the ticket
+/// Claims `{session, step, agent}` at `now_ms` (the VM's monotonic clock, in ms: the
+/// one the sweep's `System.monotonic_time/1` reads; nil: read here, else as the caller
+/// read it when the step arrived): `{:new, slot, seq}` (the ticket
 /// for `answered_complete` or `answered_release`), `{:replay, answer}`, `:conflict`
 /// or `:in_progress`. The caller is the claimant; a claim whose claimant has died is
 /// taken over.
@@ -28,6 +29,7 @@ fn answered_claim<'a>(
     step: (&str, &str, &str),
     fingerprint: Binary<'a>,
     limits: (i64, usize, usize, usize),
+    now_ms: Option<i64>,
 ) -> NifResult<Term<'a>> {
     let fingerprint: Fingerprint = fingerprint
         .as_slice()
@@ -41,8 +43,9 @@ fn answered_claim<'a>(
     };
     let (session, step, agent) = step;
     // SAFETY: a plain read of the VM's clock, callable from any scheduler thread.
-    let now_ms =
-        unsafe { rustler::sys::enif_monotonic_time(rustler::sys::ErlNifTimeUnit::ERL_NIF_MSEC) };
+    let now_ms = now_ms.unwrap_or_else(|| unsafe {
+        rustler::sys::enif_monotonic_time(rustler::sys::ErlNifTimeUnit::ERL_NIF_MSEC)
+    });
     let claim = store.0.claim(
         StepId {
             session,

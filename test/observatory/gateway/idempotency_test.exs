@@ -317,6 +317,27 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
   end
 
+  describe "the claim's time" do
+    test "a claim made at the time its step arrived is stale from that time" do
+      store = Observatory.Native.answered_new()
+      ids = {"sess-idem-time", "step-1", "agent-idem"}
+      limits = {1_000, 100, 100, 1_000}
+      arrived = System.monotonic_time(:millisecond) - 10_000
+
+      assert {:new, _, _} =
+               Observatory.Native.answered_claim(store, ids, @fingerprint, limits, arrived)
+
+      # Claimed 10 s ago, past the 1 s window: forgotten, so claimed again now (the
+      # clock read in the NIF) ...
+      assert {:new, _, _} =
+               Observatory.Native.answered_claim(store, ids, @fingerprint, limits, nil)
+
+      # ... and that claim, pending and recent, holds.
+      assert Observatory.Native.answered_claim(store, ids, @fingerprint, limits, nil) ==
+               :in_progress
+    end
+  end
+
   describe "bounded memory" do
     test "1M distinct steps: the memory stays under its bounds, per session, per agent and in all" do
       Observatory.configure(

@@ -123,6 +123,37 @@ defmodule Observatory.Gateway.SessionLogTest do
       assert SessionLog.last_at(sid) >= at
       assert SessionLog.last_at(unique_session("nobody")) == nil
     end
+
+    test "a text put with the time its step arrived is kept at that time, not the put's" do
+      # A store of its own: no other session of its shard is later (a time earlier
+      # than the shard's latest is raised to it).
+      store = Observatory.Native.session_log_new()
+      json = ~s({"meta":{"session_id":"arrived"},"n":1})
+      arrived = System.monotonic_time(:millisecond) - 60_000
+      caps = {20, 1_000_000}
+
+      assert Observatory.Native.session_log_put_json(
+               store,
+               "arrived",
+               json,
+               0.5,
+               1,
+               caps,
+               arrived
+             ) ==
+               {:new_session, 1}
+
+      [{1, at, :json, ^json, 0.5}] = Observatory.Native.session_log_steps(store, "arrived", 20)
+      # Its system time: the monotonic time plus the VM's offset (each in ms).
+      expected = arrived + System.time_offset(:millisecond)
+      assert at in (expected - 1)..(expected + 1)
+
+      # No time given: the put reads the clock.
+      before = System.system_time(:millisecond)
+      Observatory.Native.session_log_put_json(store, "now", json, 0.5, 1, caps, nil)
+      [{1, now_at, :json, _, _}] = Observatory.Native.session_log_steps(store, "now", 20)
+      assert now_at >= before
+    end
   end
 
   describe "the byte count through a session's first steps, a full ring and a ring resized" do
