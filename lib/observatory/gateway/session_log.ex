@@ -90,11 +90,7 @@ defmodule Observatory.Gateway.SessionLog do
       when is_binary(json) do
     bytes = byte_size(json)
 
-    {max_envelope_bytes, caps} =
-      if :persistent_term.get(:i38old, false),
-        do:
-          {Observatory.IngestSettings.get(:session_log_max_envelope_bytes), {size(), max_bytes()}},
-        else: put_settings()
+    {max_envelope_bytes, caps} = put_settings()
 
     if bytes <= max_envelope_bytes do
       Native.session_log_put_json(store(), session_id, json, score, number, caps, received_ms)
