@@ -445,7 +445,6 @@ pub const fn stirred(seed: u64) -> u64 {
 }
 
 /// [`hash64`] with its seed already [`stirred`].
-#[inline]
 pub fn hash64_stirred(data: &[u8], mut seed: u64) -> u64 {
     let len = data.len();
     let (a, b) = if len <= 16 {
