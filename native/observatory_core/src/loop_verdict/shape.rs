@@ -187,7 +187,7 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
         let mut pending_space = false;
         let mut at_start = true;
         while i < src.len() && src[i] != b'"' {
-            let (end, whitespace) = string_token(src, i, false);
+            let (end, whitespace) = string_token(src, i);
             if whitespace {
                 pending_space = true;
             } else {
@@ -209,9 +209,9 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
 
 /// Where the token at `i` inside a JSON string ends, and whether it is whitespace: an
 /// escape (`\n`, `\r`, `\t` are whitespace), a space, or a run of words with single
-/// spaces between them (copied as they are: the common case, in one piece). With
-/// `digits`, a run also stops before a digit (the shape masks them).
-fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
+/// spaces between them (copied as they are: the common case, in one piece). (The
+/// shape's reader takes the same tokens itself, its runs ending also before a digit.)
+fn string_token(src: &[u8], i: usize) -> (usize, bool) {
     match src[i] {
         b'\\' if i + 1 < src.len() => match src[i + 1] {
             b'n' | b'r' | b't' => (i + 2, true),
@@ -219,7 +219,7 @@ fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
             _ => (i + 2, false),
         },
         b' ' => (i + 1, true),
-        _ => (word_run(src, i + 1, digits), false),
+        _ => (word_run(src, i + 1, false), false),
     }
 }
 

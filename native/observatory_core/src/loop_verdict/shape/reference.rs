@@ -1,6 +1,6 @@
-//! [`shape`](super::shape) as it was before its reading was cut to one pass with the
-//! line hashes computed in place: the oracle the tests hold the fast version to, key
-//! for key. Byte by byte where it can be, no buffers kept.
+//! [`shape`](super::shape) as it was before a result's runs of words were found from
+//! one stop map: the oracle the tests hold the fast version to, key for key. Runs found
+//! a byte at a time, the first `hash64`, no buffers kept.
 
 use super::{
     LineSketch, NumberSketch, Shape, GIST_SEED, LINE_SEED, MAX_LINES, MAX_NUMBERS, NUMBER_SEED,
