@@ -52,6 +52,9 @@ use super::StepKeys;
 use crate::normalize::{normalize_json_ids_into, IdRules};
 use crate::stable_json::stable_stringify;
 
+#[cfg(test)]
+pub(crate) mod reference;
+
 /// Ends the tool or status name in the hashed bytes (never part of UTF-8).
 const SEPARATOR: u8 = 0xFF;
 /// Stands for a missing result.
@@ -414,8 +417,8 @@ const S2: u64 = 0x4b33_a62e_d433_d4a3;
 const S3: u64 = 0x4d5a_2da5_1de1_aa47;
 
 /// The 128-bit product of `a` and `b`, folded to 64 bits.
-fn mix(a: u64, b: u64) -> u64 {
-    let r = u128::from(a) * u128::from(b);
+const fn mix(a: u64, b: u64) -> u64 {
+    let r = a as u128 * b as u128;
     (r as u64) ^ ((r >> 64) as u64)
 }
 
@@ -432,8 +435,18 @@ fn r4(p: &[u8], i: usize) -> u64 {
 /// same bytes and seed give the same hash on every machine and run (a golden value in
 /// the tests pins it).
 pub fn hash64(data: &[u8], seed: u64) -> u64 {
+    hash64_stirred(data, stirred(seed))
+}
+
+/// The seed as [`hash64`] first stirs it: for a constant seed, a constant, so that a
+/// hash run per line or per number need not stir it again each time.
+pub const fn stirred(seed: u64) -> u64 {
+    seed ^ mix(seed ^ S0, S1)
+}
+
+/// [`hash64`] with its seed already [`stirred`].
+pub fn hash64_stirred(data: &[u8], mut seed: u64) -> u64 {
     let len = data.len();
-    let mut seed = seed ^ mix(seed ^ S0, S1);
     let (a, b) = if len <= 16 {
         if len >= 4 {
             let q = (len >> 3) << 2;
@@ -469,6 +482,16 @@ pub fn hash64(data: &[u8], seed: u64) -> u64 {
     };
     let r = u128::from(a ^ S1) * u128::from(b ^ seed);
     mix((r as u64) ^ S0 ^ len as u64, ((r >> 64) as u64) ^ S1)
+}
+
+/// [`hash64`] of `word`'s eight little-endian bytes, with no branch on a length: the
+/// gist chains one a line.
+#[inline]
+pub fn hash64_of_u64(word: u64, seed: u64) -> u64 {
+    // hash64's 4-to-16-byte case at 8: its first read is the word's halves swapped,
+    // its second the word.
+    let r = u128::from(word.rotate_left(32) ^ S1) * u128::from(word ^ stirred(seed));
+    mix((r as u64) ^ S0 ^ 8, ((r >> 64) as u64) ^ S1)
 }
 
 #[cfg(test)]
@@ -1006,6 +1029,11 @@ mod tests {
             text in prop::collection::vec(prop::sample::select(b"ab_\\n \"{}:0\xc3\xa9-".to_vec()), 0..120),
         ) {
             prop_assert_eq!(words_of(&text), each_word_bytewise(&text));
+        }
+
+        #[test]
+        fn a_word_hashes_as_its_eight_bytes(word in any::<u64>(), seed in any::<u64>()) {
+            prop_assert_eq!(hash64_of_u64(word, seed), hash64(&word.to_le_bytes(), seed));
         }
 
         #[test]

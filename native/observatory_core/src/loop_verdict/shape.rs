@@ -30,7 +30,10 @@
 //!   a letter, without the status: an answer that opens with the same line whether the
 //!   call failed or succeeded has something in front of every call.
 
-use super::keys::hash64;
+use super::keys::{hash64, hash64_of_u64, hash64_stirred, stirred};
+
+#[cfg(test)]
+pub(crate) mod reference;
 
 /// Bits in a line sketch.
 pub const SKETCH_BITS: usize = 1024;
@@ -46,6 +49,8 @@ const GIST_SEED: u64 = 0xa409_3822_299f_31d0;
 const SKELETON_SEED: u64 = 0x082e_fa98_ec4e_6c89;
 const NUMBER_SEED: u64 = 0x4528_21e6_38d0_1377;
 const OPENING_SEED: u64 = 0xbe54_66cf_34e9_0c6c;
+const LINE_STIRRED: u64 = stirred(LINE_SEED);
+const NUMBER_STIRRED: u64 = stirred(NUMBER_SEED);
 
 /// A set of line hashes, one bit each (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
@@ -182,7 +187,7 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
         let mut pending_space = false;
         let mut at_start = true;
         while i < src.len() && src[i] != b'"' {
-            let (end, whitespace) = string_token(src, i, false);
+            let (end, whitespace) = string_token(src, i);
             if whitespace {
                 pending_space = true;
             } else {
@@ -204,9 +209,9 @@ pub fn collapse_whitespace(src: &[u8], out: &mut Vec<u8>) {
 
 /// Where the token at `i` inside a JSON string ends, and whether it is whitespace: an
 /// escape (`\n`, `\r`, `\t` are whitespace), a space, or a run of words with single
-/// spaces between them (copied as they are: the common case, in one piece). With
-/// `digits`, a run also stops before a digit (the shape masks them).
-fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
+/// spaces between them (copied as they are: the common case, in one piece). (The
+/// shape's reader takes the same tokens itself, its runs ending also before a digit.)
+fn string_token(src: &[u8], i: usize) -> (usize, bool) {
     match src[i] {
         b'\\' if i + 1 < src.len() => match src[i + 1] {
             b'n' | b'r' | b't' => (i + 2, true),
@@ -214,7 +219,7 @@ fn string_token(src: &[u8], i: usize, digits: bool) -> (usize, bool) {
             _ => (i + 2, false),
         },
         b' ' => (i + 1, true),
-        _ => (word_run(src, i + 1, digits), false),
+        _ => (word_run(src, i + 1, false), false),
     }
 }
 
@@ -336,10 +341,179 @@ fn word_run_bytewise(src: &[u8], mut j: usize, digits: bool) -> usize {
     }
 }
 
+/// Where [`word_run`] (with digits) would stop, for every byte of a text at once: bit
+/// `k % 64` of word `k / 64` is set when byte `k` is a quote, a backslash or a digit,
+/// or a space followed by one of those, by a space or by the end. Built in one pass,
+/// thirty-two bytes a load on a long text where the processor has AVX2 (sixteen
+/// otherwise); a run's end is then the next set bit. Reading a 4 KiB result searched
+/// each of its lines' bytes twice (every byte loaded for itself and for the one before
+/// it), sixteen at a time, and paid the search's setup once a line.
+fn stop_map(src: &[u8], stops: &mut Vec<u64>) {
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= AVX2_BYTES && std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor has AVX2.
+        return unsafe { stop_map_avx2(src, stops) };
+    }
+    stop_map_with(src, stops, chunk_flags);
+}
+
+/// Texts shorter than this are flagged sixteen bytes a load: the wider loads pay only
+/// over a long text.
+const AVX2_BYTES: usize = 256;
+
+/// [`stop_map`] thirty-two bytes a load.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn stop_map_avx2(src: &[u8], stops: &mut Vec<u64>) {
+    stop_map_with(src, stops, |chunk| chunk_flags_avx2(chunk));
+}
+
+/// [`stop_map`] with a way to flag 64 bytes (the last ones padded): where they hold a
+/// quote, a backslash or a digit, and where a space, one bit a byte.
+#[inline(always)]
+fn stop_map_with(src: &[u8], stops: &mut Vec<u64>, flags: impl Fn(&[u8]) -> (u64, u64)) {
+    let words = src.len().div_ceil(64);
+    stops.clear();
+    stops.resize(words, 0);
+    // The previous 64 bytes' stops and spaces: whether its last space stops a run
+    // waits for this chunk's first byte.
+    let (mut h, mut s) = (0u64, 0u64);
+    for w in 0..words {
+        let (hard, spaces) = match src.get(64 * w..64 * w + 64) {
+            Some(chunk) => flags(chunk),
+            None => {
+                let mut tail = [0u8; 64];
+                tail[..src.len() - 64 * w].copy_from_slice(&src[64 * w..]);
+                flags(&tail)
+            }
+        };
+        if w > 0 {
+            stops[w - 1] = h | (s & ((h | s) >> 1 | ((hard | spaces) & 1) << 63));
+        }
+        (h, s) = (hard, spaces);
+    }
+    if words > 0 {
+        // The end stops a space before it, as a stop byte would.
+        let end = match src.len() % 64 {
+            0 => 1 << 63,
+            n => 1 << (n - 1),
+        };
+        stops[words - 1] = h | (s & ((h | s) >> 1 | end));
+    }
+}
+
+/// Where the first 64 bytes of `chunk` hold a quote, a backslash or a digit, and where
+/// a space, one bit a byte.
+fn chunk_flags(chunk: &[u8]) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: SSE2 is part of every x86-64 target.
+        unsafe { chunk_flags_sse2(chunk) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    chunk_flags_bytewise(chunk)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+fn chunk_flags_sse2(chunk: &[u8]) -> (u64, u64) {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8, _mm_sub_epi8,
+    };
+    assert!(chunk.len() >= 64);
+    let (mut hard, mut spaces) = (0u64, 0u64);
+    for k in 0..4 {
+        // SAFETY: chunk[16k..16k + 16] is in the slice; loadu reads unaligned memory.
+        let v = unsafe { _mm_loadu_si128(chunk.as_ptr().add(16 * k).cast()) };
+        // A digit: v - `0` at most 9, unsigned.
+        let d = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
+        let found = _mm_or_si128(
+            _mm_or_si128(
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8)),
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)),
+            ),
+            _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(9)), d),
+        );
+        let space = _mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8));
+        hard |= u64::from(_mm_movemask_epi8(found) as u16) << (16 * k);
+        spaces |= u64::from(_mm_movemask_epi8(space) as u16) << (16 * k);
+    }
+    (hard, spaces)
+}
+
+/// [`chunk_flags`] thirty-two bytes a load, inlined into [`stop_map_avx2`]'s loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn chunk_flags_avx2(chunk: &[u8]) -> (u64, u64) {
+    use std::arch::x86_64::{
+        _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_min_epu8, _mm256_movemask_epi8,
+        _mm256_or_si256, _mm256_set1_epi8, _mm256_sub_epi8,
+    };
+    assert!(chunk.len() >= 64);
+    let (mut hard, mut spaces) = (0u64, 0u64);
+    for k in 0..2 {
+        // SAFETY: chunk[32k..32k + 32] is in the slice; loadu reads unaligned memory.
+        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().add(32 * k).cast()) };
+        let d = _mm256_sub_epi8(v, _mm256_set1_epi8(b'0' as i8));
+        let found = _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'"' as i8)),
+                _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'\\' as i8)),
+            ),
+            _mm256_cmpeq_epi8(_mm256_min_epu8(d, _mm256_set1_epi8(9)), d),
+        );
+        let space = _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b' ' as i8));
+        // The masks kept opaque: the compiler would otherwise take their bits apart
+        // and put them back together a byte at a time, many times slower.
+        let mask = |v| std::hint::black_box(u64::from(_mm256_movemask_epi8(v) as u32));
+        hard |= mask(found) << (32 * k);
+        spaces |= mask(space) << (32 * k);
+    }
+    (hard, spaces)
+}
+
+/// [`chunk_flags`] a byte at a time (other targets, and the tests' reference).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn chunk_flags_bytewise(chunk: &[u8]) -> (u64, u64) {
+    chunk[..64]
+        .iter()
+        .enumerate()
+        .fold((0, 0), |(hard, space), (k, &b)| {
+            let is_hard = matches!(b, b'"' | b'\\') || b.is_ascii_digit();
+            (
+                hard | u64::from(is_hard) << k,
+                space | u64::from(b == b' ') << k,
+            )
+        })
+}
+
+/// The first stop at or after `j` in a [`stop_map`] of a text `len` bytes long, or
+/// `len`: where [`word_run`] from `j` ends.
+#[inline]
+fn next_stop(stops: &[u64], j: usize, len: usize) -> usize {
+    let mut word = j / 64;
+    let Some(&first) = stops.get(word) else {
+        return len;
+    };
+    let mut bits = first & (u64::MAX << (j % 64));
+    while bits == 0 {
+        word += 1;
+        match stops.get(word) {
+            Some(&next) => bits = next,
+            None => return len,
+        }
+    }
+    word * 64 + bits.trailing_zeros() as usize
+}
+
 /// Buffers [`shape`] reuses from step to step.
 #[derive(Debug, Default)]
 pub struct Scratch {
     masked: Vec<u8>,
+    /// The text's [`stop_map`].
+    stops: Vec<u64>,
     lines: Vec<u64>,
     /// The reader's open containers, `true` for an object: kept, so a step allocates
     /// nothing.
@@ -349,12 +523,15 @@ pub struct Scratch {
 impl Scratch {
     /// Bytes held, for giving back a buffer that grew for a huge step.
     pub fn capacity(&self) -> usize {
-        self.masked.capacity() + self.lines.capacity() * 8 + self.objects.capacity()
+        self.masked.capacity()
+            + (self.lines.capacity() + self.stops.capacity()) * 8
+            + self.objects.capacity()
     }
 }
 
 /// Reads normalized canonical JSON text (see the module docs).
 pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
+    stop_map(text, &mut scratch.stops);
     scratch.masked.clear();
     scratch.lines.clear();
     scratch.objects.clear();
@@ -367,7 +544,7 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
         in_value: false,
         opening: 0,
     };
-    let blank = reader.read(text, &mut scratch.objects);
+    let blank = reader.read(text, &scratch.stops, &mut scratch.objects);
     reader.end_line();
     let numbers = reader.numbers;
     let opening = reader.opening;
@@ -379,7 +556,7 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
     let mut gist = hash64(status.as_bytes(), GIST_SEED);
     for &h in hashes.iter() {
         lines.insert(h);
-        gist = hash64(&h.to_le_bytes(), gist);
+        gist = hash64_of_u64(h, gist);
     }
     Shape {
         skeleton,
@@ -426,7 +603,7 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     /// Feeds the text; returns whether no string value holds anything but whitespace.
-    fn read(&mut self, text: &[u8], objects: &mut Vec<bool>) -> bool {
+    fn read(&mut self, text: &[u8], stops: &[u64], objects: &mut Vec<bool>) -> bool {
         let mut blank = true;
         // Whether the next string is an object key: after `{` or `,` in an object.
         let mut expect_key = false;
@@ -450,11 +627,36 @@ impl Reader<'_> {
                             i = self.number(text, i);
                             continue;
                         }
-                        let (end, whitespace) = string_token(text, i, true);
+                        // The tokens of `string_token`, taken here: a step's result is
+                        // mostly lines of a few tokens each.
+                        let b = text[i];
+                        if b == b' ' {
+                            self.pending_space = true;
+                            i += 1;
+                            continue;
+                        }
+                        let end = match text.get(i + 1) {
+                            Some(b'n' | b'r') if b == b'\\' => {
+                                self.end_line();
+                                i += 2;
+                                continue;
+                            }
+                            Some(b't') if b == b'\\' => {
+                                self.pending_space = true;
+                                i += 2;
+                                continue;
+                            }
+                            Some(b'u') if b == b'\\' => (i + 6).min(text.len()),
+                            Some(_) if b == b'\\' => i + 2,
+                            // A run of words, to the text's next stop (or a backslash
+                            // that ends the text, alone).
+                            _ => next_stop(stops, i + 1, text.len()),
+                        };
+                        // A two-byte token whose second byte is `n` or `r` (`an`, `or`
+                        // between stops) ends the line as `\n` does: how the keys were
+                        // first defined, kept.
                         if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
                             self.end_line();
-                        } else if whitespace {
-                            self.pending_space = true;
                         } else {
                             blank &= is_key;
                             self.content(&text[i..end]);
@@ -504,7 +706,7 @@ impl Reader<'_> {
         if self.numbers.count < MAX_NUMBERS {
             let position = self.numbers.count;
             self.numbers
-                .insert(position, hash64(&text[i..end], NUMBER_SEED));
+                .insert(position, hash64_stirred(&text[i..end], NUMBER_STIRRED));
         }
         self.content(b"#");
         end
@@ -530,8 +732,10 @@ impl Reader<'_> {
                 }
             }
             if self.lines.len() < MAX_LINES {
-                self.lines
-                    .push(hash64(&self.masked[self.line_start..], LINE_SEED));
+                self.lines.push(hash64_stirred(
+                    &self.masked[self.line_start..],
+                    LINE_STIRRED,
+                ));
             }
             self.masked.push(b'\n');
             self.line_start = self.masked.len();
@@ -558,9 +762,9 @@ mod tests {
                     6 => prop::sample::select(b"ab _\"\\09/:8\xff\x80\x2f\x3a\x1f\x7f\xb0\xa0 ".to_vec()),
                     1 => any::<u8>(),
                 ],
-                0..100,
+                0..200,
             ),
-            from in 0usize..101,
+            from in 0usize..201,
             digits in any::<bool>(),
         ) {
             let from = from.min(bytes.len());
@@ -568,6 +772,44 @@ mod tests {
                 word_run(&bytes, from, digits),
                 word_run_bytewise(&bytes, from, digits)
             );
+        }
+
+        /// A run ends at the stop map's next stop where the byte-by-byte run ends, on
+        /// any bytes, from any start; the map's flags are the bytewise ones.
+        #[test]
+        fn the_stop_map_ends_runs_where_a_byte_scan_ends(
+            bytes in prop::collection::vec(
+                prop_oneof![
+                    6 => prop::sample::select(b"ab _\"\\09/:8\xff\x80\x2f\x3a\x1f\x7f\xb0\xa0 ".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..300,
+            ),
+        ) {
+            let mut stops = Vec::new();
+            stop_map(&bytes, &mut stops);
+            prop_assert_eq!(stops.len(), bytes.len().div_ceil(64));
+            for from in 0..=bytes.len() {
+                prop_assert_eq!(
+                    next_stop(&stops, from, bytes.len()),
+                    word_run_bytewise(&bytes, from, true),
+                    "from {}", from
+                );
+            }
+            // Each way of flagging bytes gives the same map, whichever this processor
+            // takes.
+            for way in [chunk_flags_bytewise, chunk_flags] {
+                let mut other = Vec::new();
+                stop_map_with(&bytes, &mut other, way);
+                prop_assert_eq!(&other, &stops);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                let mut other = Vec::new();
+                // SAFETY: the processor has AVX2.
+                unsafe { stop_map_avx2(&bytes, &mut other) };
+                prop_assert_eq!(&other, &stops);
+            }
         }
 
         /// The gist hashes the sorted lines in order: the short-list sort must give the
