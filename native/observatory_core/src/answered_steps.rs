@@ -275,10 +275,6 @@ impl<T> Tables<T> {
         self.part(hash).find(hash, eq)
     }
 
-    fn find_mut(&mut self, hash: u64, eq: impl FnMut(&T) -> bool) -> Option<&mut T> {
-        self.part_mut(hash).find_mut(hash, eq)
-    }
-
     fn find_entry(
         &mut self,
         hash: u64,
@@ -379,32 +375,38 @@ impl<P> AnsweredSteps<P> {
         store.next_seq += 1;
         let seq = store.next_seq;
         let agent_hash = self.hasher.hash_one(id.agent);
-        let node = Node {
-            session: Store::<P>::named(&mut store.sessions, id.session, session_hash),
-            session_hash,
-            agent: Store::<P>::named(&mut store.agents, id.agent, agent_hash),
-            agent_hash,
-            step: id.step.into(),
-            hash,
-            fingerprint,
-            seq,
-            at_ms: now_ms,
-            state: State::Pending(claimant),
-            links: [UNLINKED; 3],
-        };
-        let slot = store.insert(node);
-        store.trim(
-            Order::Session,
-            session_hash,
-            id.session,
-            limits.max_steps_per_session,
-        );
-        store.trim(
-            Order::Agent,
-            agent_hash,
-            id.agent,
-            limits.max_steps_per_agent,
-        );
+        let (slot, session_len, agent_len) =
+            store.insert(id, hash, session_hash, agent_hash, |named| Node {
+                session: named.0.clone(),
+                session_hash,
+                agent: named.1.clone(),
+                agent_hash,
+                step: id.step.into(),
+                hash,
+                fingerprint,
+                seq,
+                at_ms: now_ms,
+                state: State::Pending(claimant),
+                links: [UNLINKED; 3],
+            });
+        // A cap is looked up again only when it is passed (removing a session's
+        // steps only shortens its agent's order, and every order's).
+        if session_len > limits.max_steps_per_session.max(1) {
+            store.trim(
+                Order::Session,
+                session_hash,
+                id.session,
+                limits.max_steps_per_session,
+            );
+        }
+        if agent_len > limits.max_steps_per_agent.max(1) {
+            store.trim(
+                Order::Agent,
+                agent_hash,
+                id.agent,
+                limits.max_steps_per_agent,
+            );
+        }
         store.trim(Order::All, 0, "", limits.max_steps);
         Claim::New(Ticket { slot, seq })
     }
@@ -499,45 +501,63 @@ impl<P> Store<P> {
             .map(|&(_, at)| at)
     }
 
-    /// The shared name of a session or agent, making its (empty) order if new.
-    fn named(table: &mut Tables<Named>, name: &str, hash: u64) -> Arc<str> {
-        if let Some(named) = table.find(hash, |n| &*n.name == name) {
-            return named.name.clone();
+    /// The session's or agent's entry, made (with an empty order) if new.
+    fn named<'t>(
+        table: &'t mut Tables<Named>,
+        heap_bytes: &mut usize,
+        name: &str,
+        hash: u64,
+    ) -> &'t mut Named {
+        match table.find_entry(hash, |n| &*n.name == name) {
+            Ok(entry) => entry.into_mut(),
+            Err(absent) => {
+                *heap_bytes += name.len();
+                absent
+                    .into_table()
+                    .insert_unique(
+                        hash,
+                        Named {
+                            name: name.into(),
+                            hash,
+                            list: EMPTY,
+                        },
+                        |n| n.hash,
+                    )
+                    .into_mut()
+            }
         }
-        let shared: Arc<str> = name.into();
-        table.insert_unique(
-            hash,
-            Named {
-                name: shared.clone(),
-                hash,
-                list: EMPTY,
-            },
-            |n| n.hash,
-        );
-        shared
     }
 
-    /// Adds a step as the newest of all, of its session and of its agent.
-    fn insert(&mut self, node: Node<P>) -> u32 {
-        let (hash, session_hash, agent_hash) = (node.hash, node.session_hash, node.agent_hash);
-        let (session, agent) = (node.session.clone(), node.agent.clone());
-        self.heap_bytes += node.step.len();
-        let at = self.slab.insert(node);
-        self.slab.link(&mut self.all, at, Order::All);
-        for (table, hash, name, order) in [
-            (&mut self.sessions, session_hash, &session, Order::Session),
-            (&mut self.agents, agent_hash, &agent, Order::Agent),
-        ] {
-            let named = table
-                .find_mut(hash, |n| Arc::ptr_eq(&n.name, name))
-                .expect("named() made it");
-            if named.list.len == 0 {
-                self.heap_bytes += name.len();
-            }
-            self.slab.link(&mut named.list, at, order);
-        }
-        self.index.insert_unique(hash, (hash, at), |&(h, _)| h);
-        at
+    /// Adds a step, made by `node` from its session's and agent's shared names, as
+    /// the newest of all, of its session and of its agent: its slot, and the lengths
+    /// of its session's and agent's orders. Each name is looked up once, and its
+    /// entry linked in place (no reference count moves but the node's own).
+    fn insert(
+        &mut self,
+        id: StepId,
+        hash: u64,
+        session_hash: u64,
+        agent_hash: u64,
+        node: impl FnOnce((&Arc<str>, &Arc<str>)) -> Node<P>,
+    ) -> (u32, usize, usize) {
+        let Store {
+            slab,
+            index,
+            sessions,
+            agents,
+            all,
+            heap_bytes,
+            ..
+        } = self;
+        let session = Self::named(sessions, heap_bytes, id.session, session_hash);
+        let agent = Self::named(agents, heap_bytes, id.agent, agent_hash);
+        *heap_bytes += id.step.len();
+        let at = slab.insert(node((&session.name, &agent.name)));
+        slab.link(all, at, Order::All);
+        slab.link(&mut session.list, at, Order::Session);
+        slab.link(&mut agent.list, at, Order::Agent);
+        index.insert_unique(hash, (hash, at), |&(h, _)| h);
+        (at, session.list.len, agent.list.len)
     }
 
     /// Forgets the oldest steps of an order while it holds more than `max`.
@@ -781,6 +801,45 @@ mod tests {
             "1 was forgotten"
         );
         assert_eq!(claim(&store, id("s", "4"), 1, 0, limits), Claim::InProgress);
+    }
+
+    #[test]
+    fn each_cap_is_kept_by_the_claim_that_passes_it() {
+        // The caps are checked on the lengths the claim's insert saw.
+        let store = AnsweredSteps::new();
+        let limits = Limits {
+            window_ms: i64::MAX,
+            max_steps_per_session: 2,
+            max_steps_per_agent: 2,
+            max_steps: 3,
+        };
+        let claim = |session: &str, step: &str, agent: &str| {
+            let id = StepId {
+                session,
+                step,
+                agent,
+            };
+            assert!(matches!(
+                store.claim(id, fp(1), 7, 0, limits, |_| false),
+                Claim::New(_)
+            ));
+        };
+        claim("a", "1", "x");
+        claim("b", "1", "y");
+        claim("a", "2", "x");
+        // Past its session's cap: a/1 goes.
+        claim("a", "3", "x");
+        assert_eq!((store.session_len("a"), store.agent_len("x")), (2, 2));
+        assert_eq!(store.stats().steps, 3);
+        // Past its agent's cap in a new session: x's oldest (a/2) goes.
+        claim("d", "1", "x");
+        assert_eq!((store.session_len("a"), store.agent_len("x")), (1, 2));
+        assert_eq!(store.stats().steps, 3);
+        // Past the cap in all: the oldest (b/1, agent y's only step) goes.
+        claim("e", "1", "z");
+        let stats = store.stats();
+        assert_eq!((stats.steps, stats.sessions, stats.agents), (3, 3, 2));
+        assert_eq!((store.session_len("b"), store.agent_len("y")), (0, 0));
     }
 
     #[test]

@@ -180,6 +180,13 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert :ets.match(SessionOwners.LRU, {:_, sid}) == []
     end
 
+    test "the owners' table takes one plain lock: a lookup takes no frequent-read lock" do
+      # Each step's claim reads it: `write_concurrency` or `read_concurrency` would add
+      # a frequent-read table lock (a memory fence) to every lookup.
+      assert :ets.info(SessionOwners.Owners, :write_concurrency) == false
+      assert :ets.info(SessionOwners.Owners, :read_concurrency) == false
+    end
+
     test "concurrent first steps of one session: exactly one agent owns it" do
       sid = unique_session("sess-race")
 
