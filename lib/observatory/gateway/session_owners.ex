@@ -285,10 +285,12 @@ defmodule Observatory.Gateway.SessionOwners do
 
   @impl true
   def init(_opts) do
-    # Read on every step, written about once a second per session: one plain table
-    # lock. `write_concurrency` (or `read_concurrency`) makes every lookup take a
+    # Read on every step, written at most once a second per session (so on most
+    # steps of a fleet whose agents think for seconds): one plain table lock.
+    # `write_concurrency` (or `read_concurrency`) makes every lookup take a
     # frequent-read table lock too, a memory fence (~45 ns of a lookup's ~80-125);
-    # the writes are single-row and short, so they hardly ever wait on each other.
+    # each write is one short single-row update, so at a gateway's step rates the
+    # table lock is held a tiny fraction of the time.
     :ets.new(@owners, [:named_table, :public, :set])
 
     :ets.new(@lru, [:named_table, :public, :ordered_set, write_concurrency: true])
