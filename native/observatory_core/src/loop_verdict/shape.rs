@@ -643,8 +643,12 @@ impl Reader<'_> {
                                 continue;
                             }
                             b' ' => {
+                                // All of a run of spaces (a code line's indent) at once.
                                 self.pending_space = true;
                                 i += 1;
+                                while text.get(i) == Some(&b' ') {
+                                    i += 1;
+                                }
                                 continue;
                             }
                             b'\\' => match text.get(i + 1) {
