@@ -653,16 +653,32 @@ fn next_digit(s: &[u8], i: usize) -> Option<usize> {
 #[target_feature(enable = "sse2")]
 fn next_digit_sse2(s: &[u8], mut i: usize) -> Result<usize, usize> {
     use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_set1_epi8,
-        _mm_sub_epi8,
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8, _mm_sub_epi8,
     };
     let (zero, nine) = (_mm_set1_epi8(b'0' as i8), _mm_set1_epi8(9));
+    // A digit is a byte whose difference from `0` is at most 9 (unsigned).
+    let digits = |v| {
+        let d = _mm_sub_epi8(v, zero);
+        _mm_cmpeq_epi8(_mm_min_epu8(d, nine), d)
+    };
+    // Sixty-four bytes a step while they last, one test and branch for four loads (a
+    // 4 KiB result is mostly long runs without a digit); the sixteen bytes that hold
+    // the digit are found again below.
+    while i + 64 <= s.len() {
+        // SAFETY: s[i..i + 64] is in the slice; loadu reads unaligned memory.
+        let [a, b, c, d] = [0, 16, 32, 48]
+            .map(|k| digits(unsafe { _mm_loadu_si128(s.as_ptr().add(i + k).cast()) }));
+        let any = _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, d));
+        if _mm_movemask_epi8(any) != 0 {
+            break;
+        }
+        i += 64;
+    }
     while i + 16 <= s.len() {
         // SAFETY: s[i..i + 16] is in the slice; loadu reads unaligned memory.
         let v = unsafe { _mm_loadu_si128(s.as_ptr().add(i).cast()) };
-        // A digit is a byte whose difference from `0` is at most 9 (unsigned).
-        let d = _mm_sub_epi8(v, zero);
-        let mask = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(d, nine), d)) as u32;
+        let mask = _mm_movemask_epi8(digits(v)) as u32;
         if mask != 0 {
             return Ok(i + mask.trailing_zeros() as usize);
         }
@@ -1196,6 +1212,30 @@ mod tests {
             ),
             from in 0usize..101,
         ) {
+            let expected = bytes
+                .get(from..)
+                .and_then(|rest| rest.iter().position(u8::is_ascii_digit))
+                .map(|p| from + p);
+            prop_assert_eq!(next_digit(&bytes, from), expected);
+        }
+
+        /// The same where digits are rare, as in a long result: runs of several
+        /// sixty-four-byte blocks without one, a digit in any block and at any place
+        /// in it (or none), the neighbours of digits all around.
+        #[test]
+        fn next_digit_finds_a_rare_digit_where_a_byte_scan_does(
+            mut bytes in prop::collection::vec(
+                prop::sample::select(b"a /:\x2f\x3a\xb0\xb9\xaf\xba\x80\xff\x00 ".to_vec()),
+                0..400,
+            ),
+            digits in prop::collection::vec((0usize..400, b'0'..=b'9'), 0..3),
+            from in 0usize..401,
+        ) {
+            for (at, digit) in digits {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b = digit;
+                }
+            }
             let expected = bytes
                 .get(from..)
                 .and_then(|rest| rest.iter().position(u8::is_ascii_digit))

@@ -550,6 +550,13 @@ pub fn shape(status: &str, text: &[u8], scratch: &mut Scratch) -> Shape {
     let opening = reader.opening;
     let skeleton = hash64(&scratch.masked, hash64(status.as_bytes(), SKELETON_SEED));
     let hashes = &mut scratch.lines;
+    // Each line's hash, now that the text is written (see `Reader::lines`).
+    let mut start = 0;
+    for h in hashes.iter_mut() {
+        let end = *h as usize;
+        *h = hash64_stirred(&scratch.masked[start..end], LINE_STIRRED);
+        start = end + 1;
+    }
     sort_few(hashes);
     hashes.dedup();
     let mut lines = LineSketch::default();
@@ -588,9 +595,13 @@ fn sort_few(hashes: &mut [u64]) {
 }
 
 /// Writes the masked text (digit runs as `#`, whitespace collapsed, a `\n` between
-/// lines) and the hash of each line.
+/// lines) and where each line ends.
 struct Reader<'a> {
     masked: &'a mut Vec<u8>,
+    /// Where each of the first [`MAX_LINES`] lines ends in `masked` (the next begins
+    /// after its `\n`), for [`shape`] to hash them in one loop once the text is
+    /// written: ~0.1 µs less on a 4 KiB result of 43 lines than a hash at each line's
+    /// end, reading the bytes just copied.
     lines: &'a mut Vec<u64>,
     line_start: usize,
     pending_space: bool,
@@ -621,46 +632,57 @@ impl Reader<'_> {
                     let is_key = expect_key;
                     self.in_value = !is_key;
                     i += 1;
-                    while i < text.len() && text[i] != b'"' {
-                        if text[i].is_ascii_digit() {
-                            blank &= is_key;
-                            i = self.number(text, i);
-                            continue;
-                        }
-                        // The tokens of `string_token`, taken here: a step's result is
-                        // mostly lines of a few tokens each.
-                        let b = text[i];
-                        if b == b' ' {
-                            self.pending_space = true;
-                            i += 1;
-                            continue;
-                        }
-                        let end = match text.get(i + 1) {
-                            Some(b'n' | b'r') if b == b'\\' => {
-                                self.end_line();
-                                i += 2;
+                    // The tokens of `string_token`, taken here, told apart by their
+                    // first byte: a step's result is mostly lines of a few tokens each.
+                    while let Some(&b) = text.get(i) {
+                        let end = match b {
+                            b'"' => break,
+                            b'0'..=b'9' => {
+                                blank &= is_key;
+                                i = self.number(text, i);
                                 continue;
                             }
-                            Some(b't') if b == b'\\' => {
+                            b' ' => {
+                                // All of a run of spaces (a code line's indent) at once.
                                 self.pending_space = true;
-                                i += 2;
+                                i += 1;
+                                while text.get(i) == Some(&b' ') {
+                                    i += 1;
+                                }
                                 continue;
                             }
-                            Some(b'u') if b == b'\\' => (i + 6).min(text.len()),
-                            Some(_) if b == b'\\' => i + 2,
-                            // A run of words, to the text's next stop (or a backslash
-                            // that ends the text, alone).
-                            _ => next_stop(stops, i + 1, text.len()),
+                            b'\\' => match text.get(i + 1) {
+                                Some(b'n' | b'r') => {
+                                    self.end_line();
+                                    i += 2;
+                                    continue;
+                                }
+                                Some(b't') => {
+                                    self.pending_space = true;
+                                    i += 2;
+                                    continue;
+                                }
+                                Some(b'u') => (i + 6).min(text.len()),
+                                Some(_) => i + 2,
+                                // A backslash that ends the text, alone.
+                                None => i + 1,
+                            },
+                            // A run of words, to the text's next stop.
+                            _ => {
+                                let end = next_stop(stops, i + 1, text.len());
+                                // A two-byte run whose second byte is `n` or `r` (`an`,
+                                // `or` between stops) ends the line as `\n` does: how
+                                // the keys were first defined, kept.
+                                if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
+                                    self.end_line();
+                                    i = end;
+                                    continue;
+                                }
+                                end
+                            }
                         };
-                        // A two-byte token whose second byte is `n` or `r` (`an`, `or`
-                        // between stops) ends the line as `\n` does: how the keys were
-                        // first defined, kept.
-                        if end == i + 2 && matches!(text[i + 1], b'n' | b'r') {
-                            self.end_line();
-                        } else {
-                            blank &= is_key;
-                            self.content(&text[i..end]);
-                        }
+                        blank &= is_key;
+                        self.content(&text[i..end]);
                         i = end;
                     }
                     self.end_line();
@@ -732,10 +754,7 @@ impl Reader<'_> {
                 }
             }
             if self.lines.len() < MAX_LINES {
-                self.lines.push(hash64_stirred(
-                    &self.masked[self.line_start..],
-                    LINE_STIRRED,
-                ));
+                self.lines.push(self.masked.len() as u64);
             }
             self.masked.push(b'\n');
             self.line_start = self.masked.len();

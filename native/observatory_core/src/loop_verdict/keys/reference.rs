@@ -283,11 +283,14 @@ mod tests {
             body in text(),
             lines in 0usize..600,
             numbered in any::<bool>(),
+            indent in 0usize..4,
         ) {
             let line: String = body.chars().take(40).collect();
             let mut content = body.clone();
             for k in 0..lines {
                 content.push('\n');
+                // Indented as code is: spaces before the line's first run.
+                content.push_str(&" ".repeat(indent));
                 content.push_str(&line);
                 if numbered {
                     content.push_str(&k.to_string());
