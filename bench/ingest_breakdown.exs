@@ -200,9 +200,14 @@ stages = [
 
 load = :os.cmd(~c"cut -d' ' -f1 /proc/loadavg 2>/dev/null") |> to_string() |> String.trim()
 
+# The durable blocks a step's safety read looks up: a table that earlier runs (the
+# HTTP bench's looping sessions) filled makes that read dearer, so two checkouts
+# compared should start from the same state (an empty `data/prod`).
+blocks = :mnesia.table_info(:observatory_step_blocks, :size)
+
 IO.puts(
   "schedulers: #{System.schedulers_online()}; 1-min load average at the start: #{load}; " <>
-    "message sizes: " <>
+    "step-detector blocks kept: #{blocks}; message sizes: " <>
     Enum.map_join(sizes, ", ", fn {size, label} ->
       "#{label} = #{byte_size(message.(size, 0, "r1-"))} bytes"
     end) <>
