@@ -21,31 +21,17 @@ use observatory_core::decision_log::{
 };
 use observatory_core::loop_verdict::keys::Normalization;
 
+mod breakdown_step;
 mod cpu_time;
 mod fleet;
 use cpu_time::thread_cpu_ns;
-use fleet::{INTENTS, TOOLS};
-
-const LINE: &str =
-    "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n";
+use fleet::INTENTS;
 
 /// The bench's step `i` of a size, as `Observatory.JSON.encode!` writes it (keys sorted).
 fn step(size: &str, i: usize) -> String {
-    let (s, k) = (i % 1000, i / 1000);
+    let (s, k) = breakdown_step::session_and_round(i);
     let step_id = format!("r1-{i}");
     let intent = INTENTS[(k + s) % 4];
-    let json_str = |text: &str| serde_json::to_string(text).unwrap();
-    let result = match size {
-        "small" => format!(r#"{{"bytes":{},"etag":"{step_id}"}}"#, 1024 + i),
-        "600 B" => format!(
-            r#"{{"content":{},"lines":4}}"#,
-            json_str(&format!("# {step_id}\n{}", LINE.repeat(3)))
-        ),
-        _ => format!(
-            r#"{{"content":{},"lines":43}}"#,
-            json_str(&format!("# {step_id}\n{}", LINE.repeat(42)))
-        ),
-    };
     let cognition = if size == "small" {
         format!(r#"{{"entropy_score":0.9,"intent":"{intent}"}}"#)
     } else {
@@ -53,10 +39,12 @@ fn step(size: &str, i: usize) -> String {
             r#"{{"confidence":0.8,"entropy_score":0.9,"intent":"{intent}","reasoning_chain":["read the failing test","open the module it names"]}}"#
         )
     };
-    let status = if k % 5 == 4 { "failure" } else { "success" };
     format!(
-        r#"{{"action":{{"result":{result},"status":"{status}","tool_call":"{tool}","tool_input":{{"limit":200,"path":"/srv/app/lib/app/file_{k}.ex"}}}},"cognition":{cognition},"meta":{{"agent_id":"agent-{agent}","parent_step_id":"step-{prev}","session_id":"sess-{size}-{s}","step_id":"{step_id}","timestamp":"2026-02-22T10:30:00.123Z"}}}}"#,
-        tool = TOOLS[(k * 3 + s) % 8],
+        r#"{{"action":{{"result":{result},"status":"{status}","tool_call":"{tool}","tool_input":{input}}},"cognition":{cognition},"meta":{{"agent_id":"agent-{agent}","parent_step_id":"step-{prev}","session_id":"sess-{size}-{s}","step_id":"{step_id}","timestamp":"2026-02-22T10:30:00.123Z"}}}}"#,
+        result = breakdown_step::result(size, i),
+        status = breakdown_step::status(i),
+        tool = breakdown_step::tool(i),
+        input = breakdown_step::input(i),
         agent = s % 50,
         prev = i as i64 - 1,
     )

@@ -13,41 +13,21 @@ use observatory_core::loop_verdict::keys::{hash64, keys_from_canonical, Normaliz
 use observatory_core::loop_verdict::shape::{shape, Scratch};
 use observatory_core::normalize::normalize_json_ids_into;
 
+mod breakdown_step;
 mod cpu_time;
+// The steps' tools; its intents are not read here.
+#[allow(dead_code)]
 mod fleet;
 use cpu_time::thread_cpu_ns;
-use fleet::TOOLS;
-
-#[allow(dead_code)]
-const _INTENTS: [&str; 4] = fleet::INTENTS;
-
-const LINE: &str =
-    "  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\n";
 
 /// The canonical tool, status, input and result of the bench's step `i` of a size (as
 /// `decision_log_parse` builds the whole envelope).
 fn step(size: &str, i: usize) -> (String, String, String, String) {
-    let (s, k) = (i % 1000, i / 1000);
-    let step_id = format!("r1-{i}");
-    let json_str = |text: &str| serde_json::to_string(text).unwrap();
-    let result = match size {
-        "small" => format!(r#"{{"bytes":{},"etag":"{step_id}"}}"#, 1024 + i),
-        "600 B" => format!(
-            r#"{{"content":{},"lines":4}}"#,
-            json_str(&format!("# {step_id}\n{}", LINE.repeat(3)))
-        ),
-        _ => format!(
-            r#"{{"content":{},"lines":43}}"#,
-            json_str(&format!("# {step_id}\n{}", LINE.repeat(42)))
-        ),
-    };
-    let status = if k % 5 == 4 { "failure" } else { "success" };
-    let input = format!(r#"{{"limit":200,"path":"/srv/app/lib/app/file_{k}.ex"}}"#);
     (
-        TOOLS[(k * 3 + s) % 8].to_string(),
-        status.to_string(),
-        input,
-        result,
+        breakdown_step::tool(i).to_string(),
+        breakdown_step::status(i).to_string(),
+        breakdown_step::input(i),
+        breakdown_step::result(size, i),
     )
 }
 
