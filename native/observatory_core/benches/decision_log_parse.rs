@@ -24,6 +24,7 @@ use observatory_core::loop_verdict::keys::Normalization;
 mod breakdown_step;
 mod cpu_time;
 mod fleet;
+use breakdown_step::{median, print_head, print_rows, SIZES};
 use cpu_time::thread_cpu_ns;
 use fleet::INTENTS;
 
@@ -59,11 +60,6 @@ fn batch(steps: &[String], from: usize, stage: &dyn Fn(&[u8])) -> f64 {
         stage(black_box(steps[(from + n) % steps.len()].as_bytes()));
     }
     (thread_cpu_ns() - t0) as f64 / BATCH as f64
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn main() {
@@ -137,16 +133,12 @@ fn main() {
         ),
     ];
     println!("CPU ns per call, median of {batches} batches of {BATCH}");
-    print!("{:<32}", "stage");
-    for size in ["small", "600 B", "4 KiB"] {
-        print!("{size:>10}");
-    }
-    println!();
+    print_head();
     let mut table = vec![vec![0.0; 3]; stages.len()];
     // For profiling: ONLY="600 B" STAGE="borrowed: read" runs that one alone.
     let only = std::env::var("ONLY").ok();
     let only_stage = std::env::var("STAGE").ok();
-    for (col, size) in ["small", "600 B", "4 KiB"].iter().enumerate() {
+    for (col, size) in SIZES.iter().enumerate() {
         if only.as_deref().is_some_and(|o| o != *size) {
             continue;
         }
@@ -164,13 +156,7 @@ fn main() {
             table[row][col] = median(t);
         }
     }
-    for (row, (name, _)) in stages.iter().enumerate() {
-        print!("{name:<32}");
-        for x in &table[row] {
-            print!("{x:>10.0}");
-        }
-        println!();
-    }
+    print_rows(stages.iter().map(|(name, _)| *name), &table);
     for (label, old) in [
         ("whole: Value / reader", 0),
         ("whole: serde tree / reader", 2),

@@ -18,6 +18,7 @@ mod cpu_time;
 // The steps' tools; its intents are not read here.
 #[allow(dead_code)]
 mod fleet;
+use breakdown_step::{median, print_head, print_rows, SIZES};
 use cpu_time::thread_cpu_ns;
 
 /// The canonical tool, status, input and result of the bench's step `i` of a size (as
@@ -32,11 +33,6 @@ fn step(size: &str, i: usize) -> (String, String, String, String) {
 }
 
 const BATCH: usize = 200;
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 type Step = (String, String, String, String);
 /// A row of the table: its name and what it times on one step.
@@ -79,14 +75,9 @@ fn main() {
         ),
     ];
     println!("CPU ns per call, median of {batches} batches of {BATCH}");
-    let sizes = ["small", "600 B", "4 KiB"];
-    print!("{:<32}", "stage");
-    for size in sizes {
-        print!("{size:>10}");
-    }
-    println!();
+    print_head();
     let mut table = vec![vec![0.0; 3]; stages.len()];
-    for (col, size) in sizes.iter().enumerate() {
+    for (col, size) in SIZES.iter().enumerate() {
         if only.as_deref().is_some_and(|o| o != *size) {
             continue;
         }
@@ -110,11 +101,5 @@ fn main() {
             table[row][col] = median(t);
         }
     }
-    for (row, (name, _)) in stages.iter().enumerate() {
-        print!("{name:<32}");
-        for x in &table[row] {
-            print!("{x:>10.0}");
-        }
-        println!();
-    }
+    print_rows(stages.iter().map(|(name, _)| *name), &table);
 }

@@ -50,3 +50,32 @@ pub fn result(size: &str, i: usize) -> String {
         ),
     }
 }
+
+/// The three sizes, in the tables' column order.
+pub const SIZES: [&str; 3] = ["small", "600 B", "4 KiB"];
+
+/// The median of a row's batch times.
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The table's head: a stage column, then one column a size.
+pub fn print_head() {
+    print!("{:<32}", "stage");
+    for size in SIZES {
+        print!("{size:>10}");
+    }
+    println!();
+}
+
+/// The table's rows: each stage's name and its ns a call at each size.
+pub fn print_rows<'a>(names: impl Iterator<Item = &'a str>, table: &[Vec<f64>]) {
+    for (name, row) in names.zip(table) {
+        print!("{name:<32}");
+        for x in row {
+            print!("{x:>10.0}");
+        }
+        println!();
+    }
+}
