@@ -1,5 +1,5 @@
 # The steps bench/ingest_breakdown.exs times, shared with the benches that take one of
-# its stages apart (bench/scoring_cold.exs): three sizes, "small" (~300 bytes: a tool
+# its stages apart (bench/scoring_cold.exs, bench/scoring_parts.exs): three sizes, "small" (~300 bytes: a tool
 # call and a one-number result), "600 B" (a reasoning chain, a file read and a few
 # lines of its content), "4 KiB" (the same with a 3.6 KiB file read back). Template i
 # is step k = div(i, 1000) of session rem(i, 1000), 50 agents: a session's steps vary
@@ -82,5 +82,34 @@ defmodule Observatory.Bench.BreakdownSteps do
         "result" => result(size, i)
       }
     }
+  end
+
+  @doc """
+  The scoring NIF's arguments for parsed step `fields`, as `StepScore.score/3` and
+  `EntropyTracker.score_step/4` build them for the default tracker, with `stores`
+  (`{entropy, verdict, step}`; default: the application's three) as its stores.
+  """
+  def score_step_args(fields, stores \\ score_stores()) do
+    {entropy_config, verdict_config, {_, packed_step_settings}} =
+      Observatory.Gateway.StepScore.settings()
+
+    {:ok, code} = Observatory.Gateway.ActionStatus.to_code(fields.status)
+
+    [
+      stores,
+      fields.session_id,
+      {fields.intent, fields.tool_call, code, fields.agent_id, entropy_config, true},
+      fields.verdict_keys,
+      verdict_config,
+      fields.outcome && {fields.approach, fields.outcome},
+      packed_step_settings
+    ]
+  end
+
+  @doc "The scoring stage's three stores: `{entropy, verdict, step}`."
+  def score_stores do
+    {_, entropy, verdict, step} = Observatory.NativeStores.get_row(Observatory.Gateway.StepScore)
+
+    {entropy, verdict, step}
   end
 end

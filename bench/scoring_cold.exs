@@ -49,24 +49,6 @@ score = fn {_e, f} ->
   s && StepDetector.settle(s, f.session_id, thresholds)
 end
 
-# The NIF call's arguments, as StepScore.score/3 and EntropyTracker.score_step/4 build
-# them for a step of the default tracker.
-nif_args = fn {_e, f} ->
-  {entropy_config, verdict_config, {_, packed_step_settings}} = StepScore.settings()
-  {_, default, verdict_store, step_store} = Observatory.NativeStores.get_row(StepScore)
-  {:ok, code} = Observatory.Gateway.ActionStatus.to_code(f.status)
-
-  [
-    {default, verdict_store, step_store},
-    f.session_id,
-    {f.intent, f.tool_call, code, f.agent_id, entropy_config, true},
-    f.verdict_keys,
-    verdict_config,
-    f.outcome && {f.approach, f.outcome},
-    packed_step_settings
-  ]
-end
-
 nif = fn args -> apply(Observatory.Native, :score_step, args) end
 
 # `batches` batches of 20 steps of `size`, each batch parsed just before it is timed
@@ -96,7 +78,7 @@ run = fn
         for _ <- 1..20 do
           n = :atomics.add_get(counter, 1, 1)
           {:ok, envelope, fields} = DecisionLog.parse(message.(size, n, fresh.()))
-          if what == :nif, do: nif_args.({envelope, fields}), else: {envelope, fields}
+          if what == :nif, do: BreakdownSteps.score_step_args(fields), else: {envelope, fields}
         end
 
       if other, do: for(j <- 1..20, do: DecisionLog.parse(message.(other, j, fresh.())))

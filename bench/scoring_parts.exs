@@ -79,9 +79,7 @@ end
 
 # The NIF's arguments as StepScore.score/3 builds them, with the stores picked.
 nif_args = fn f, pick ->
-  {entropy_config, verdict_config, {_, step_settings}} = StepScore.settings()
-  {_, e, v, s} = Observatory.NativeStores.get_row(StepScore)
-  {:ok, code} = Observatory.Gateway.ActionStatus.to_code(f.status)
+  {e, v, s} = BreakdownSteps.score_stores()
 
   stores =
     case pick do
@@ -92,15 +90,7 @@ nif_args = fn f, pick ->
       :step -> {nil, nil, s}
     end
 
-  [
-    stores,
-    f.session_id,
-    {f.intent, f.tool_call, code, f.agent_id, entropy_config, true},
-    f.verdict_keys,
-    verdict_config,
-    f.outcome && {f.approach, f.outcome},
-    step_settings
-  ]
+  BreakdownSteps.score_step_args(f, stores)
 end
 
 # One batch: 20 steps parsed, then the part timed over them.
