@@ -1,10 +1,11 @@
 # The steps bench/ingest_breakdown.exs times, shared with the benches that take one of
-# its stages apart (bench/scoring_cold.exs, bench/scoring_parts.exs): three sizes, "small" (~300 bytes: a tool
-# call and a one-number result), "600 B" (a reasoning chain, a file read and a few
-# lines of its content), "4 KiB" (the same with a 3.6 KiB file read back). Template i
-# is step k = div(i, 1000) of session rem(i, 1000), 50 agents: a session's steps vary
-# their intent, tool, input and status, as a working agent's do (its entropy window is
-# mostly normal, and no rule of the loop verdict fires).
+# its stages apart (bench/scoring_cold.exs, bench/scoring_parts.exs): three sizes,
+# "small" (~300 bytes: a tool call and a one-number result), "600 B" (a reasoning
+# chain, a file read and a few lines of its content), "4 KiB" (the same with a 3.6 KiB
+# file read back). Template i is step k = div(i, 1000) of session rem(i, 1000), 50
+# agents: a session's steps vary their intent, tool, input and status, as a working
+# agent's do (its entropy window is mostly normal, and no rule of the loop verdict
+# fires).
 defmodule Observatory.Bench.BreakdownSteps do
   @intents ~w(search plan execute summarize)
   @tools ~w(read_file write_file list_files run_shell grep http_get sql edit)
