@@ -457,19 +457,14 @@ impl<'a> Reader<'a> {
         let bytes = self.bytes;
         let start = self.at + 1;
         // Where a string only checked is read byte-wise from (all before it checked).
-        let mut from = start;
-        #[cfg(target_arch = "x86_64")]
-        if !build && bytes.len() >= start + 64 && std::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the processor has AVX-512BW.
-            match unsafe { skim_string_avx512(bytes, start) } {
-                Ok(end) => {
-                    self.at = end + 1;
-                    // Not built: an empty string stands for it, as below.
-                    return Some(Cow::Borrowed(""));
-                }
-                Err(resume) => from = resume,
+        let from = match skim_string(bytes, start, build) {
+            Ok(end) => {
+                self.at = end + 1;
+                // Not built: an empty string stands for it, as below.
+                return Some(Cow::Borrowed(""));
             }
-        }
+            Err(from) => from,
+        };
         // The first quote, backslash or control character.
         let mut i = next_escape_checked(bytes, from)?;
         if bytes[i] == b'"' {
@@ -664,6 +659,19 @@ fn hex4(digits: &[u8]) -> Option<u32> {
     (!(0xD800..0xE000).contains(&code)).then_some(code)
 }
 
+/// [`skim_string_avx512`] where the processor has AVX-512BW and the string is not to be
+/// built; else `Err(start)`: all of it is read byte-wise.
+#[inline]
+fn skim_string(bytes: &[u8], start: usize, build: bool) -> Result<usize, usize> {
+    #[cfg(target_arch = "x86_64")]
+    if !build && bytes.len() >= start + 64 && std::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the processor has AVX-512BW.
+        return unsafe { skim_string_avx512(bytes, start) };
+    }
+    let _ = (bytes, build);
+    Err(start)
+}
+
 /// The end of a string skimmed (checked, not built) from `start` (after its opening
 /// quote), sixty-four bytes a load with every escape in them handled at once, where
 /// the processor has AVX-512BW: `Ok` is its closing quote, when every escape before it
@@ -723,6 +731,7 @@ fn skim_string_avx512(bytes: &[u8], start: usize) -> Result<usize, usize> {
 /// letter). With whether the next 64 bytes' first is escaped. (simdjson's odd-backslash-sequence arithmetic: no
 /// loop over the backslashes.)
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn escaped_bytes(backslashes: u64, carry: u64) -> (u64, u64) {
     const EVEN: u64 = 0x5555_5555_5555_5555;
     // A backslash escaped by the bytes before is a plain one.
@@ -874,6 +883,7 @@ mod tests {
     /// A skim from `start` ends where a byte-wise reading ends, or hands it a place to
     /// go on from that it reaches with all before checked (where the processor has
     /// AVX-512BW; elsewhere there is no skim).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn assert_skim_is_bytewise(bytes: &[u8], start: usize) -> Result<(), TestCaseError> {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx512bw") && start <= bytes.len() {
