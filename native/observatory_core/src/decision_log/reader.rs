@@ -456,15 +456,24 @@ impl<'a> Reader<'a> {
     fn string(&mut self, build: bool) -> Option<Cow<'a, str>> {
         let bytes = self.bytes;
         let start = self.at + 1;
+        // Where a string only checked is read byte-wise from (all before it checked).
+        let from = match skim_string(bytes, start, build) {
+            Ok(end) => {
+                self.at = end + 1;
+                // Not built: an empty string stands for it, as below.
+                return Some(Cow::Borrowed(""));
+            }
+            Err(from) => from,
+        };
         // The first quote, backslash or control character.
-        let mut i = next_escape_checked(bytes, start)?;
+        let mut i = next_escape_checked(bytes, from)?;
         if bytes[i] == b'"' {
             self.at = i + 1;
             return Some(Cow::Borrowed(self.str(start, i)));
         }
         let mut out = String::with_capacity(if build { i - start + 64 } else { 0 });
         let mut canonical = true;
-        let mut run = start;
+        let mut run = from;
         loop {
             if build {
                 out.push_str(self.str(run, i));
@@ -650,6 +659,93 @@ fn hex4(digits: &[u8]) -> Option<u32> {
     (!(0xD800..0xE000).contains(&code)).then_some(code)
 }
 
+/// [`skim_string_avx512`] where the processor has AVX-512BW and the string is not to be
+/// built; else `Err(start)`: all of it is read byte-wise.
+#[inline]
+fn skim_string(bytes: &[u8], start: usize, build: bool) -> Result<usize, usize> {
+    #[cfg(target_arch = "x86_64")]
+    if !build && bytes.len() >= start + 64 && std::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the processor has AVX-512BW.
+        return unsafe { skim_string_avx512(bytes, start) };
+    }
+    let _ = (bytes, build);
+    Err(start)
+}
+
+/// The end of a string skimmed (checked, not built) from `start` (after its opening
+/// quote), sixty-four bytes a load with every escape in them handled at once, where
+/// the processor has AVX-512BW: `Ok` is its closing quote, when every escape before it
+/// is one the canonical writer writes (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`) and
+/// every byte ASCII and not a control character; `Err` is where a byte-wise reading
+/// must go on (at a byte that is not that, the backslash of an escape that is not, or
+/// the last bytes, fewer than 64), all before it checked so. A 4 KiB result is one
+/// string of ~40 lines: searched from escape to escape, each `\n` cost a search's end
+/// and restart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bw")]
+fn skim_string_avx512(bytes: &[u8], start: usize) -> Result<usize, usize> {
+    use std::arch::x86_64::{
+        _mm512_cmpeq_epi8_mask, _mm512_cmplt_epu8_mask, _mm512_loadu_si512, _mm512_movepi8_mask,
+        _mm512_set1_epi8,
+    };
+    let byte = |b: u8| _mm512_set1_epi8(b as i8);
+    let mut i = start;
+    // Whether the byte at `i` is escaped (the last block ended with an odd run of
+    // backslashes).
+    let mut carry = 0u64;
+    while i + 64 <= bytes.len() {
+        // SAFETY: bytes[i..i + 64] is in the slice; loadu reads unaligned memory.
+        let v = unsafe { _mm512_loadu_si512(bytes.as_ptr().add(i).cast()) };
+        let backslashes = _mm512_cmpeq_epi8_mask(v, byte(b'\\'));
+        let (escaped, carry_out) = escaped_bytes(backslashes, carry);
+        let quotes = _mm512_cmpeq_epi8_mask(v, byte(b'"'));
+        let letters = quotes
+            | backslashes
+            | _mm512_cmpeq_epi8_mask(v, byte(b'n'))
+            | _mm512_cmpeq_epi8_mask(v, byte(b't'))
+            | _mm512_cmpeq_epi8_mask(v, byte(b'r'))
+            | _mm512_cmpeq_epi8_mask(v, byte(b'b'))
+            | _mm512_cmpeq_epi8_mask(v, byte(b'f'));
+        let stop = (quotes & !escaped)
+            | (escaped & !letters)
+            | _mm512_cmplt_epu8_mask(v, byte(0x20))
+            | _mm512_movepi8_mask(v);
+        if stop != 0 {
+            let at = stop.trailing_zeros() as usize;
+            return match () {
+                _ if quotes & !escaped & (1 << at) != 0 => Ok(i + at),
+                // An escaped byte: its backslash is the one before it.
+                _ if escaped & (1 << at) != 0 => Err(i + at - 1),
+                _ => Err(i + at),
+            };
+        }
+        carry = carry_out;
+        i += 64;
+    }
+    Err(i - carry as usize)
+}
+
+/// Of 64 bytes, those escaped: after an odd run of backslashes (`backslashes` one bit
+/// a byte; `carry` set when the first is escaped by the bytes before), and the first if
+/// `carry` (a backslash escaped inside a run is not flagged: it is a valid escape's
+/// letter). With whether the next 64 bytes' first is escaped. (simdjson's odd-backslash-sequence arithmetic: no
+/// loop over the backslashes.)
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn escaped_bytes(backslashes: u64, carry: u64) -> (u64, u64) {
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    // A backslash escaped by the bytes before is a plain one.
+    let bs = backslashes & !carry;
+    let starts = bs & !(bs << 1);
+    // Adding a run's first bit carries past its last: the bit after the run is set.
+    let after_even_starts = bs.wrapping_add(starts & EVEN) & !bs;
+    let (after_odd_starts, overflow) = bs.overflowing_add(starts & !EVEN);
+    // An odd run: it starts on an even bit and the bit after it is odd, or the other way.
+    let escaped = (after_even_starts & !EVEN) | (after_odd_starts & !bs & EVEN) | carry;
+    // A run from an odd bit to the last is odd: the next block's first byte is escaped.
+    (escaped, u64::from(overflow))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,5 +777,134 @@ mod tests {
         ] {
             assert!(!rest(body, cuts).in_order(), "{cuts:?}");
         }
+    }
+
+    /// Escaped bytes found a byte at a time: each after an odd run of backslashes.
+    fn escaped_bytewise(bytes: &[u8]) -> Vec<bool> {
+        let mut escaped = vec![false; bytes.len()];
+        let mut k = 0;
+        while k < bytes.len() {
+            if bytes[k] == b'\\' && k + 1 < bytes.len() {
+                escaped[k + 1] = true;
+                k += 2;
+            } else {
+                k += 1;
+            }
+        }
+        escaped
+    }
+
+    /// The string at `start` read a byte at a time as `Reader::string` reads one it does
+    /// not build: its closing quote when all before it is ASCII, no control character,
+    /// and every escape one the canonical writer writes; else `None`.
+    fn skimmed_bytewise(bytes: &[u8], start: usize) -> Option<usize> {
+        let mut k = start;
+        loop {
+            match *bytes.get(k)? {
+                b'"' => return Some(k),
+                b'\\' => match *bytes.get(k + 1)? {
+                    b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't' => k += 2,
+                    _ => return None,
+                },
+                b if !(0x20..0x80).contains(&b) => return None,
+                _ => k += 1,
+            }
+        }
+    }
+
+    use proptest::prelude::*;
+
+    /// Bytes dense in backslashes, quotes and escape letters, with some a reading must
+    /// stop at (control, non-ASCII, `/`, `u`).
+    fn string_bytes(len: usize) -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(
+            prop_oneof![
+                // Sparse or dense: runs of plain bytes, so blocks pass whole too.
+                60 => prop::sample::select(b"ax ".to_vec()),
+                8 => prop::sample::select(b"\\\\\\\\\\\"nrtbfa x".to_vec()),
+                1 => prop::sample::select(b"/u\x01\x1f\x7f\xc3\xa9".to_vec()),
+                1 => any::<u8>(),
+            ],
+            0..len,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The block-wise escapes are the byte-wise ones, across 64-byte blocks.
+        #[test]
+        fn escaped_bytes_are_those_after_an_odd_run_of_backslashes(
+            bytes in string_bytes(300),
+        ) {
+            let expected = escaped_bytewise(&bytes);
+            let mut carry = 0;
+            for (b, block) in bytes.chunks(64).enumerate() {
+                let backslashes = block
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (k, &c)| m | u64::from(c == b'\\') << k);
+                let (escaped, out) = escaped_bytes(backslashes, carry);
+                // A backslash escaped inside a run is not flagged (it needs no check):
+                // only the byte after a run, and a block's first.
+                for k in (0..block.len()).filter(|&k| k == 0 || block[k] != b'\\') {
+                    prop_assert_eq!(escaped >> k & 1 == 1, expected[64 * b + k], "byte {}", 64 * b + k);
+                }
+                carry = out;
+            }
+        }
+
+        /// The skim ends where a byte-wise reading ends, or hands it a place to go on
+        /// from that it reaches with all before checked.
+        #[test]
+        fn a_skim_ends_where_a_bytewise_reading_does(
+            bytes in string_bytes(400),
+            start in 0usize..80,
+        ) {
+            assert_skim_is_bytewise(&bytes, start)?;
+        }
+
+        /// The same where a run of backslashes ends a block of 64, or one or two
+        /// bytes before: its escape goes on into the next block.
+        #[test]
+        fn a_skim_reads_escapes_across_its_blocks(
+            blocks in 1usize..3,
+            before in 0usize..3,
+            run in 1usize..5,
+            tail in string_bytes(100),
+        ) {
+            let mut bytes = vec![b'a'; 64 * blocks - before - run];
+            bytes.extend(std::iter::repeat_n(b'\\', run));
+            bytes.extend(tail);
+            assert_skim_is_bytewise(&bytes, 0)?;
+        }
+    }
+
+    /// A skim from `start` ends where a byte-wise reading ends, or hands it a place to
+    /// go on from that it reaches with all before checked (where the processor has
+    /// AVX-512BW; elsewhere there is no skim).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn assert_skim_is_bytewise(bytes: &[u8], start: usize) -> Result<(), TestCaseError> {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512bw") && start <= bytes.len() {
+            // SAFETY: the processor has AVX-512BW.
+            let skim = unsafe { skim_string_avx512(bytes, start) };
+            let expected = skimmed_bytewise(bytes, start);
+            match skim {
+                Ok(end) => prop_assert_eq!(Some(end), expected),
+                Err(from) => {
+                    prop_assert!(from >= start && from <= bytes.len());
+                    // Not the letter of an escape: a reading from here reads as one from
+                    // the start.
+                    let escaped = escaped_bytewise(&bytes[start..]);
+                    prop_assert!(!escaped.get(from - start).copied().unwrap_or(false));
+                    if let Some(end) = expected {
+                        prop_assert!(from <= end);
+                    }
+                    prop_assert_eq!(skimmed_bytewise(bytes, from), expected);
+                }
+            }
+        }
+        Ok(())
     }
 }
