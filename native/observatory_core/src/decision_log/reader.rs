@@ -878,6 +878,33 @@ mod tests {
             bytes.extend(tail);
             assert_skim_is_bytewise(&bytes, 0)?;
         }
+
+        /// A string of plain ASCII and the escapes the canonical writer writes is
+        /// skimmed to its closing quote, leaving nothing to read byte-wise, when that
+        /// quote lies in a whole block of 64; a string to be built is not skimmed.
+        #[test]
+        fn a_canonical_string_is_skimmed_to_its_closing_quote(
+            pieces in prop::collection::vec(
+                prop_oneof![
+                    8 => prop::sample::select(b"az AZ09 {}[]:,./'".to_vec()).prop_map(|c| vec![c]),
+                    1 => prop::sample::select(
+                        vec![&b"\\n"[..], b"\\t", b"\\r", b"\\b", b"\\f", b"\\\"", b"\\\\"],
+                    ).prop_map(<[u8]>::to_vec),
+                ],
+                0..300,
+            ),
+        ) {
+            let mut bytes = vec![b'"'];
+            bytes.extend(pieces.concat());
+            let quote = bytes.len();
+            bytes.push(b'"');
+            bytes.extend([b' '; 64]);
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512bw") {
+                prop_assert_eq!(skim_string(&bytes, 1, false), Ok(quote));
+            }
+            prop_assert_eq!(skim_string(&bytes, 1, true), Err(1));
+        }
     }
 
     /// A skim from `start` ends where a byte-wise reading ends, or hands it a place to
