@@ -84,12 +84,8 @@ fn put<'a>(
     at_ms: Option<i64>,
 ) -> Term<'a> {
     // A time the caller read already spares the clock's read here (~0.1 µs).
-    let put = match at_ms {
-        Some(monotonic_ms) => store.put_with(session, envelope, number, ring, max_bytes, || {
-            system_ms(monotonic_ms)
-        }),
-        None => store.put_with(session, envelope, number, ring, max_bytes, system_time_ms),
-    };
+    let now_ms = || at_ms.map_or_else(system_time_ms, system_ms);
+    let put = store.put_with(session, envelope, number, ring, max_bytes, now_ms);
     if put.over_bytes {
         atoms::over_bytes().encode(env)
     } else if put.new_session {
