@@ -141,10 +141,14 @@ pub(crate) fn observed_term<'a>(env: Env<'a>, verdict: &Verdict) -> Term<'a> {
         .encode(env)
 }
 
-/// The reason's sentence as a binary, written on the stack: every step has one, and a
-/// `String` grown as the sentence is written cost allocations each time.
+/// The reason's sentence as a binary: a step that repeats nothing has it kept
+/// ([`Reason::kept_sentence`]); a finding's is written on the stack (a `String` grown
+/// as the sentence is written cost allocations each time).
 fn reason_term<'a>(env: Env<'a>, reason: &Reason) -> Term<'a> {
     use std::fmt::Write;
+    if let Some(sentence) = reason.kept_sentence() {
+        return crate::json::binary(env, sentence.as_bytes());
+    }
     let mut buf = StackText::default();
     if write!(buf, "{reason}").is_ok() {
         crate::json::binary(env, buf.as_bytes())

@@ -494,6 +494,29 @@ fn reasons_read_as_sentences() {
 }
 
 #[test]
+fn a_kept_sentence_is_the_written_one() {
+    // Every history a session can keep, each its own sentence, written as Display
+    // writes it; past the longest history, and for a finding, nothing is kept.
+    for steps in 0..=MAX_HISTORY {
+        let reason = Reason::NoRepetition { steps };
+        assert_eq!(reason.kept_sentence(), Some(reason.to_string().as_str()));
+    }
+    assert_eq!(
+        Reason::NoRepetition { steps: 7 }.kept_sentence(),
+        Some("no repeated call pattern in the last 7 steps")
+    );
+    assert_eq!(
+        Reason::NoRepetition { steps: 1 }.kept_sentence(),
+        Some("the session's first step: nothing to compare yet")
+    );
+    let past = Reason::NoRepetition {
+        steps: MAX_HISTORY + 1,
+    };
+    assert_eq!(past.kept_sentence(), None);
+    assert_eq!(Reason::Polling { times: 3 }.kept_sentence(), None);
+}
+
+#[test]
 fn invalid_configs_are_refused() {
     let ok = Config::default();
     assert_eq!(ok.validate(), Ok(()));
