@@ -7,10 +7,15 @@
 //! (the least recently seen evicted first when full). A key is hashed once per call
 //! (keyed SipHash: keys come from clients), and the hash picks both the shard and the
 //! bucket; entries keep their hash, so growing a table never rehashes a key.
+//!
+//! Every store hashes a key with the same random key ([`key_hash`]), so that a call
+//! that finds one session in several stores (the scoring call: the entropy window,
+//! the loop verdict, the step detector) hashes its id once (~25 ns each time).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::OnceLock;
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -98,10 +103,17 @@ impl std::fmt::Debug for InlineStr {
     }
 }
 
+/// The keyed hash of a key (a session id) as every store hashes it: one random
+/// SipHash key for the library, drawn when first used. A NIF library is never
+/// upgraded in place, so every store it makes lives under that one key.
+pub fn key_hash(key: &[u8]) -> u64 {
+    static HASHER: OnceLock<RandomState> = OnceLock::new();
+    HASHER.get_or_init(RandomState::new).hash_one(key)
+}
+
 /// Per-key state, sharded by a keyed hash of the key. `Sync` when `T: Send`.
 pub struct KeyedStore<T> {
     shards: Box<[Shard<T>]>,
-    hasher: RandomState,
     max_per_shard: usize,
     now_ms: AtomicI64,
 }
@@ -111,7 +123,6 @@ impl<T> KeyedStore<T> {
         let shards = shards.max(1);
         Self {
             shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: RandomState::new(),
             max_per_shard: max_entries.div_ceil(shards).max(1),
             now_ms: AtomicI64::new(0),
         }
@@ -124,8 +135,19 @@ impl<T> KeyedStore<T> {
 
     /// Runs `f` on the key's state, creating it with `make` first if absent.
     pub fn update<R>(&self, key: &str, make: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> R {
+        self.update_hashed(key, key_hash(key.as_bytes()), make, f)
+    }
+
+    /// [`update`](Self::update) with the key's hash as [`key_hash`] gave it.
+    pub fn update_hashed<R>(
+        &self,
+        key: &str,
+        hash: u64,
+        make: impl FnOnce() -> T,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> R {
+        debug_assert_eq!(hash, key_hash(key.as_bytes()), "not the key's hash");
         let now_ms = self.now_ms.load(Ordering::Relaxed);
-        let hash = self.hasher.hash_one(key);
         let mut shard = self.shard(hash).lock();
         if let Some(slot) = shard.find_mut(hash, |s| s.key.as_bytes() == key.as_bytes()) {
             slot.last_seen_ms = now_ms;
@@ -145,7 +167,7 @@ impl<T> KeyedStore<T> {
 
     /// Runs `f` on the key's state if it exists.
     pub fn read<R>(&self, key: &str, f: impl FnOnce(&T) -> R) -> Option<R> {
-        let hash = self.hasher.hash_one(key);
+        let hash = key_hash(key.as_bytes());
         self.shard(hash)
             .lock()
             .find(hash, |s| s.key.as_bytes() == key.as_bytes())
@@ -154,7 +176,7 @@ impl<T> KeyedStore<T> {
 
     /// Runs `f` on the key's state if it exists, without marking it as seen.
     pub fn modify<R>(&self, key: &str, f: impl FnOnce(&mut T) -> R) -> Option<R> {
-        let hash = self.hasher.hash_one(key);
+        let hash = key_hash(key.as_bytes());
         self.shard(hash)
             .lock()
             .find_mut(hash, |s| s.key.as_bytes() == key.as_bytes())
@@ -178,7 +200,7 @@ impl<T> KeyedStore<T> {
     }
 
     pub fn remove(&self, key: &str) -> bool {
-        let hash = self.hasher.hash_one(key);
+        let hash = key_hash(key.as_bytes());
         match self
             .shard(hash)
             .lock()
@@ -241,6 +263,27 @@ fn evict_oldest<T>(shard: &mut HashTable<Slot<T>>, count: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_hashed_once_finds_its_state_in_every_store() {
+        // The scoring call hashes a session id once for several stores: each finds,
+        // with or without the hash handed in, the state the other way made.
+        let counts: KeyedStore<u32> = KeyedStore::new(4, 100);
+        let names: KeyedStore<String> = KeyedStore::new(8, 100);
+        let long = "x".repeat(INLINE_BYTES + 5);
+        for key in ["s-1", "s-2", long.as_str()] {
+            let hash = key_hash(key.as_bytes());
+            counts.update_hashed(key, hash, || 0, |n| *n += 1);
+            names.update_hashed(key, hash, String::new, |s| s.push('a'));
+            counts.update(key, || 0, |n| *n += 1);
+            names.update_hashed(key, key_hash(key.as_bytes()), String::new, |s| s.push('b'));
+            assert_eq!(counts.read(key, |n| *n), Some(2));
+            assert_eq!(names.read(key, |s| s.clone()).as_deref(), Some("ab"));
+        }
+        assert_eq!((counts.len(), names.len()), (3, 3));
+        assert!(names.remove("s-1"));
+        assert_eq!(names.read("s-1", |s| s.clone()), None);
+    }
 
     #[test]
     fn short_and_long_keys_are_told_apart() {

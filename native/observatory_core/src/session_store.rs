@@ -16,7 +16,9 @@
 //! expiry only needs the resolution of a tick.
 //!
 //! Hashing uses std's keyed SipHash: session ids come from clients, and a predictable
-//! hash would let one agent degrade every shard (HashDoS).
+//! hash would let one agent degrade every shard (HashDoS). A session id is hashed as
+//! the other per-session stores hash it ([`key_hash`]), so that the scoring call
+//! hashes it once for all of them.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -26,7 +28,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::interner::{Id, Interner};
-use crate::keyed_store::InlineStr;
+use crate::keyed_store::{key_hash, InlineStr};
 use crate::severity::{round4, Severity, Thresholds};
 use crate::window::Window;
 use crate::Error;
@@ -225,6 +227,18 @@ impl Store {
         settings: &Settings,
         f: impl FnOnce(Scored<'_>) -> R,
     ) -> Result<R, Error> {
+        self.record_hashed(obs, key_hash(obs.session_id), settings, f)
+    }
+
+    /// [`record`](Self::record) with the session id's hash as [`key_hash`] gave it.
+    pub fn record_hashed<R>(
+        &self,
+        obs: &Observation<'_>,
+        hash: u64,
+        settings: &Settings,
+        f: impl FnOnce(Scored<'_>) -> R,
+    ) -> Result<R, Error> {
+        debug_assert_eq!(hash, key_hash(obs.session_id), "not the session's hash");
         let intent = field(obs.intent)?;
         let tool_call = field(obs.tool_call)?;
         let session_id = id_bytes(obs.session_id, Error::InvalidSessionId)?.as_bytes();
@@ -236,7 +250,6 @@ impl Store {
             return Err(Error::InvalidWindowSize);
         }
 
-        let hash = self.hasher.hash_one(session_id);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
         shard.clock += 1;
@@ -269,9 +282,8 @@ impl Store {
                 touch,
             };
             // The hash is not stored (8 bytes a session): a resize recomputes it.
-            let hasher = &self.hasher;
             sessions
-                .insert_unique(hash, fresh, |s| hasher.hash_one(s.key.as_bytes()))
+                .insert_unique(hash, fresh, |s| key_hash(s.key.as_bytes()))
                 .into_mut()
         } else {
             sessions
@@ -344,7 +356,7 @@ impl Store {
 
     /// A copy of one session's state, or `None` if it has no window.
     pub fn session(&self, session_id: &[u8]) -> Option<SessionView> {
-        let hash = self.hasher.hash_one(session_id);
+        let hash = key_hash(session_id);
         let shard = self.shard(hash).lock();
         let s = shard
             .sessions
@@ -393,7 +405,7 @@ impl Store {
 
     /// Drops one session's window. Returns whether it existed.
     pub fn forget(&self, session_id: &[u8]) -> bool {
-        let hash = self.hasher.hash_one(session_id);
+        let hash = key_hash(session_id);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
         match shard

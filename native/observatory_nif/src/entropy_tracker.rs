@@ -1,5 +1,6 @@
 //! NIFs behind `Observatory.Gateway.EntropyTracker`: the session store resource.
 
+use observatory_core::keyed_store::key_hash;
 use observatory_core::session_store::{Detail, Observation, SessionView, Settings, Store, Tuple};
 use observatory_core::severity::{Severity, Thresholds};
 use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
@@ -52,20 +53,22 @@ fn entropy_record<'a>(
         status,
         agent_id: agent_id.as_ref().map(Binary::as_slice),
     };
-    record(env, &store, &obs, &settings)
+    record(env, &store, &obs, key_hash(obs.session_id), &settings)
         .map(|(term, _)| term)
         .map_err(to_nif)
 }
 
 /// Records one step and encodes what `entropy_record` returns, beside the scored
 /// step's severity and whether it names an agent (for the fused `score_step`).
+/// `hash` is the session id's, as `key_hash` gives it.
 pub(crate) fn record<'a>(
     env: Env<'a>,
     store: &StoreResource,
     obs: &Observation<'_>,
+    hash: u64,
     settings: &Settings,
 ) -> Result<(Term<'a>, (Severity, bool)), observatory_core::Error> {
-    store.0.record(obs, settings, |scored| {
+    store.0.record_hashed(obs, hash, settings, |scored| {
         let has_agent = scored.detail.is_some_and(|d| d.agent_id.is_some());
         let term = (
             scored.score,

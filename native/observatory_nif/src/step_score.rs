@@ -12,7 +12,7 @@
 //! `verdict_observe`, `step_analyze`): a part that fails — bad input, its store not
 //! started — is `{:error, reason}` and the others still run.
 
-use observatory_core::keyed_store::KeyedStore;
+use observatory_core::keyed_store::{key_hash, KeyedStore};
 use observatory_core::loop_verdict::{EntropySignal, StepKeys, VerdictState};
 use observatory_core::session_store::{Observation, Settings};
 use observatory_core::severity::{Severity, Thresholds};
@@ -69,6 +69,8 @@ fn score_step<'a>(
 ) -> Term<'a> {
     let (entropy_store, verdict_store, step_store) = stores;
     let id = std::str::from_utf8(session_id.as_slice()).ok();
+    // Hashed once for the three stores (they hash a session id alike).
+    let hash = key_hash(session_id.as_slice());
 
     // Each part's inputs checked first: a part that cannot run touches no store and
     // answers its error (the step detector's `Err(None)`: no step to analyse, nil).
@@ -76,7 +78,7 @@ fn score_step<'a>(
         (None, _) => Err(atoms::not_started()),
         (_, None) => Err(atoms::invalid_session_id()),
         (Some(store), Some(id)) => verdict_inputs(keys, verdict_config)
-            .map(|inputs| (&store.0, id, VerdictState::new, inputs)),
+            .map(|inputs| (&store.0, id, hash, VerdictState::new, inputs)),
     };
     let step_in = match (step, step_store, id) {
         (None, _, _) => Err(None),
@@ -87,6 +89,7 @@ fn score_step<'a>(
                 Ok(inputs @ (_, _, thresholds, history)) => Ok((
                     &store.0,
                     id,
+                    hash,
                     move || step_detector::new_detector(thresholds, history),
                     inputs,
                 )),
@@ -111,7 +114,7 @@ fn score_step<'a>(
             }
             let (entropy_term, signal) = match entropy_store {
                 None => (error(env, atoms::not_started()), None),
-                Some(store) => score_entropy(env, store, session_id.as_slice(), &entropy),
+                Some(store) => score_entropy(env, store, session_id.as_slice(), hash, &entropy),
             };
             let signal = signal.map(|severity| EntropySignal {
                 severity,
@@ -139,14 +142,20 @@ fn score_step<'a>(
     (entropy_term, verdict_term, step_term).encode(env)
 }
 
+/// A store, the session's id and its hash (`key_hash`), the function that makes its
+/// state when absent, and the part's inputs.
+type Slot<'s, T, M, X> = (&'s KeyedStore<T>, &'s str, u64, M, X);
+
 /// Runs `f` on the state of the slot's key in its store (made with the slot's function
 /// if absent), under the store's lock, with the slot's inputs; or on the error.
-fn in_slot<T, X, E, R>(
-    slot: Result<(&KeyedStore<T>, &str, impl FnOnce() -> T, X), E>,
+fn in_slot<T, M: FnOnce() -> T, X, E, R>(
+    slot: Result<Slot<'_, T, M, X>, E>,
     f: impl FnOnce(Result<(&mut T, X), E>) -> R,
 ) -> R {
     match slot {
-        Ok((store, id, make, inputs)) => store.update(id, make, |state| f(Ok((state, inputs)))),
+        Ok((store, id, hash, make, inputs)) => {
+            store.update_hashed(id, hash, make, |state| f(Ok((state, inputs))))
+        }
         Err(e) => f(Err(e)),
     }
 }
@@ -157,6 +166,7 @@ fn score_entropy<'a>(
     env: Env<'a>,
     store: &StoreResource,
     session_id: &[u8],
+    hash: u64,
     args: &EntropyArgs<'a>,
 ) -> (Term<'a>, Option<Severity>) {
     let (intent, tool_call, status, agent_id, (window_size, loop_t, warning_t), alerts) = args;
@@ -175,7 +185,7 @@ fn score_entropy<'a>(
         status: *status,
         agent_id: agent_id.as_ref().map(Binary::as_slice),
     };
-    match entropy_tracker::record(env, store, &obs, &settings) {
+    match entropy_tracker::record(env, store, &obs, hash, &settings) {
         Ok((term, (Severity::Loop, false))) if *alerts => (term, None),
         Ok((term, (severity, _))) => (term, Some(severity)),
         Err(e) => (error(env, reason(e)), None),

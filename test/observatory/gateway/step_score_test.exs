@@ -105,6 +105,31 @@ defmodule Observatory.Gateway.StepScoreTest do
       assert {_, _, nil} = answers |> List.last() |> elem(0)
     end
 
+    test "one session scored by the one call and the three calls in turn: one state",
+         %{tracker: t} do
+      # The one call hashes the session id once for its three stores, the three calls
+      # each in its own store: alternating them on one session, each must find what
+      # the other recorded, and answer as a session scored apart all along.
+      Observatory.configure(step_detection: [stagnation_warn: 2, stagnation_block: 4])
+
+      steps = for(i <- 1..4, do: {i, i, i, "success"}) ++ for(_ <- 1..6, do: {9, 9, 9, "failure"})
+
+      {a, b} = {unique_session("in_turn"), unique_session("apart")}
+
+      answers =
+        for {step, n} <- Enum.with_index(steps, 1) do
+          fa = fields(a, n, step)
+          mine = if rem(n, 2) == 1, do: fused(fa, t, true), else: separately(fa, t, true)
+          assert mine == separately(fields(b, n, step), t, true)
+          mine
+        end
+
+      {{:ok, _, :loop}, {:ok, %{verdict: :loop, step_number: 10}}, {:ok, %{action: :block}}} =
+        List.last(answers)
+
+      assert length(EntropyTracker.window(a, tracker: t)) == 5
+    end
+
     @tag :property
     test "any sequence of steps: the same scores, verdicts and step verdicts", %{tracker: t} do
       step =

@@ -417,3 +417,28 @@ fn fr_9_2_sessions_of_one_agent_share_its_interned_id() {
         Some("agent-a")
     );
 }
+
+#[test]
+fn a_session_hashed_as_the_keyed_stores_hash_it_is_found_by_every_call() {
+    // The scoring call hashes a session id once (`key_hash`) for this store and the
+    // keyed stores: a step recorded with that hash and one recorded without it land in
+    // the same window, which the reads and forget find.
+    let store = Store::new(8, 100);
+    let settings = Settings::default();
+    for id in ["sess-1", "sess-2", &"s".repeat(40)] {
+        let first = obs(id, "plan", "read_file", 0);
+        let hashed = store
+            .record_hashed(&first, key_hash(id.as_bytes()), &settings, |s| s.window_len)
+            .unwrap();
+        assert_eq!(hashed, 1);
+        assert_eq!(record(&store, obs(id, "plan", "grep", 0)).window_len, 2);
+        let third = obs(id, "plan", "edit", 0);
+        let len = store
+            .record_hashed(&third, key_hash(id.as_bytes()), &settings, |s| s.window_len)
+            .unwrap();
+        assert_eq!(len, 3);
+        assert_eq!(store.session(id.as_bytes()).unwrap().window.len(), 3);
+    }
+    assert!(store.forget(b"sess-1"));
+    assert!(store.session(b"sess-1").is_none());
+}
