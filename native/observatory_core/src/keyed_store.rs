@@ -286,6 +286,42 @@ mod tests {
     }
 
     #[test]
+    fn a_keys_hash_is_keyed_and_tells_keys_apart() {
+        // One hash for every store, so it must still spread client-chosen ids (a
+        // constant would put every session in one shard's one probe chain) and be
+        // keyed (unkeyed SipHash, std's DefaultHasher, is predictable: HashDoS).
+        use std::collections::hash_map::DefaultHasher;
+        use std::collections::HashSet;
+        use std::hash::BuildHasherDefault;
+        let keys: Vec<String> = (0..1_000).map(|i| format!("sess-{i}")).collect();
+        let hashes: HashSet<u64> = keys.iter().map(|k| key_hash(k.as_bytes())).collect();
+        assert_eq!(hashes.len(), keys.len());
+        let shards: HashSet<u64> = hashes.iter().map(|h| h % 16).collect();
+        assert_eq!(shards.len(), 16);
+        assert_eq!(key_hash(b"sess-1"), key_hash(b"sess-1"));
+        let unkeyed = |k: &[u8]| BuildHasherDefault::<DefaultHasher>::default().hash_one(k);
+        assert!(keys
+            .iter()
+            .all(|k| key_hash(k.as_bytes()) != unkeyed(k.as_bytes())));
+    }
+
+    #[test]
+    fn modify_changes_an_existing_entry_and_makes_none() {
+        let store: KeyedStore<u32> = KeyedStore::new(2, 10);
+        assert_eq!(store.modify("absent", |n| *n += 1), None);
+        assert!(store.is_empty(), "modify made an entry");
+        store.update("s", || 1, |_| ());
+        assert_eq!(
+            store.modify("s", |n| {
+                *n += 1;
+                *n
+            }),
+            Some(2)
+        );
+        assert_eq!(store.read("s", |n| *n), Some(2));
+    }
+
+    #[test]
     fn short_and_long_keys_are_told_apart() {
         let store: KeyedStore<u32> = KeyedStore::new(1, 100);
         let long = "s".repeat(INLINE_BYTES + 1);
