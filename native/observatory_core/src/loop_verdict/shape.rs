@@ -740,13 +740,11 @@ impl Reader<'_> {
             if text.get(i) != Some(&b'\\') || !matches!(text.get(i + 1), Some(b'n' | b'r')) {
                 return i;
             }
-            if self.opening == 0 || self.lines.len() >= MAX_LINES {
+            if self.opening == 0 {
                 self.end_line();
             } else {
                 // `end_line` of a line that holds a run, its opening already known.
-                self.lines.push(self.masked.len() as u64);
-                self.masked.push(b'\n');
-                self.line_start = self.masked.len();
+                self.close_line();
             }
         }
     }
@@ -786,13 +784,20 @@ impl Reader<'_> {
                     self.opening = hash64(line, OPENING_SEED) | 1;
                 }
             }
-            if self.lines.len() < MAX_LINES {
-                self.lines.push(self.masked.len() as u64);
-            }
-            self.masked.push(b'\n');
-            self.line_start = self.masked.len();
+            self.close_line();
         }
         self.pending_space = false;
+    }
+
+    /// Ends the line being written, which holds something: its end recorded (up to
+    /// [`MAX_LINES`]) and a line break written.
+    #[inline]
+    fn close_line(&mut self) {
+        if self.lines.len() < MAX_LINES {
+            self.lines.push(self.masked.len() as u64);
+        }
+        self.masked.push(b'\n');
+        self.line_start = self.masked.len();
     }
 }
 
