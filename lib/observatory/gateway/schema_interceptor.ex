@@ -310,7 +310,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   end
 
   # Each part of a kept answer that can grow, capped: the two texts (a verdict's
-  # reason, the step detector's guidance: sentences of the Rust core, under ~320
+  # reason, the step detector's guidance: sentences of the Rust core, under 300
   # bytes), the evidence (at most 16 step numbers, `MAX_EVIDENCE` of
   # observatory_core::loop_verdict) and the integers (u32 in the core: step numbers
   # and streaks). Atoms are at most 255 characters. The largest answer these let
