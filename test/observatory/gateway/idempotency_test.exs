@@ -292,6 +292,108 @@ defmodule Observatory.Gateway.IdempotencyTest do
     end
   end
 
+  describe "the ingest's kept answer, stored without being measured" do
+    # SchemaInterceptor hands the complete NIF the answer it keeps without measuring
+    # it first when its shape bounds its size; the NIF must never encode more than
+    # Idempotency.encoded_in_nif_max_bytes/0 (a longer encoding would hold a
+    # scheduler).
+    @u32 0xFFFF_FFFF
+
+    # The largest of every part the shape check lets through.
+    defp largest_kept do
+      atom = String.to_atom(String.duplicate("𝔸", 255))
+      text = :binary.copy("x", 1_024)
+
+      {-1.7976931348623157e308, atom,
+       {:loop_verdict, atom, atom, atom, text, List.duplicate(@u32, 16), @u32},
+       {:step_verdict, atom, @u32, @u32, atom, text}}
+    end
+
+    test "the largest answer its shape lets through is under the NIF's bound, and replayed",
+         %{sid: sid} do
+      largest = largest_kept()
+      assert SchemaInterceptor.kept_bounded?(largest)
+      assert :erlang.external_size(largest) <= Idempotency.encoded_in_nif_max_bytes()
+
+      {:new, ticket} = claim_step(sid, "largest")
+      :ok = Idempotency.complete_bounded(ticket, largest)
+      assert claim_step(sid, "largest") == {:replay, largest}
+    end
+
+    test "one past any cap, or another shape, is measured first" do
+      {score, severity, verdict, step} = largest_kept()
+      {:loop_verdict, v, p, r, why, evidence, n} = verdict
+      {:step_verdict, c, ss, st, a, g} = step
+      verdict_with = &{score, severity, &1, step}
+      step_with = &{score, severity, verdict, &1}
+      long = why <> "x"
+
+      past = [
+        {0, severity, verdict, step},
+        {Bitwise.bsl(1, 70), severity, verdict, step},
+        {score, "normal", verdict, step},
+        verdict_with.({:loop_verdict, v, p, r, long, evidence, n}),
+        verdict_with.({:loop_verdict, v, p, r, nil, evidence, n}),
+        verdict_with.({:loop_verdict, v, p, r, why, [1 | evidence], n}),
+        verdict_with.({:loop_verdict, v, p, r, why, [@u32 + 1], n}),
+        verdict_with.({:loop_verdict, v, p, r, why, [-1], n}),
+        verdict_with.({:loop_verdict, v, p, r, why, [1.0], n}),
+        verdict_with.({:loop_verdict, v, p, r, why, [1 | 2], n}),
+        verdict_with.({:loop_verdict, v, p, r, why, evidence, @u32 + 1}),
+        verdict_with.({:loop_verdict, "v", p, r, why, evidence, n}),
+        verdict_with.(%{verdict: v, reason: why}),
+        step_with.({:step_verdict, c, ss, st, a, long}),
+        step_with.({:step_verdict, c, @u32 + 1, st, a, g}),
+        step_with.({:step_verdict, c, ss, -1, a, g}),
+        step_with.({:step_verdict, c, ss, st, "a", g}),
+        step_with.(%{action: a, guidance: g}),
+        {score, severity, verdict},
+        %{entropy_score: score}
+      ]
+
+      for answer <- past,
+          do:
+            refute(
+              SchemaInterceptor.kept_bounded?(answer),
+              inspect(answer, limit: 8, printable_limit: 40)
+            )
+    end
+
+    test "every answer an ingest keeps, a loop's evidence and a block's guidance too, " <>
+           "passes the shape check, and is replayed as it was",
+         %{sid: sid} do
+      # The same call and result every time: the verdict finds a repeat, the step
+      # detector warns, then blocks.
+      step = fn n ->
+        HTTP.envelope(%{
+          "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
+          "action" => %{
+            "tool_call" => "run_code",
+            "tool_input" => %{"code" => "1 + 1"},
+            "result" => %{"out" => 2},
+            "status" => "success"
+          }
+        })
+      end
+
+      results = for n <- 1..10, do: SchemaInterceptor.ingest(step.(n), envelope: false)
+
+      for {:ok, result} <- results,
+          do: assert(SchemaInterceptor.kept_bounded?(SchemaInterceptor.kept(result)))
+
+      assert Enum.any?(results, &match?({:ok, %{verdict: %{evidence: [_ | _]}}}, &1))
+      assert Enum.any?(results, &match?({:ok, %{step: %{guidance: <<_, _::binary>>}}}, &1))
+
+      for {{:ok, first}, n} <- Enum.with_index(results, 1) do
+        assert {:ok, again} = SchemaInterceptor.ingest(step.(n), envelope: false)
+        assert again.replayed
+
+        assert Map.take(again, [:entropy_score, :severity, :verdict, :step]) ==
+                 Map.take(first, [:entropy_score, :severity, :verdict, :step])
+      end
+    end
+  end
+
   describe "a ticket acts on its own claim only" do
     # complete/2 and release/1 go straight to the ticket's slot in the store: a step
     # forgotten past a cap frees its slot, which the next claim may take.

@@ -83,19 +83,57 @@ defmodule Observatory.Gateway.SessionOwnersTest do
       assert {:ok, [^b]} = SessionOwners.claim("#{attacker}-c", attacker)
     end
 
+    test "each owner row names its session's LRU entry, through claims, moves, " <>
+           "adoptions, quota releases and sweeps",
+         %{attacker: agent} do
+      Application.put_env(:observatory, :max_sessions_per_agent, 3)
+
+      same = fn ->
+        {lru, named} = lru_entries(agent)
+        assert lru == named
+        lru
+      end
+
+      for s <- ~w(a b c), do: assert({:ok, []} = SessionOwners.claim("#{agent}-#{s}", agent))
+      assert length(same.()) == 3
+
+      # Moved in the LRU order (its place more than a minute old).
+      age("#{agent}-a", 120_000)
+      before = same.()
+      assert {:ok, []} = SessionOwners.claim("#{agent}-a", agent)
+      assert same.() != before
+
+      # Past the quota: `b`, now the oldest, is given up with its entry.
+      b = "#{agent}-b"
+      assert {:ok, [^b]} = SessionOwners.claim("#{agent}-d", agent)
+      assert length(same.()) == 3
+
+      # A claim from another node, for a session held here, made later: moved too.
+      age("#{agent}-c", 120_000)
+      assert SessionOwners.adopt("#{agent}-c", agent, 0) == :kept
+      assert length(same.()) == 3
+
+      # The sweep forgets an idle one, its entry with it.
+      :ets.update_element(SessionOwners.Owners, "#{agent}-d", {3, now_ms() - 10_000})
+      idle = Enum.filter(SessionOwners.idle_since(now_ms() - 5_000), &(elem(&1, 1) == agent))
+      assert SessionOwners.forget_idle(idle, now_ms() - 5_000) == 1
+      assert [_, _] = same.()
+      assert SessionOwners.count(agent) == 2
+    end
+
     test "a step within the minute moves the session's last-seen time, not its LRU place",
          %{attacker: attacker} do
       Application.put_env(:observatory, :max_sessions_per_agent, 2)
       {a, b} = {"#{attacker}-a1", "#{attacker}-b1"}
       assert {:ok, []} = SessionOwners.claim(a, attacker)
       assert {:ok, []} = SessionOwners.claim(b, attacker)
-      [{^a, ^attacker, _, key}] = :ets.lookup(SessionOwners.Owners, a)
+      [{^a, ^attacker, _, keyed, seq}] = :ets.lookup(SessionOwners.Owners, a)
       # Last seen 10 s ago, its LRU place made just now.
       :ets.update_element(SessionOwners.Owners, a, {3, now_ms() - 10_000})
 
       assert {:ok, []} = SessionOwners.claim(a, attacker)
       # The TTL and failover go by the time just set (to the second), the key is kept.
-      assert [{^a, ^attacker, seen, ^key}] = :ets.lookup(SessionOwners.Owners, a)
+      assert [{^a, ^attacker, seen, ^keyed, ^seq}] = :ets.lookup(SessionOwners.Owners, a)
       assert now_ms() - seen < 1_000
       # So `a` is still the older of the two.
       assert {:ok, [^a]} = SessionOwners.claim("#{attacker}-c1", attacker)
@@ -263,11 +301,19 @@ defmodule Observatory.Gateway.SessionOwnersTest do
 
   # As if the session's last step and its LRU place were `ms` old.
   defp age(sid, ms) do
-    [{^sid, agent, _seen, {agent, {_keyed, seq}} = key}] = :ets.lookup(SessionOwners.Owners, sid)
+    [{^sid, agent, _seen, keyed, seq}] = :ets.lookup(SessionOwners.Owners, sid)
 
-    old = {agent, {now_ms() - ms, seq}}
-    :ets.delete(SessionOwners.LRU, key)
-    :ets.insert(SessionOwners.LRU, {old, sid})
-    :ets.update_element(SessionOwners.Owners, sid, [{3, now_ms() - ms}, {4, old}])
+    at = now_ms() - ms
+    :ets.delete(SessionOwners.LRU, {agent, {keyed, seq}})
+    :ets.insert(SessionOwners.LRU, {{agent, {at, seq}}, sid})
+    :ets.update_element(SessionOwners.Owners, sid, [{3, at}, {4, at}])
+  end
+
+  # The agent's LRU entries, and the ones its owner rows name ({agent, {keyed, seq}}).
+  defp lru_entries(agent) do
+    rows = :ets.match_object(SessionOwners.Owners, {:_, agent, :_, :_, :_})
+
+    {Enum.sort(:ets.match_object(SessionOwners.LRU, {{agent, :_}, :_})),
+     Enum.sort(for {sid, ^agent, _seen, keyed, seq} <- rows, do: {{agent, {keyed, seq}}, sid})}
   end
 end
