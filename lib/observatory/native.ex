@@ -199,4 +199,7 @@ defmodule Observatory.Native do
   def native_resource?(_term), do: :erlang.nif_error(:nif_not_loaded)
   def panic_probe, do: :erlang.nif_error(:nif_not_loaded)
   def dirty_cpu_hold(_ms), do: :erlang.nif_error(:nif_not_loaded)
+
+  # Only in a library built with the cargo feature `alloc_count` (bench/nif_allocs.exs).
+  def alloc_counts, do: :erlang.nif_error(:nif_not_loaded)
 end

@@ -1,6 +1,8 @@
 //! rustler glue for Observatory. Each file serves one Elixir module; the algorithms
 //! live in `observatory_core`.
 
+#[cfg(feature = "alloc_count")]
+mod alloc_count;
 mod body_edit;
 mod data_dir_lock;
 mod decision_log;
