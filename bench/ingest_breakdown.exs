@@ -135,8 +135,9 @@ stages = [
       fn {_e, f, _json} ->
         {:new, ticket} = Idempotency.claim(f)
         # What the ingest keeps for a retry: the score, the severity, the loop verdict
-        # and the step detector's verdict, as tuples of their values.
-        Idempotency.complete(ticket, kept_answer)
+        # and the step detector's verdict, as tuples of their values; stored as the
+        # ingest stores it (unmeasured when its shape bounds its size).
+        SchemaInterceptor.complete_kept(ticket, kept_answer)
       end}
    end},
   # The pair's second call alone: the answer stored for a retry (its claim made
@@ -147,7 +148,7 @@ stages = [
         {_e, f, _json} = parsed.(size, n)
         {:new, ticket} = Idempotency.claim(f)
         ticket
-      end, &Idempotency.complete(&1, kept_answer)}
+      end, &SchemaInterceptor.complete_kept(&1, kept_answer)}
    end},
   # Who owns the session: the cluster's owner node (one :persistent_term read with
   # clustering off) and the agent that owns it (SessionOwners, one ETS lookup).
