@@ -113,4 +113,16 @@ defmodule Observatory.Bench.BreakdownSteps do
 
     {entropy, verdict, step}
   end
+
+  @doc """
+  A parsed step scored as the ingest scores it: the one scoring NIF call, its three
+  answers settled (the breakdown's scoring row).
+  """
+  def score_and_settle(f) do
+    alias Observatory.Gateway.{EntropyTracker, LoopVerdict, StepDetector, StepScore}
+    {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
+    EntropyTracker.settle(e, f.session_id, f.agent_id, true)
+    LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
+    s && StepDetector.settle(s, f.session_id, thresholds)
+  end
 end

@@ -21,8 +21,7 @@ Code.require_file("glue_step.exs", __DIR__)
 Code.require_file("breakdown_steps.exs", __DIR__)
 
 alias Observatory.Bench.ReferenceTracker
-alias Observatory.Gateway.{DecisionLog, EntropyTracker, Events, HITL, Idempotency}
-alias Observatory.Gateway.{LoopVerdict, SchemaInterceptor, SessionLog, StepDetector, StepScore}
+alias Observatory.Gateway.{DecisionLog, Events, HITL, Idempotency, SchemaInterceptor, SessionLog}
 alias Observatory.Metrics
 
 Logger.configure(level: :error)
@@ -107,13 +106,7 @@ stages = [
   # read for the step (FR-9.11's three among them).
   {"scoring: entropy + verdict + step detector (one NIF call)",
    fn size ->
-     {&parsed.(size, &1),
-      fn {_e, f, _json} ->
-        {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
-        EntropyTracker.settle(e, f.session_id, f.agent_id, true)
-        LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
-        s && StepDetector.settle(s, f.session_id, thresholds)
-      end}
+     {&parsed.(size, &1), fn {_e, f, _json} -> BreakdownSteps.score_and_settle(f) end}
    end},
   {"safety reads (pause, block, kill switch)",
    fn size ->

@@ -16,8 +16,7 @@ Code.require_file("glue_step.exs", __DIR__)
 Code.require_file("breakdown_steps.exs", __DIR__)
 
 alias Observatory.Bench.BreakdownSteps
-alias Observatory.Gateway.{DecisionLog, EntropyTracker, Idempotency, LoopVerdict}
-alias Observatory.Gateway.{SchemaInterceptor, SessionLog, StepDetector, StepScore}
+alias Observatory.Gateway.{DecisionLog, Idempotency, SchemaInterceptor, SessionLog}
 alias Observatory.Native
 
 Logger.configure(level: :error)
@@ -59,12 +58,7 @@ steps = [
   {"parse, no envelope term", &message.(&1, next.(), fresh.()),
    &DecisionLog.parse(&1, envelope: false)},
   {"scoring (one NIF call) + settles", parsed,
-   fn {_, f} ->
-     {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
-     EntropyTracker.settle(e, f.session_id, f.agent_id, true)
-     LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
-     s && StepDetector.settle(s, f.session_id, thresholds)
-   end},
+   fn {_, f} -> BreakdownSteps.score_and_settle(f) end},
   {"idempotency claim", parsed, fn {_, f} -> {:new, _} = Idempotency.claim(f) end},
   {"idempotency complete",
    fn size ->

@@ -17,8 +17,7 @@
 Code.require_file("breakdown_steps.exs", __DIR__)
 
 alias Observatory.Bench.BreakdownSteps
-alias Observatory.Gateway.{DecisionLog, EntropyTracker, LoopVerdict, SchemaInterceptor}
-alias Observatory.Gateway.{StepDetector, StepScore}
+alias Observatory.Gateway.{DecisionLog, SchemaInterceptor}
 
 Logger.configure(level: :error)
 
@@ -42,12 +41,7 @@ fresh = fn -> "r#{System.unique_integer([:positive])}-" end
 counter = :atomics.new(1, [])
 
 # As the breakdown's scoring row: the stage, its answers settled.
-score = fn {_e, f} ->
-  {e, v, s, thresholds} = StepScore.score(f, EntropyTracker, true)
-  EntropyTracker.settle(e, f.session_id, f.agent_id, true)
-  LoopVerdict.settle(v, f.session_id, f.agent_id, f.step_id)
-  s && StepDetector.settle(s, f.session_id, thresholds)
-end
+score = fn {_e, f} -> BreakdownSteps.score_and_settle(f) end
 
 nif = fn args -> apply(Observatory.Native, :score_step, args) end
 
