@@ -81,7 +81,7 @@ fn parse<'a>(
             (
                 atoms::ok(),
                 if with_envelope {
-                    tree_to_term(env, &value)
+                    tree_to_term(env, &value, None)
                 } else {
                     rustler::types::atom::nil().encode(env)
                 },
