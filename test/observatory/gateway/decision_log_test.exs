@@ -102,6 +102,81 @@ defmodule Observatory.Gateway.DecisionLogTest do
     end
   end
 
+  describe "long strings the body holds as they are" do
+    # The parse makes a string over 64 bytes that the body holds without escapes a
+    # sub-binary of the body, any other string (and every key) a binary of its own:
+    # over generated envelopes (strings of every length around 64 bytes, escaped or
+    # not, unicode, long keys, nested arrays and objects, whitespace between tokens)
+    # the term must still be Observatory.JSON.decode/1's, and only those strings may
+    # reference the body.
+    @pieces ["", "é", "日本", "😀", "/", "\"", "\\", "\n", "\t", "\u0001"]
+
+    defp string_of(len) do
+      piece = Enum.random(@pieces)
+      String.duplicate(Enum.random(["x", "a b", "0"]), max(len - byte_size(piece), 0)) <> piece
+    end
+
+    defp any_string,
+      do: string_of(Enum.random([0, 1, 40, 63, 64, 65, 66, 100, 200, 1000, 5000]))
+
+    defp any_value(0), do: any_string()
+
+    defp any_value(depth) do
+      case :rand.uniform(7) do
+        1 -> for _ <- 1..:rand.uniform(4), do: any_value(depth - 1)
+        2 -> Map.new(1..:rand.uniform(4), fn _ -> {any_string(), any_value(depth - 1)} end)
+        3 -> Enum.random([nil, true, false, -7, 2.5, 18_446_744_073_709_551_615])
+        _ -> any_string()
+      end
+    end
+
+    defp generated(n) do
+      HTTP.envelope(%{
+        "meta" => %{"step_id" => "s#{n}"},
+        "cognition" => %{"intent" => "i" <> string_of(Enum.random([64, 65, 300])) <> "!"},
+        "action" => %{"tool_input" => any_value(3), "result" => any_value(3)},
+        "extra" => any_value(3)
+      })
+    end
+
+    defp strings(map) when is_map(map),
+      do: Enum.flat_map(map, fn {k, v} -> [{:key, k} | strings(v)] end)
+
+    defp strings(list) when is_list(list), do: Enum.flat_map(list, &strings/1)
+    defp strings(s) when is_binary(s), do: [{:value, s}]
+    defp strings(_other), do: []
+
+    test "the term is the decoder's; only long unescaped strings reference the body" do
+      :rand.seed(:exsss, {42, 1, 1})
+
+      shared =
+        for n <- 1..300, reduce: 0 do
+          shared ->
+            text = Observatory.JSON.encode!(generated(n))
+            text = if rem(n, 4) == 0, do: String.replace(text, ~s(":), ~s(" : )), else: text
+            assert {:ok, expected} = Observatory.JSON.decode(text)
+            assert {:ok, envelope, _fields} = DecisionLog.parse(text)
+            assert envelope == expected, text
+            body_bytes = :binary.referenced_byte_size(text)
+
+            for {kind, s} <- strings(envelope), reduce: shared do
+              shared ->
+                # As the body holds it: no escapes (the encoder escapes only what it must).
+                verbatim? = Observatory.JSON.encode!(s) == ~s("#{s}")
+                shares? = :binary.referenced_byte_size(s) == body_bytes
+
+                assert shares? == (kind == :value and byte_size(s) > 64 and verbatim?),
+                       inspect(s, printable_limit: 80)
+
+                if shares?, do: shared + 1, else: shared
+            end
+        end
+
+      # Not vacuous: hundreds of the strings do.
+      assert shared > 200
+    end
+  end
+
   describe "the body fingerprint and hashes: what the text says, not how it is written" do
     # A canonically written body has its fingerprint hashed from the body's own pieces,
     # one written otherwise from the text written out again: both must give the same
