@@ -47,13 +47,6 @@ defmodule Observatory.Gateway.DecisionLog do
   With `envelope: false` the envelope's term is not built (`{:ok, nil, fields}`): a
   caller that keeps the JSON text and decodes it when something reads it
   (`Observatory.JSON.decode/1` gives the same term) saves about a third of the call.
-
-  A string of the envelope longer than 64 bytes that `json` holds as it is (no
-  escapes) is a sub-binary of `json`, not a copy: making it costs no allocation and
-  no copy, but while any such string lives, so does all of `json`. A holder that keeps
-  such a part of the envelope long after the step (in ETS, a GenServer's state, a
-  record) copies it first (`:binary.copy/1`); the gateway's own long-lived holders keep
-  the JSON text or their own copies.
   """
   @spec parse(binary(), keyword()) :: {:ok, map() | nil, fields()} | {:error, [violation()]}
   def parse(json, opts \\ []) when is_binary(json) do

@@ -98,9 +98,7 @@ defmodule Observatory.Gateway.SchemaInterceptor do
       never built unless a subscriber of `"gateway:decision_logs"` needs it (the
       session log keeps the JSON text and decodes it when read). For a caller that
       does not read `result.envelope` (the HTTP API, a replay) it saves about a third
-      of the parse. Default `true`. Its long strings may be sub-binaries of the
-      message's text (`Observatory.Gateway.DecisionLog.parse/2`): copy a part kept
-      for long with `:binary.copy/1`.
+      of the parse. Default `true`.
 
   ## In a cluster (issue 14)
 

@@ -198,9 +198,7 @@ defmodule Observatory.Proxy.Guidance do
 
   defp call(_result), do: nil
 
-  # Its own copy: the intent may be a sub-binary of the step's whole JSON text
-  # (DecisionLog.parse/2), and the note is recorded with the agent's events.
-  defp truncate(text) when byte_size(text) <= @max_call_bytes, do: :binary.copy(text)
+  defp truncate(text) when byte_size(text) <= @max_call_bytes, do: text
 
   defp truncate(text) do
     cut =

@@ -15,8 +15,7 @@ use crate::loop_verdict::VerdictRules;
 /// verdict keys are normalized with `rules` (nil: the defaults). `envelope` is the
 /// decoded envelope's term when `with_envelope`, else nil: building it is about a third
 /// of the call at 600 bytes, and a caller that keeps the JSON text decodes it only when
-/// something reads it; its strings over 64 bytes without escapes are sub-binaries of
-/// `body` ([`tree_to_term`]). The rules are borrowed for the call (the argument holds them
+/// something reads it. The rules are borrowed for the call (the argument holds them
 /// alive), not counted in and out.
 #[rustler::nif]
 fn decision_log_parse<'a>(
@@ -82,7 +81,7 @@ fn parse<'a>(
             (
                 atoms::ok(),
                 if with_envelope {
-                    tree_to_term(env, &value, Some(body))
+                    tree_to_term(env, &value)
                 } else {
                     rustler::types::atom::nil().encode(env)
                 },

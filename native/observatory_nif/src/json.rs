@@ -7,10 +7,8 @@
 //! reason. Inputs above a few tens of KiB go to the dirty-scheduler twins.
 
 use observatory_core::decision_log::Json as Tree;
-use rustler::types::map::MapIterator;
-use std::borrow::Cow;
-
 use rustler::sys::{self, ErlNifEnv, ErlNifTerm};
+use rustler::types::map::MapIterator;
 use rustler::{Binary, Encoder, Env, NewBinary, Term, TermType};
 use serde::ser::{Error as _, SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
@@ -133,32 +131,15 @@ fn object_to_term<'a, 'k>(
 }
 
 /// A decision log's tree as a term: the same term [`value_to_term`] makes of the
-/// same document. `body` is the text the tree was read from: a string longer than
-/// [`ON_HEAP`] that the tree borrows from it (no escapes) is made a sub-binary of the
-/// body rather than a copy. It keeps the whole body alive while it lives: a holder
-/// that keeps a part of the term for long copies it (`:binary.copy/1`).
-pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree, body: Option<Binary<'a>>) -> Term<'a> {
-    let body = body.map(|b| Body {
-        term: b.to_term(env).as_c_arg(),
-        start: b.as_slice().as_ptr() as usize,
-        len: b.len(),
-    });
-    let build = Build::new(env, body);
+/// same document. Its strings are copies, not sub-binaries of the body: measured, a
+/// sub-binary was no cheaper than the copy of a 3.6 KiB string (docs/ingest-cost.md),
+/// and it would keep the whole body alive with any string a holder keeps.
+// Not inlined: the parse without the term keeps its own code as it was.
+#[inline(never)]
+pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
+    let build = Build::new(env);
     // SAFETY: a term the env's own calls made.
     unsafe { Term::new(env, build.tree(value)) }
-}
-
-/// Binaries up to this many bytes go on the process heap (ERTS's
-/// `ERL_ONHEAP_BIN_LIMIT`): copying one costs less than a sub-binary, which would
-/// also keep the whole body alive.
-const ON_HEAP: usize = 64;
-
-/// The binary a tree was read from: its term and where its bytes lie.
-#[derive(Clone, Copy)]
-struct Body {
-    term: ErlNifTerm,
-    start: usize,
-    len: usize,
 }
 
 /// Makes a JSON document's term by the NIF API's own calls, each term one word:
@@ -171,18 +152,16 @@ struct Build {
     yes: ErlNifTerm,
     no: ErlNifTerm,
     empty_list: ErlNifTerm,
-    body: Option<Body>,
 }
 
 impl Build {
-    fn new(env: Env<'_>, body: Option<Body>) -> Self {
+    fn new(env: Env<'_>) -> Self {
         Build {
             env: env.as_c_arg(),
             nil: rustler::types::atom::nil().as_c_arg(),
             yes: rustler::types::atom::true_().as_c_arg(),
             no: rustler::types::atom::false_().as_c_arg(),
             empty_list: Term::list_new_empty(env).as_c_arg(),
-            body,
         }
     }
 
@@ -191,8 +170,7 @@ impl Build {
             Tree::Null => self.nil,
             Tree::Bool(b) => self.bool(*b),
             Tree::Number(n) => self.number(n),
-            Tree::String(Cow::Borrowed(s)) => self.string(s),
-            Tree::String(Cow::Owned(s)) => self.binary(s.as_bytes()),
+            Tree::String(s) => self.binary(s.as_bytes()),
             Tree::Array(items) => self.list(items.iter().map(|v| self.tree(v))),
             Tree::Object(object) => {
                 self.object(object.len(), object.iter().map(|(k, v)| (k, self.tree(v))))
@@ -223,20 +201,6 @@ impl Build {
                 _ => sys::enif_make_double(self.env, n.as_f64().unwrap_or(0.0)),
             }
         }
-    }
-
-    /// A string borrowed from the text read: a sub-binary of the body where it lies
-    /// there and is longer than [`ON_HEAP`], else a copy.
-    fn string(&self, s: &str) -> ErlNifTerm {
-        if let Some(body) = self.body.filter(|_| s.len() > ON_HEAP) {
-            let offset = (s.as_ptr() as usize).wrapping_sub(body.start);
-            if offset <= body.len && s.len() <= body.len - offset {
-                // SAFETY: the env is the NIF call's, `body.term` a binary of `body.len`
-                // bytes, and offset + length within them (checked above).
-                return unsafe { sys::enif_make_sub_binary(self.env, body.term, offset, s.len()) };
-            }
-        }
-        self.binary(s.as_bytes())
     }
 
     /// A new binary of `bytes`.
