@@ -7,6 +7,7 @@
 //! reason. Inputs above a few tens of KiB go to the dirty-scheduler twins.
 
 use observatory_core::decision_log::Json as Tree;
+use rustler::sys::{self, ErlNifEnv, ErlNifTerm};
 use rustler::types::map::MapIterator;
 use rustler::{Binary, Encoder, Env, NewBinary, Term, TermType};
 use serde::ser::{Error as _, SerializeMap, SerializeSeq};
@@ -88,28 +89,6 @@ pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
     }
 }
 
-/// A decision log's tree as a term: the same term [`value_to_term`] makes of the
-/// same document.
-pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
-    match value {
-        Tree::Null => rustler::types::atom::nil().encode(env),
-        Tree::Bool(b) => b.encode(env),
-        Tree::Number(n) => number_to_term(env, n),
-        Tree::String(s) => binary(env, s.as_bytes()),
-        Tree::Array(items) => list_to_term(env, items.iter().map(|v| tree_to_term(env, v))),
-        Tree::Object(object) => object_to_term(
-            env,
-            object.len(),
-            object.iter().map(|(k, v)| (k, tree_to_term(env, v))),
-        ),
-        // Not built by the parse that makes the envelope's term; read here if ever met.
-        Tree::Canonical(text) => match Tree::read(text.as_bytes()) {
-            Ok(tree) => tree_to_term(env, &tree),
-            Err(_) => rustler::types::atom::nil().encode(env),
-        },
-    }
-}
-
 /// An integer as an integer, any other number as a float.
 fn number_to_term<'a>(env: Env<'a>, n: &serde_json::Number) -> Term<'a> {
     match (n.as_i64(), n.as_u64()) {
@@ -151,7 +130,141 @@ fn object_to_term<'a, 'k>(
     map.expect("JSON object keys are unique")
 }
 
-/// Objects up to this many members are built without allocating (see `value_to_term`).
+/// A decision log's tree as a term: the same term [`value_to_term`] makes of the
+/// same document. Its strings are copies, not sub-binaries of the body: measured, a
+/// sub-binary was no cheaper than the copy of a 3.6 KiB string (docs/ingest-cost.md),
+/// and it would keep the whole body alive with any string a holder keeps.
+// Not inlined: the parse without the term keeps its own code as it was.
+#[inline(never)]
+pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
+    let build = Build::new(env);
+    // SAFETY: a term the env's own calls made.
+    unsafe { Term::new(env, build.tree(value)) }
+}
+
+/// Makes a JSON document's term by the NIF API's own calls, each term one word:
+/// rustler's `Term` carries its env along (three words), which moved through every
+/// call and array cost more than the calls, and its map constructor copies both
+/// arrays into two vectors per object.
+struct Build {
+    env: *mut ErlNifEnv,
+    nil: ErlNifTerm,
+    yes: ErlNifTerm,
+    no: ErlNifTerm,
+    empty_list: ErlNifTerm,
+}
+
+impl Build {
+    fn new(env: Env<'_>) -> Self {
+        Build {
+            env: env.as_c_arg(),
+            nil: rustler::types::atom::nil().as_c_arg(),
+            yes: rustler::types::atom::true_().as_c_arg(),
+            no: rustler::types::atom::false_().as_c_arg(),
+            empty_list: Term::list_new_empty(env).as_c_arg(),
+        }
+    }
+
+    fn tree(&self, value: &Tree) -> ErlNifTerm {
+        match value {
+            Tree::Null => self.nil,
+            Tree::Bool(b) => self.bool(*b),
+            Tree::Number(n) => self.number(n),
+            Tree::String(s) => self.binary(s.as_bytes()),
+            Tree::Array(items) => self.list(items.iter().map(|v| self.tree(v))),
+            Tree::Object(object) => {
+                self.object(object.len(), object.iter().map(|(k, v)| (k, self.tree(v))))
+            }
+            // Not built by the parse that makes the envelope's term; read here if ever met.
+            Tree::Canonical(text) => match Tree::read(text.as_bytes()) {
+                Ok(tree) => self.tree(&tree),
+                Err(_) => self.nil,
+            },
+        }
+    }
+
+    fn bool(&self, b: bool) -> ErlNifTerm {
+        if b {
+            self.yes
+        } else {
+            self.no
+        }
+    }
+
+    /// An integer as an integer, any other number as a float.
+    fn number(&self, n: &serde_json::Number) -> ErlNifTerm {
+        // SAFETY: the env is the NIF call's.
+        unsafe {
+            match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => sys::enif_make_int64(self.env, i),
+                (None, Some(u)) => sys::enif_make_uint64(self.env, u),
+                _ => sys::enif_make_double(self.env, n.as_f64().unwrap_or(0.0)),
+            }
+        }
+    }
+
+    /// A new binary of `bytes`.
+    fn binary(&self, bytes: &[u8]) -> ErlNifTerm {
+        let mut term = ErlNifTerm::default();
+        // SAFETY: the env is the NIF call's; the new binary has room for `bytes`.
+        unsafe {
+            let data = sys::enif_make_new_binary(self.env, bytes.len(), &mut term);
+            if !bytes.is_empty() {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, bytes.len());
+            }
+        }
+        term
+    }
+
+    /// A list of the items' terms, built from the tail, cell by cell.
+    fn list(&self, items: impl DoubleEndedIterator<Item = ErlNifTerm>) -> ErlNifTerm {
+        items.rev().fold(self.empty_list, |list, item| {
+            // SAFETY: the env is the NIF call's, both terms its own.
+            unsafe { sys::enif_make_list_cell(self.env, item, list) }
+        })
+    }
+
+    /// A map of an object's `len` members, each key's binary made before its value's
+    /// term; most objects are small: their terms go on the stack.
+    fn object<'k>(
+        &self,
+        len: usize,
+        members: impl Iterator<Item = (&'k str, ErlNifTerm)>,
+    ) -> ErlNifTerm {
+        let mut map = ErlNifTerm::default();
+        let made = if len <= SMALL_OBJECT {
+            let (mut keys, mut values) = ([map; SMALL_OBJECT], [map; SMALL_OBJECT]);
+            for (i, (key, value)) in members.enumerate() {
+                keys[i] = self.binary(key.as_bytes());
+                values[i] = value;
+            }
+            self.map(&keys[..len], &values[..len], &mut map)
+        } else {
+            let (keys, values): (Vec<ErlNifTerm>, Vec<ErlNifTerm>) = members
+                .map(|(key, value)| (self.binary(key.as_bytes()), value))
+                .unzip();
+            self.map(&keys, &values, &mut map)
+        };
+        assert!(made, "JSON object keys are unique");
+        map
+    }
+
+    fn map(&self, keys: &[ErlNifTerm], values: &[ErlNifTerm], out: &mut ErlNifTerm) -> bool {
+        // SAFETY: the env is the NIF call's, both arrays `keys.len()` of its terms long.
+        unsafe {
+            sys::enif_make_map_from_arrays(
+                self.env,
+                keys.as_ptr(),
+                values.as_ptr(),
+                keys.len(),
+                out,
+            ) != 0
+        }
+    }
+}
+
+/// Objects up to this many members are built without allocating (see [`Build::object`]
+/// and [`object_to_term`]).
 const SMALL_OBJECT: usize = 16;
 
 /// A term serialized as JSON.

@@ -96,8 +96,69 @@ defmodule Observatory.Gateway.DecisionLogTest do
         text = "{" <> extra <> "," <> rest
         assert {:ok, expected} = Observatory.JSON.decode(text)
         assert {:ok, envelope, fields} = DecisionLog.parse(text)
-        assert envelope == expected, text
+        assert envelope === expected, text
         assert {:ok, nil, ^fields} = DecisionLog.parse(text, envelope: false)
+      end
+    end
+  end
+
+  describe "the envelope term over generated envelopes" do
+    # The parse builds the term by the NIF API's own calls; the JSON decoder by
+    # rustler's. Over generated envelopes (strings of every length around the 64 bytes
+    # a heap binary holds, escaped or not, unicode, long keys, nested arrays and
+    # objects, whitespace between tokens) the term must be Observatory.JSON.decode/1's,
+    # and no string of it a part of the body (a sub-binary would keep all of the body
+    # alive with it).
+    @pieces ["", "é", "日本", "😀", "/", "\"", "\\", "\n", "\t", "\u0001"]
+
+    defp string_of(len) do
+      piece = Enum.random(@pieces)
+      String.duplicate(Enum.random(["x", "a b", "0"]), max(len - byte_size(piece), 0)) <> piece
+    end
+
+    defp any_string,
+      do: string_of(Enum.random([0, 1, 40, 63, 64, 65, 66, 100, 200, 1000, 5000]))
+
+    defp any_value(0), do: any_string()
+
+    defp any_value(depth) do
+      case :rand.uniform(7) do
+        1 -> for _ <- 1..:rand.uniform(4), do: any_value(depth - 1)
+        2 -> Map.new(1..:rand.uniform(4), fn _ -> {any_string(), any_value(depth - 1)} end)
+        3 -> Enum.random([nil, true, false, -7, 2.5, 18_446_744_073_709_551_615])
+        _ -> any_string()
+      end
+    end
+
+    defp generated(n) do
+      HTTP.envelope(%{
+        "meta" => %{"step_id" => "s#{n}"},
+        "cognition" => %{"intent" => "i" <> string_of(Enum.random([64, 65, 300])) <> "!"},
+        "action" => %{"tool_input" => any_value(3), "result" => any_value(3)},
+        "extra" => any_value(3)
+      })
+    end
+
+    defp strings(map) when is_map(map),
+      do: Enum.flat_map(map, fn {k, v} -> [k | strings(v)] end)
+
+    defp strings(list) when is_list(list), do: Enum.flat_map(list, &strings/1)
+    defp strings(s) when is_binary(s), do: [s]
+    defp strings(_other), do: []
+
+    test "the term is the decoder's, its strings their own binaries" do
+      :rand.seed(:exsss, {42, 1, 1})
+
+      for n <- 1..300 do
+        text = Observatory.JSON.encode!(generated(n))
+        text = if rem(n, 4) == 0, do: String.replace(text, ~s(":), ~s(" : )), else: text
+        assert {:ok, expected} = Observatory.JSON.decode(text)
+        assert {:ok, envelope, _fields} = DecisionLog.parse(text)
+        assert envelope === expected, text
+
+        for s <- strings(envelope) do
+          assert :binary.referenced_byte_size(s) == byte_size(s), inspect(s, printable_limit: 80)
+        end
       end
     end
   end
