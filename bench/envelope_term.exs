@@ -2,7 +2,8 @@
 # (`envelope: true`, what an in-process caller of SchemaInterceptor.ingest/1 gets) minus
 # without it, over bench/breakdown_steps.exs's three sizes and "4 KiB, one line": the
 # 4 KiB step with its result's escaped newlines written as spaces, one 3.6 KiB string
-# the body holds without escapes (a sub-binary of the body in the term). 1,000 bodies
+# the body holds without escapes (where a sub-binary of the body would save a copy:
+# measured, no cheaper, not shipped; docs/ingest-cost.md). 1,000 bodies
 # a size, parsed in turn; seven alternated pairs of medians of batches (a batch the
 # machine's other work interrupted lands in the slow tail): the least of each side and
 # the median of the pairs' differences.
