@@ -364,17 +364,7 @@ defmodule Observatory.Gateway.IdempotencyTest do
          %{sid: sid} do
       # The same call and result every time: the verdict finds a repeat, the step
       # detector warns, then blocks.
-      step = fn n ->
-        HTTP.envelope(%{
-          "meta" => %{"session_id" => sid, "step_id" => "#{sid}-#{n}"},
-          "action" => %{
-            "tool_call" => "run_code",
-            "tool_input" => %{"code" => "1 + 1"},
-            "result" => %{"out" => 2},
-            "status" => "success"
-          }
-        })
-      end
+      step = &HTTP.repeated_read(sid, &1)
 
       results = for n <- 1..10, do: SchemaInterceptor.ingest(step.(n), envelope: false)
 
