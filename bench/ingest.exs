@@ -3,6 +3,8 @@
 #   MIX_ENV=prod mix run bench/ingest.exs             # in-process + HTTP (needs wrk)
 #   MIX_ENV=prod mix run bench/ingest.exs -- --quick
 #   MIX_ENV=prod mix run bench/ingest.exs -- --http   # HTTP only
+#   MIX_ENV=prod mix run bench/ingest.exs -- --http --quick --accounting
+#     # and, per route, the schedulers' time by state and the reductions by process
 #
 # In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions,
 # every step a new one (its own step_id), with the idempotency check and without it
@@ -32,6 +34,9 @@ alias Observatory.Gateway.{Idempotency, SchemaInterceptor}
 
 Logger.configure(level: :error)
 quick? = "--quick" in System.argv()
+# Where each route's server time goes: the schedulers' time by state (`:msacc`) and the
+# reductions of the connection processes against every other process's.
+accounting? = "--accounting" in System.argv()
 http_only? = "--http" in System.argv()
 # Rounds with the check and without it, alternately; steps per caller in each.
 {rounds, per_caller} = if quick?, do: {3, 20_000}, else: {7, 50_000}
@@ -274,8 +279,70 @@ if System.find_executable("wrk") do
   # Requests per second, the server's CPU time per request (the VM's, user + system,
   # over the run: its schedulers, its socket work and anything a request sets off in
   # other processes, divided by the requests answered) and wrk's (bash's `time`).
+  # `--accounting`: the schedulers' threads' time by state over the run (microstate
+  # accounting: wall time, so a thread the OS took off its core is counted too), and
+  # the reductions of the VM's processes. MochiWeb's acceptors become the connections'
+  # processes, and a connection's process may exit before the run's end: so the
+  # connections' reductions are the VM's total less every other process's.
+  reductions = fn ->
+    for pid <- Process.list(),
+        info = Process.info(pid, [:reductions, :registered_name, :dictionary, :initial_call]),
+        info != nil,
+        into: %{} do
+      name =
+        case info[:registered_name] do
+          [] -> info[:dictionary][:"$initial_call"] || info[:initial_call]
+          registered -> registered
+        end
+
+      {pid, {name, info[:reductions]}}
+    end
+  end
+
+  accounting_start = fn ->
+    :msacc.start()
+    :msacc.reset()
+    {total, _} = :erlang.statistics(:reductions)
+    {reductions.(), total}
+  end
+
+  accounting_stop = fn {before, total_before}, requests ->
+    {total, _} = :erlang.statistics(:reductions)
+    after_run = reductions.()
+    states = :msacc.stats() |> Enum.filter(&(&1.type == :scheduler))
+    :msacc.stop()
+
+    per_state =
+      for state <- [:emulator, :gc, :port, :check_io, :other, :aux, :sleep], into: %{} do
+        {state, Enum.sum(for thread <- states, do: thread.counters[state]) / requests}
+      end
+
+    connection? = fn name -> match?({:mochiweb_acceptor, _, _}, name) end
+
+    others =
+      for {pid, {name, now}} <- after_run,
+          not connection?.(name),
+          {_, was} = Map.get(before, pid, {name, 0}),
+          now > was do
+        {name, now - was}
+      end
+      |> Enum.group_by(&elem(&1, 0), &elem(&1, 1))
+      |> Enum.map(fn {name, deltas} -> {name, Enum.sum(deltas) / requests} end)
+      |> Enum.sort_by(&(-elem(&1, 1)))
+
+    others_total = Enum.sum(for {_, n} <- others, do: n)
+
+    %{
+      states: per_state,
+      connections: (total - total_before) / requests - others_total,
+      others: others_total,
+      top: Enum.take(others, 3)
+    }
+  end
+
   wrk = fn script ->
     before = vm_cpu.()
+    accounting = if accounting?, do: accounting_start.()
 
     {out, 0} =
       System.cmd(
@@ -300,7 +367,8 @@ if System.find_executable("wrk") do
       rps: String.to_float(rps),
       server: cpu / total,
       wrk: (String.to_float(wrk_user) + String.to_float(wrk_sys)) * 1_000_000 / total,
-      non2xx: String.to_integer(non2xx)
+      non2xx: String.to_integer(non2xx),
+      accounting: accounting && accounting_stop.(accounting, total)
     }
   end
 
@@ -404,6 +472,33 @@ if System.find_executable("wrk") do
 
       %{rps: rps, share: share, server: server, wrk: wrk_cpu}
     end
+
+  if accounting? do
+    IO.puts("""
+
+    Where each route's server time goes (medians over the rounds, per request): the \
+    schedulers' threads' time by state (µs, wall time: counts a thread the OS took off \
+    its core), and the reductions of the connections' processes against every other \
+    process's (the three most, by their registered name or initial call)
+    | route | server CPU | emulator | gc | port | check_io | other, aux | connections' reductions | other processes' | the most |
+    |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\
+    """)
+
+    for {{name, _script}, i} <- Enum.with_index(routes) do
+      runs = for {results, _, _} <- rounds, do: elem(Enum.at(results, i), 1)
+      of = fn f -> median.(Enum.map(runs, f)) end
+      state = fn key -> r.(of.(& &1.accounting.states[key])) end
+      top = Enum.max_by(runs, & &1.accounting.others).accounting.top
+
+      IO.puts(
+        "| #{name} | #{r.(of.(& &1.server))} | #{state.(:emulator)} | #{state.(:gc)} " <>
+          "| #{state.(:port)} | #{state.(:check_io)} " <>
+          "| #{r.(of.(&(&1.accounting.states.other + &1.accounting.states.aux)))} " <>
+          "| #{round(of.(& &1.accounting.connections))} | #{r.(of.(& &1.accounting.others))} " <>
+          "| #{Enum.map_join(top, ", ", fn {who, n} -> "#{inspect(who)} #{r.(n)}" end)} |"
+      )
+    end
+  end
 
   # What the ingest route's server CPU is made of, and what its share would be with a
   # cheaper ingest. The model, stated so that later runs can check it:
