@@ -190,6 +190,8 @@ if System.find_executable("wrk") do
   # over and over (once sent, every one is answered from memory). `fleet_step/3` below
   # writes the same text in Elixir (the in-process figures): keep the two alike.
   retry_run = "retry#{System.unique_integer([:positive])}"
+  # `:batch`: the fleet's steps, this many a request as NDJSON (one envelope a line).
+  batch_steps = 20
 
   lua = fn path, send_body?, steps ->
     script =
@@ -210,8 +212,8 @@ if System.find_executable("wrk") do
     end
     local intents = {"search", "plan", "execute", "summarize"}
     local tools = {"read_file", "write_file", "list_files", "run_shell", "grep", "http_get", "sql", "edit"}
-    local fleet, retry = #{steps != :loop}, #{steps == :retry}
-    request = function()
+    local fleet, retry, batch = #{steps != :loop}, #{steps == :retry}, #{steps == :batch}
+    local step = function()
       n = n + 1
       local m, tag = n, "w" .. (id or "0")
       if retry then m, tag = n % 1000 + 1, "#{retry_run}" end
@@ -222,7 +224,18 @@ if System.find_executable("wrk") do
         tool = tools[(k * 3 + s) % 8 + 1]
         if k % 5 == 4 then status = "failure" end
       end
-      local body = string.format('{"meta":{"step_id":"%s-%d","session_id":"#{if steps == :loop, do: "wsess", else: "fsess"}-%d","agent_id":"a","parent_step_id":"%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"%s","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"%s","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"%s","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', tag, m, s, tag, m - 1, intent, tool, m % 37, status, m)
+      return string.format('{"meta":{"step_id":"%s-%d","session_id":"#{if steps == :loop, do: "wsess", else: "fsess"}-%d","agent_id":"a","parent_step_id":"%s-%d","timestamp":"2026-02-22T10:30:00.123Z"},"cognition":{"intent":"%s","reasoning_chain":["read the failing test","open the module it names"],"confidence":0.8,"entropy_score":0.9},"action":{"tool_call":"%s","tool_input":{"path":"/srv/app/lib/app/file_%d.ex","limit":200},"status":"%s","result":{"content":"# step %d\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n  def handle_call({:fetch, key}, _from, state), do: {:reply, Map.get(state, key), state}\\\\n","lines":4}}}', tag, m, s, tag, m - 1, intent, tool, m % 37, status, m)
+    end
+    -- A batch: #{batch_steps} steps, one envelope a line (its own Content-Type; a
+    -- request's own headers replace wrk.headers, so the key goes again).
+    local ndjson = {["Content-Type"] = "application/x-ndjson", ["Authorization"] = "Bearer #{bench_key}"}
+    request = function()
+      if batch then
+        local lines = {}
+        for i = 1, #{batch_steps} do lines[i] = step() end
+        return wrk.format("POST", "#{path}", ndjson, table.concat(lines, "\\n"))
+      end
+      local body = step()
       if #{send_body?} then
         return wrk.format("POST", "#{path}", nil, body)
       else
@@ -415,11 +428,14 @@ if System.find_executable("wrk") do
     {"POST /api/v1/decision_logs, ~600-byte step, a fleet at work (no loop)",
      lua.("/api/v1/decision_logs", true, :fleet)},
     {"POST /api/v1/decision_logs, the fleet's steps again (every one a retry, answered from memory)",
-     lua.("/api/v1/decision_logs", true, :retry)}
+     lua.("/api/v1/decision_logs", true, :retry)},
+    {"POST /api/v1/decision_logs, the fleet's steps #{batch_steps} a request (NDJSON)",
+     lua.("/api/v1/decision_logs", true, :batch)}
   ]
 
-  retry_route = length(routes) - 1
-  fleet_route = retry_route - 1
+  fleet_route = 4
+  retry_route = 5
+  batch_route = 6
 
   rounds =
     for round <- 1..http_rounds do
@@ -472,6 +488,16 @@ if System.find_executable("wrk") do
 
       %{rps: rps, share: share, server: server, wrk: wrk_cpu}
     end
+
+  batch = Enum.at(figures, batch_route)
+  single = Enum.at(figures, fleet_route)
+
+  IO.puts("""
+
+  In batches of #{batch_steps} (NDJSON): #{round(batch.rps * batch_steps)} steps a second, \
+  #{r.(batch.server / batch_steps)} µs of server CPU a step, against one step a request's \
+  #{round(single.rps)} and #{r.(single.server)} µs.\
+  """)
 
   if accounting? do
     IO.puts("""
