@@ -22,9 +22,26 @@ defmodule Observatory.BytesTest do
     end
   end
 
+  test "split/2 splits as :binary.split/2 for every short subject and pattern" do
+    alphabet = ["a", ";", "\r\n"]
+
+    words = fn n ->
+      Enum.reduce(1..n//1, [""], fn _, acc -> for w <- acc, c <- alphabet, do: w <> c end)
+    end
+
+    subjects = Enum.flat_map(0..6, words)
+    patterns = ["a", ";", "\r\n", "a;", ";;a"]
+
+    for subject <- subjects, pattern <- patterns do
+      assert Bytes.split(subject, pattern) == :binary.split(subject, pattern),
+             "#{inspect(subject)} #{inspect(pattern)}"
+    end
+  end
+
   test "an empty pattern is refused, as :binary.match/2 refuses it" do
     assert_raise FunctionClauseError, fn -> Bytes.contains?("api", "") end
     assert_raise FunctionClauseError, fn -> Bytes.contains?("decision_logs", "") end
+    assert_raise FunctionClauseError, fn -> Bytes.split("1a", "") end
   end
 
   # What the module is for: looking through a few bytes and finding nothing does not
@@ -33,6 +50,7 @@ defmodule Observatory.BytesTest do
   test "finding nothing in a short subject costs a few reductions, not a time slice" do
     for subject <- ["", "a", "v1", "api", "agents", "1.2.3.4"] do
       assert reductions(fn -> Bytes.contains?(subject, "%") end) < 200, inspect(subject)
+      assert reductions(fn -> Bytes.split(subject, ";") end) < 200, inspect(subject)
     end
   end
 

@@ -43,7 +43,7 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     raw = :mochiweb_request.get(:raw_path, req) |> bytes()
 
     {path, query} =
-      case String.split(raw, "?", parts: 2) do
+      case Observatory.Bytes.split(raw, "?") do
         [path, query] -> {path, query}
         [path] -> {path, ""}
       end
