@@ -8,13 +8,8 @@ defmodule Observatory.BytesTest do
   # 8-byte line where the short comparison takes over from :binary.match/2.
   test "contains?/2 answers as String.contains?/2 for every short subject and pattern" do
     alphabet = ["a", "%", "\n"]
-
-    words = fn n ->
-      Enum.reduce(1..n//1, [""], fn _, acc -> for w <- acc, c <- alphabet, do: w <> c end)
-    end
-
-    subjects = Enum.flat_map(0..9, words)
-    patterns = Enum.flat_map(1..3, words)
+    subjects = words(alphabet, 0..9)
+    patterns = words(alphabet, 1..3)
 
     for subject <- subjects, pattern <- patterns do
       assert Bytes.contains?(subject, pattern) == String.contains?(subject, pattern),
@@ -23,13 +18,7 @@ defmodule Observatory.BytesTest do
   end
 
   test "split/2 splits as :binary.split/2 for every short subject and pattern" do
-    alphabet = ["a", ";", "\r\n"]
-
-    words = fn n ->
-      Enum.reduce(1..n//1, [""], fn _, acc -> for w <- acc, c <- alphabet, do: w <> c end)
-    end
-
-    subjects = Enum.flat_map(0..6, words)
+    subjects = words(["a", ";", "\r\n"], 0..6)
     patterns = ["a", ";", "\r\n", "a;", ";;a"]
 
     for subject <- subjects, pattern <- patterns do
@@ -72,6 +61,13 @@ defmodule Observatory.BytesTest do
     assert conn.path_info == ["api", "v1", "decision_logs"]
     assert conn.bad_request == nil
     assert reductions(fn -> ObservatoryWeb.Conn.new(Adapter, nil) end) < 1_500
+  end
+
+  # Every word of `lengths` letters (each letter a binary) over `alphabet`.
+  defp words(alphabet, lengths) do
+    Enum.flat_map(lengths, fn n ->
+      Enum.reduce(1..n//1, [""], fn _, acc -> for w <- acc, c <- alphabet, do: w <> c end)
+    end)
   end
 
   defp reductions(fun) do
