@@ -1,7 +1,5 @@
 defmodule Observatory.Bytes do
   @moduledoc false
-  # Whether a binary holds another, for code on a request's or a step's path.
-  #
   # Whether a binary holds another, and where it splits, for code on a request's or
   # a step's path.
   #
