@@ -5,6 +5,8 @@
 #   MIX_ENV=prod mix run bench/ingest.exs -- --http   # HTTP only
 #   MIX_ENV=prod mix run bench/ingest.exs -- --http --quick --accounting
 #     # and, per route, the schedulers' time by state and the reductions by process
+#   ELIXIR_ERL_OPTIONS="+S 1" taskset -c 0 mix run bench/ingest.exs -- --http --wrk-cpu 1
+#     # the server on one core, wrk (one thread) on the other
 #
 # In-process: SchemaInterceptor.ingest/1 on JSON text, 1 and 2 callers, 1k sessions,
 # every step a new one (its own step_id), with the idempotency check and without it
@@ -37,6 +39,14 @@ quick? = "--quick" in System.argv()
 # Where each route's server time goes: the schedulers' time by state (`:msacc`) and the
 # reductions of the connection processes against every other process's.
 accounting? = "--accounting" in System.argv()
+# `--wrk-cpu N`: wrk runs on CPU N alone (`taskset`), one thread; start the server on
+# the other CPU to keep the two apart.
+wrk_cpu =
+  case Enum.drop_while(System.argv(), &(&1 != "--wrk-cpu")) do
+    ["--wrk-cpu", cpu | _] -> String.to_integer(cpu)
+    _ -> nil
+  end
+
 http_only? = "--http" in System.argv()
 # Rounds with the check and without it, alternately; steps per caller in each.
 {rounds, per_caller} = if quick?, do: {3, 20_000}, else: {7, 50_000}
@@ -353,6 +363,8 @@ if System.find_executable("wrk") do
     }
   end
 
+  wrk_command = if wrk_cpu, do: "taskset -c #{wrk_cpu} wrk -t1", else: "wrk -t2"
+
   wrk = fn script ->
     before = vm_cpu.()
     accounting = if accounting?, do: accounting_start.()
@@ -362,7 +374,7 @@ if System.find_executable("wrk") do
         "bash",
         [
           "-c",
-          ~s(TIMEFORMAT="wrk-cpu %U %S"; time wrk -t2 -c32 -d#{wrk_seconds}s -s "$0" "$1"),
+          ~s(TIMEFORMAT="wrk-cpu %U %S"; time #{wrk_command} -c32 -d#{wrk_seconds}s -s "$0" "$1"),
           script,
           url
         ],
@@ -458,8 +470,11 @@ if System.find_executable("wrk") do
   median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
 
   IO.puts(
-    "\nHTTP (wrk -t2 -c32 -d#{wrk_seconds}s, #{http_rounds} alternating rounds, medians; " <>
-      "wrk and the server share the machine)"
+    "\nHTTP (#{wrk_command} -c32 -d#{wrk_seconds}s, #{http_rounds} alternating rounds, medians; " <>
+      if(wrk_cpu,
+        do: "wrk on CPU #{wrk_cpu} alone)",
+        else: "wrk and the server share the machine)"
+      )
   )
 
   IO.puts(
