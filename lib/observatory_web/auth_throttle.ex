@@ -198,7 +198,7 @@ defmodule ObservatoryWeb.AuthThrottle do
   # otherwise have 2^64 entries (IPv4-mapped addresses are their IPv4 address).
   defp key(client) do
     # An IPv4 address (no ":") is its own key: nothing to parse on every request.
-    if Observatory.Bytes.contains?(client, ":"), do: ipv6_key(client), else: client
+    if :binary.match(client, ":") == :nomatch, do: client, else: ipv6_key(client)
   end
 
   defp ipv6_key(client) do

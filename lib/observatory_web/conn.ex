@@ -139,9 +139,9 @@ defmodule ObservatoryWeb.Conn do
   # Strict: a `%` not followed by two hex digits is an error (URI.decode/1 keeps it).
   # A segment without a `%` is itself (most are).
   defp decode_segment(seg) do
-    if Observatory.Bytes.contains?(seg, "%"),
-      do: percent_decode_segment(seg),
-      else: if(String.valid?(seg), do: {:ok, seg}, else: :error)
+    if :binary.match(seg, "%") == :nomatch,
+      do: if(String.valid?(seg), do: {:ok, seg}, else: :error),
+      else: percent_decode_segment(seg)
   end
 
   defp percent_decode_segment(seg) do

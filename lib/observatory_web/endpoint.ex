@@ -216,7 +216,7 @@ defmodule ObservatoryWeb.Endpoint do
       {:ok, data} ->
         buffer = buffer <> data
 
-        if Observatory.Bytes.contains?(data, "\n") or byte_size(buffer) > limit,
+        if :binary.match(data, "\n") != :nomatch or byte_size(buffer) > limit,
           do: buffer,
           else: more(socket, buffer, limit, timeout_reason)
 

@@ -184,7 +184,7 @@ defmodule Observatory.Gateway.Evidence do
     |> Enum.reject(fn {_k, v} -> v == "" or v == nil end)
     |> Enum.map_join("\n", fn
       {k, v} when is_binary(v) ->
-        if Observatory.Bytes.contains?(v, "\n"), do: "#{k}:\n#{v}", else: "#{k}: #{v}"
+        if String.contains?(v, "\n"), do: "#{k}:\n#{v}", else: "#{k}: #{v}"
 
       {k, v} ->
         "#{k}: #{json(v)}"

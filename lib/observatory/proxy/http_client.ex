@@ -406,7 +406,7 @@ defmodule Observatory.Proxy.HTTPClient do
   end
 
   defp chunk_size(line) do
-    hex = line |> Observatory.Bytes.split(";") |> hd() |> String.trim()
+    hex = line |> :binary.split(";") |> hd() |> String.trim()
 
     case Integer.parse(hex, 16) do
       {n, ""} when n >= 0 and byte_size(hex) <= 16 -> {:ok, n}

@@ -43,7 +43,7 @@ defmodule ObservatoryWeb.Conn.MochiWeb do
     raw = :mochiweb_request.get(:raw_path, req) |> bytes()
 
     {path, query} =
-      case Observatory.Bytes.split(raw, "?") do
+      case String.split(raw, "?", parts: 2) do
         [path, query] -> {path, query}
         [path] -> {path, ""}
       end
