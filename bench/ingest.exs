@@ -445,9 +445,10 @@ if System.find_executable("wrk") do
      lua.("/api/v1/decision_logs", true, :batch)}
   ]
 
-  fleet_route = 4
-  retry_route = 5
-  batch_route = 6
+  # The last three routes, by their place in the list.
+  batch_route = length(routes) - 1
+  retry_route = batch_route - 1
+  fleet_route = retry_route - 1
 
   rounds =
     for round <- 1..http_rounds do
