@@ -75,59 +75,9 @@ pub fn binary<'a>(env: Env<'a>, bytes: &[u8]) -> Term<'a> {
 
 /// A JSON value as a term (see the module doc for the mapping).
 pub fn value_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
-    match value {
-        Value::Null => rustler::types::atom::nil().encode(env),
-        Value::Bool(b) => b.encode(env),
-        Value::Number(n) => number_to_term(env, n),
-        Value::String(s) => binary(env, s.as_bytes()),
-        Value::Array(items) => list_to_term(env, items.iter().map(|v| value_to_term(env, v))),
-        Value::Object(map) => object_to_term(
-            env,
-            map.len(),
-            map.iter().map(|(k, v)| (k.as_str(), value_to_term(env, v))),
-        ),
-    }
-}
-
-/// An integer as an integer, any other number as a float.
-fn number_to_term<'a>(env: Env<'a>, n: &serde_json::Number) -> Term<'a> {
-    match (n.as_i64(), n.as_u64()) {
-        (Some(i), _) => i.encode(env),
-        (None, Some(u)) => u.encode(env),
-        _ => n.as_f64().unwrap_or(0.0).encode(env),
-    }
-}
-
-/// A list of the items' terms, built from the tail, cell by cell: no vector of terms
-/// in between.
-fn list_to_term<'a>(env: Env<'a>, items: impl DoubleEndedIterator<Item = Term<'a>>) -> Term<'a> {
-    items.rev().fold(Term::list_new_empty(env), |list, item| {
-        list.list_prepend(item)
-    })
-}
-
-/// A map of an object's `len` members, each key's binary made before its value's term.
-fn object_to_term<'a, 'k>(
-    env: Env<'a>,
-    len: usize,
-    members: impl Iterator<Item = (&'k str, Term<'a>)>,
-) -> Term<'a> {
-    let map = if len <= SMALL_OBJECT {
-        // Most objects are small: their terms go on the stack, not into two vectors.
-        let nil = rustler::types::atom::nil().encode(env);
-        let (mut keys, mut values) = ([nil; SMALL_OBJECT], [nil; SMALL_OBJECT]);
-        for (i, (key, value)) in members.enumerate() {
-            keys[i] = binary(env, key.as_bytes());
-            values[i] = value;
-        }
-        Term::map_from_term_arrays(env, &keys[..len], &values[..len])
-    } else {
-        let (keys, values): (Vec<Term<'a>>, Vec<Term<'a>>) = members
-            .map(|(key, value)| (binary(env, key.as_bytes()), value))
-            .unzip();
-        Term::map_from_term_arrays(env, &keys, &values)
-    };
-    map.expect("JSON object keys are unique")
+    let build = Build::new(env);
+    // SAFETY: a term the env's own calls made.
+    unsafe { Term::new(env, build.value(value)) }
 }
 
 /// A decision log's tree as a term: the same term [`value_to_term`] makes of the
@@ -142,7 +92,8 @@ pub fn tree_to_term<'a>(env: Env<'a>, value: &Tree) -> Term<'a> {
     unsafe { Term::new(env, build.tree(value)) }
 }
 
-/// Makes a JSON document's term by the NIF API's own calls, each term one word:
+/// Makes a JSON document's term (a `serde_json::Value` or a decision log's tree) by
+/// the NIF API's own calls, each term one word:
 /// rustler's `Term` carries its env along (three words), which moved through every
 /// call and array cost more than the calls, and its map constructor copies both
 /// arrays into two vectors per object.
@@ -180,6 +131,20 @@ impl Build {
                 Ok(tree) => self.tree(&tree),
                 Err(_) => self.nil,
             },
+        }
+    }
+
+    fn value(&self, value: &Value) -> ErlNifTerm {
+        match value {
+            Value::Null => self.nil,
+            Value::Bool(b) => self.bool(*b),
+            Value::Number(n) => self.number(n),
+            Value::String(s) => self.binary(s.as_bytes()),
+            Value::Array(items) => self.list(items.iter().map(|v| self.value(v))),
+            Value::Object(map) => self.object(
+                map.len(),
+                map.iter().map(|(k, v)| (k.as_str(), self.value(v))),
+            ),
         }
     }
 
@@ -263,8 +228,7 @@ impl Build {
     }
 }
 
-/// Objects up to this many members are built without allocating (see [`Build::object`]
-/// and [`object_to_term`]).
+/// Objects up to this many members are built without allocating (see [`Build::object`]).
 const SMALL_OBJECT: usize = 16;
 
 /// A term serialized as JSON.
